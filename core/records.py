@@ -1,0 +1,215 @@
+"""Every Kafka record the platform reads or writes: versioned, documented, in one module.
+
+Topics and their records (all JSON, UTF-8):
+
+* ``webhooks.events`` (key: event_id) -- :class:`EventRecord`, one committed business fact.
+  Plain form, schema ``webhooks.event/v1``::
+
+      {"schema": "webhooks.event/v1", "event_id": "evt_1", "tenant_id": "t_1",
+       "event_type": "invoice.paid", "schema_version": "2026-01-01",
+       "object_id": "inv_9", "object_version": 3, "occurred_at": "2026-11-29T19:00:00Z",
+       "payload": "{\\"id\\":\\"inv_9\\"}"}
+
+  ``payload`` is a string whose UTF-8 encoding is the exact body every attempt sends;
+  ``payload_base64`` may be given instead for bytes that are not UTF-8. See :mod:`core.ingest`
+  for the Debezium outbox envelope, which is also accepted.
+* ``webhooks.endpoints`` (key: endpoint_id, compacted) -- :class:`EndpointConfig`, the latest
+  config of each endpoint, plus :class:`ConfigClock` heartbeats under the key ``__clock__``.
+  Deletion is a config with status ``deleted`` (see :class:`EndpointStatus`).
+* ``webhooks.replays`` (key: delivery_id) -- :class:`ReplayRequest`, a manual re-send.
+* ``webhooks.events.dlq`` (key: original key) -- :class:`DeadLetter`, a record the job refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+EVENT_SCHEMA_V1 = "webhooks.event/v1"
+ENDPOINT_SCHEMA_V1 = "webhooks.endpoint/v1"
+CLOCK_SCHEMA_V1 = "webhooks.clock/v1"
+REPLAY_SCHEMA_V1 = "webhooks.replay/v1"
+DLQ_SCHEMA_V1 = "webhooks.dlq/v1"
+CLOCK_KEY = "__clock__"
+
+
+def delivery_id_for(event_id: str, endpoint_id: str) -> str:
+    """The stable identity of one event going to one endpoint.
+
+    Deterministic, so re-processing an event (duplicate publish, checkpoint restore, topic replay)
+    names the same delivery; it is the ``webhook-id`` receivers dedupe on. The length prefix keeps
+    ("a:b", "c") and ("a", "b:c") apart.
+    """
+    digest = hashlib.sha256(
+        f"{len(event_id)}:{event_id}:{endpoint_id}".encode()
+    ).hexdigest()
+    return "dlv_" + digest[:32]
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    event_id: str
+    tenant_id: str
+    event_type: str
+    schema_version: str
+    object_id: str
+    object_version: int
+    occurred_at_ms: int
+    payload: bytes
+
+    @property
+    def payload_sha256(self) -> str:
+        return hashlib.sha256(self.payload).hexdigest()
+
+    def to_json(self) -> bytes:
+        from core.timeutil import ms_to_iso
+
+        return json.dumps(
+            {
+                "schema": EVENT_SCHEMA_V1,
+                "event_id": self.event_id,
+                "tenant_id": self.tenant_id,
+                "event_type": self.event_type,
+                "schema_version": self.schema_version,
+                "object_id": self.object_id,
+                "object_version": self.object_version,
+                "occurred_at": ms_to_iso(self.occurred_at_ms),
+                "payload_base64": base64.b64encode(self.payload).decode(),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
+class EndpointStatus(str, enum.Enum):
+    ACTIVE = "active"
+    DISABLED = "disabled"  # by a person, or by a 410 Gone from the endpoint
+    DELETED = "deleted"
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """One signing secret as published: encrypted with the master key, never in plaintext."""
+
+    version: int
+    ciphertext_b64: str
+    # Unix ms after which this key no longer signs (end of a rotation overlap); None = no end.
+    not_after_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    endpoint_id: str
+    tenant_id: str
+    config_version: int
+    url: str
+    status: EndpointStatus
+    event_types: tuple[str, ...]
+    signing_keys: tuple[SigningKey, ...]
+    published_at_ms: int
+    rate_limit_per_s: float | None = None
+    max_in_flight: int | None = None
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["status"] = self.status.value
+        d["event_types"] = list(self.event_types)
+        d["signing_keys"] = [asdict(k) for k in self.signing_keys]
+        d["schema"] = ENDPOINT_SCHEMA_V1
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "EndpointConfig":
+        return EndpointConfig(
+            endpoint_id=str(d["endpoint_id"]),
+            tenant_id=str(d["tenant_id"]),
+            config_version=int(d["config_version"]),
+            url=str(d["url"]),
+            status=EndpointStatus(d["status"]),
+            event_types=tuple(str(t) for t in d["event_types"]),
+            signing_keys=tuple(
+                SigningKey(
+                    version=int(k["version"]),
+                    ciphertext_b64=str(k["ciphertext_b64"]),
+                    not_after_ms=None if k.get("not_after_ms") is None else int(k["not_after_ms"]),
+                )
+                for k in d["signing_keys"]
+            ),
+            published_at_ms=int(d["published_at_ms"]),
+            rate_limit_per_s=None if d.get("rate_limit_per_s") is None else float(d["rate_limit_per_s"]),
+            max_in_flight=None if d.get("max_in_flight") is None else int(d["max_in_flight"]),
+        )
+
+
+@dataclass(frozen=True)
+class ConfigClock:
+    """Heartbeat on the endpoints topic: every config published before ``published_at_ms`` has
+    already been written to the (single-partition) topic. Fan-out holds an event until the clock
+    passes the event's arrival, so an endpoint created before an event is never missed."""
+
+    published_at_ms: int
+
+    def to_json(self) -> bytes:
+        return json.dumps({"schema": CLOCK_SCHEMA_V1, "published_at_ms": self.published_at_ms}).encode()
+
+
+def parse_endpoint_topic_value(raw: bytes | str) -> EndpointConfig | ConfigClock:
+    """Parse a value from the endpoints topic. Raises ValueError on anything unknown."""
+    d = json.loads(raw)
+    schema = d.get("schema")
+    if schema == CLOCK_SCHEMA_V1:
+        return ConfigClock(published_at_ms=int(d["published_at_ms"]))
+    if schema == ENDPOINT_SCHEMA_V1:
+        return EndpointConfig.from_dict(d)
+    raise ValueError(f"unknown endpoints-topic schema {schema!r}")
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """A manual re-send of an existing delivery: a new attempt on the same delivery_id."""
+
+    delivery_id: str
+    tenant_id: str
+    endpoint_id: str
+    requested_by: str
+    requested_at_ms: int
+    request_id: str = ""
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["schema"] = REPLAY_SCHEMA_V1
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_json(raw: bytes | str) -> "ReplayRequest":
+        d = json.loads(raw)
+        if d.get("schema") != REPLAY_SCHEMA_V1:
+            raise ValueError(f"unknown replay schema {d.get('schema')!r}")
+        return ReplayRequest(
+            delivery_id=str(d["delivery_id"]),
+            tenant_id=str(d["tenant_id"]),
+            endpoint_id=str(d["endpoint_id"]),
+            requested_by=str(d["requested_by"]),
+            requested_at_ms=int(d["requested_at_ms"]),
+            request_id=str(d.get("request_id", "")),
+        )
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """What the DLQ holds: why the record was refused, and its original bytes (base64)."""
+
+    reason: str
+    detail: str
+    original_base64: str
+    source_topic: str
+    refused_at_ms: int
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["schema"] = DLQ_SCHEMA_V1
+        return json.dumps(d, separators=(",", ":")).encode()

@@ -1,0 +1,149 @@
+"""One typed settings object for the job, the control plane, the scripts and the tests.
+
+Defaults run the local stack started by `make run`; every field can be overridden with an
+environment variable prefixed `WEBHOOKS_` (nested fields use `__`, e.g.
+`WEBHOOKS_DISPATCH__CONNECT_TIMEOUT_S=2`). Validation fails at start-up with a message that names
+the field, so a typo in a deployment is caught before any event is read.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from pathlib import Path
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class KafkaSettings(BaseModel):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    events_topic: str = "webhooks.events"
+    endpoints_topic: str = "webhooks.endpoints"
+    replays_topic: str = "webhooks.replays"
+    dlq_topic: str = "webhooks.events.dlq"
+    consumer_group: str = "webhooks-delivery-job"
+    # Partitions for the event topics when the scripts create them; a real cluster sets its own.
+    partitions: int = Field(default=4, ge=1)
+
+
+class CassandraSettings(BaseModel):
+    contact_points: list[str] = ["127.0.0.1"]
+    port: int = 9042
+    keyspace: str = "webhooks"
+    local_dc: str = "datacenter1"
+    # Replication for the keyspace the scripts create; production uses NetworkTopologyStrategy.
+    replication_factor: int = Field(default=1, ge=1)
+    history_ttl_s: int = Field(default=30 * 24 * 3600, gt=0)
+    # Writes in flight from one operator instance; more only queues inside the driver.
+    max_concurrent_writes: int = Field(default=256, ge=1)
+
+
+class DispatchSettings(BaseModel):
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    total_timeout_s: float = Field(default=15.0, gt=0)
+    max_response_bytes: int = Field(default=64 * 1024, ge=0)
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    # Requests in flight per endpoint unless the endpoint sets its own cap.
+    default_max_in_flight: int = Field(default=8, ge=1)
+    # Requests in flight per tenant across all of its endpoints (one operator instance).
+    tenant_max_in_flight: int = Field(default=256, ge=1)
+    # Requests in flight for one operator instance: the HTTP pool size.
+    max_in_flight: int = Field(default=512, ge=1)
+    # Retry schedule: exponential with full jitter, capped, bounded count, absolute deadline.
+    retry_base_s: float = Field(default=5.0, gt=0)
+    retry_cap_s: float = Field(default=3600.0, gt=0)
+    max_attempts: int = Field(default=20, ge=1)
+    retry_deadline_s: float = Field(default=24 * 3600.0, gt=0)
+    max_retry_after_s: float = Field(default=3600.0, gt=0)
+    # Circuit breaker: consecutive failures that open it, and how long it stays open.
+    breaker_failure_threshold: int = Field(default=5, ge=1)
+    breaker_fast_failure_threshold: int = Field(default=2, ge=1)
+    breaker_open_s: float = Field(default=30.0, gt=0)
+    breaker_max_open_s: float = Field(default=600.0, gt=0)
+    # How often the dispatcher harvests finished requests (processing-time timer).
+    harvest_interval_ms: int = Field(default=10, ge=1)
+    # Extra CA bundle the dispatcher trusts (tests use a locally generated CA). None = system CAs.
+    ca_bundle: Path | None = None
+    user_agent: str = "webhooks-dispatcher/1"
+
+
+class EgressSettings(BaseModel):
+    allowed_ports: list[int] = [443]
+    # Development only: CIDRs allowed despite the public-unicast rule (e.g. 127.0.0.0/8 for
+    # local receivers). Empty by default; the job and control plane log loudly when it is not.
+    dev_allow_cidrs: list[str] = []
+
+
+class FlinkSettings(BaseModel):
+    rest_address: str = "127.0.0.1"
+    rest_port: int = 8081
+    parallelism: int = Field(default=1, ge=1)
+    checkpoint_interval_ms: int = Field(default=5000, ge=100)
+    # Dedupe memory for event_ids: longer than any replay window of the events topic.
+    dedupe_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
+    # Connector jars shipped with the job (pipeline.jars); empty = already in the cluster's lib/.
+    pipeline_jars: list[str] = []
+
+
+class ControlPlaneSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 50051
+    # Admin credential that creates tenants and API keys. Dev default; override in deployment.
+    admin_token: SecretStr = SecretStr("dev-admin-token")
+    secret_rotation_overlap_s: int = Field(default=24 * 3600, ge=0)
+    # How often the config clock heartbeat is published on the endpoints topic (see fan-out).
+    config_clock_interval_ms: int = Field(default=200, ge=10)
+    republish_interval_s: float = Field(default=5.0, gt=0)
+
+
+class IngestSettings(BaseModel):
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="WEBHOOKS_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    cassandra: CassandraSettings = CassandraSettings()
+    dispatch: DispatchSettings = DispatchSettings()
+    egress: EgressSettings = EgressSettings()
+    flink: FlinkSettings = FlinkSettings()
+    control_plane: ControlPlaneSettings = ControlPlaneSettings()
+    ingest: IngestSettings = IngestSettings()
+    # AES-256-GCM key (base64 of 32 bytes) that encrypts signing secrets at rest. The dev default
+    # only exists so `make run` works; a deployment must set WEBHOOKS_MASTER_KEY.
+    master_key: SecretStr = SecretStr(base64.b64encode(b"dev-master-key-not-for-production"[:32]).decode())
+    run_dir: Path = REPO_ROOT / ".run"
+
+    @field_validator("master_key")
+    @classmethod
+    def _master_key_is_32_bytes(cls, v: SecretStr) -> SecretStr:
+        try:
+            raw = base64.b64decode(v.get_secret_value(), validate=True)
+        except ValueError as exc:
+            raise ValueError("master_key must be base64") from exc
+        if len(raw) != 32:
+            raise ValueError(f"master_key must decode to 32 bytes, got {len(raw)}")
+        return v
+
+    @model_validator(mode="after")
+    def _timeouts_consistent(self) -> "Settings":
+        d = self.dispatch
+        if d.connect_timeout_s > d.total_timeout_s:
+            raise ValueError("dispatch.connect_timeout_s must not exceed dispatch.total_timeout_s")
+        if d.retry_base_s > d.retry_cap_s:
+            raise ValueError("dispatch.retry_base_s must not exceed dispatch.retry_cap_s")
+        return self
+
+    def master_key_bytes(self) -> bytes:
+        return base64.b64decode(self.master_key.get_secret_value())
+
+
+@functools.lru_cache(maxsize=1)
+def load_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,131 @@
+"""Standard Webhooks signing: pure functions from (id, timestamp, exact body, secrets) to headers.
+
+The signed content is ``f"{webhook-id}.{webhook-timestamp}."`` followed by the body *bytes*
+exactly as they go on the wire; we never re-serialise JSON, because a receiver verifies the raw
+bytes it got. During a secret rotation every live secret signs, and ``webhook-signature`` lists
+one ``v1,<base64>`` per secret separated by spaces, so a receiver holding either the old or the
+new secret verifies (https://www.standardwebhooks.com/, "Signature scheme").
+
+Nothing here reads a clock or a random source: the attempt timestamp and the secret's random
+bytes are arguments, so fixed vectors pin the output.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+from core.timeutil import ms_to_iso
+
+SECRET_PREFIX = "whsec_"
+# 32 random bytes = a 256-bit HMAC-SHA256 key; the spec allows 24..64.
+SECRET_BYTES = 32
+SIGNATURE_VERSION = "v1"
+
+
+def generate_secret(rng_bytes: bytes) -> str:
+    """Encode caller-supplied random bytes as a ``whsec_`` secret.
+
+    The caller passes ``os.urandom(SECRET_BYTES)``; taking the bytes keeps this function pure and
+    its output testable. Anything but exactly 32 bytes is refused rather than silently weakened.
+    """
+    if len(rng_bytes) != SECRET_BYTES:
+        raise ValueError(f"a signing secret needs {SECRET_BYTES} random bytes, got {len(rng_bytes)}")
+    return SECRET_PREFIX + base64.b64encode(rng_bytes).decode("ascii")
+
+
+def secret_bytes(whsec: str) -> bytes:
+    """The HMAC key inside a ``whsec_<base64>`` secret.
+
+    Error messages never include the input: it is a secret and errors end up in logs.
+    """
+    if not whsec.startswith(SECRET_PREFIX):
+        raise ValueError(f"signing secret must start with {SECRET_PREFIX!r}")
+    try:
+        key = base64.b64decode(whsec[len(SECRET_PREFIX) :], validate=True)
+    except binascii.Error:
+        raise ValueError("signing secret is not valid base64") from None
+    if not key:
+        raise ValueError("signing secret is empty")
+    return key
+
+
+def _check_msg_id(msg_id: str) -> None:
+    # A header value must not carry CR/LF or spaces, and a "." in the id would make the signed
+    # string "id.ts.body" ambiguous about where the id ends. Our ids are "dlv_<hex>".
+    if not msg_id:
+        raise ValueError("webhook-id must not be empty")
+    if "." in msg_id or not all(0x21 <= ord(c) <= 0x7E for c in msg_id):
+        raise ValueError("webhook-id must be printable ASCII without spaces or '.'")
+
+
+def signature(key: bytes, msg_id: str, timestamp_s: int, body: bytes) -> str:
+    """One ``v1,<base64 HMAC-SHA256>`` entry over ``id.timestamp.body``."""
+    signed = f"{msg_id}.{timestamp_s}.".encode() + body
+    mac = hmac.new(key, signed, hashlib.sha256).digest()
+    return f"{SIGNATURE_VERSION},{base64.b64encode(mac).decode('ascii')}"
+
+
+def sign(
+    msg_id: str, timestamp_s: int, body: bytes, secrets: Sequence[tuple[int, bytes]]
+) -> dict[str, str]:
+    """The three Standard Webhooks headers for one attempt.
+
+    ``secrets`` are ``(key_version, key_bytes)`` of every live key, newest first; each signs the
+    same content and the signatures keep that order. ``timestamp_s`` is this attempt's time in
+    unix seconds, so every retry gets a fresh timestamp (receivers reject stale ones) while the id
+    and the body stay the same.
+    """
+    _check_msg_id(msg_id)
+    if timestamp_s < 0:
+        raise ValueError("webhook-timestamp must not be negative")
+    if not secrets:
+        raise ValueError("at least one live signing secret is required")
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(timestamp_s),
+        "webhook-signature": " ".join(
+            signature(key, msg_id, timestamp_s, body) for _, key in secrets
+        ),
+    }
+
+
+def build_headers(
+    msg_id: str,
+    timestamp_s: int,
+    body: bytes,
+    secrets: Sequence[tuple[int, bytes]],
+    *,
+    event_type: str,
+    event_id: str,
+    occurred_at_ms: int,
+    schema_version: str,
+) -> dict[str, str]:
+    """Everything an attempt sends besides the user agent: signature headers plus metadata.
+
+    The metadata headers are NOT covered by the Standard Webhooks signature (it covers id,
+    timestamp and body only); they help routing and debugging, and a receiver that needs them
+    authenticated must read them from the signed body. ``webhook-key-versions`` lists the key
+    versions in the same order as the signatures, space-separated like them, so a receiver can
+    tell which key signed during a rotation.
+    """
+    headers = sign(msg_id, timestamp_s, body, secrets)
+    headers.update(
+        {
+            "content-type": "application/json",
+            "webhook-event-type": event_type,
+            "webhook-event-id": event_id,
+            "webhook-occurred-at": ms_to_iso(occurred_at_ms),
+            "webhook-schema-version": schema_version,
+            "webhook-key-versions": " ".join(str(version) for version, _ in secrets),
+        }
+    )
+    for name, value in headers.items():
+        # Event type, ids and versions come from producers; refuse header injection here rather
+        # than trusting every producer to have validated them.
+        if "\r" in value or "\n" in value:
+            raise ValueError(f"header {name} contains a line break")
+    return headers

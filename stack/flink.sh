@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Start/stop a local standalone Flink cluster (one JobManager with the dashboard, one TaskManager)
+# from the apache-flink wheel, configured from flink-conf/.
+source "$(dirname "$0")/lib.sh"
+DIR="$RUN/flink"; CONF="$DIR/conf"
+REST_PORT="${WEBHOOKS_FLINK_REST_PORT:-8081}"
+export FLINK_HOME="$("$PY" -c 'import os, pyflink; print(os.path.dirname(pyflink.__file__))')"
+export FLINK_CONF_DIR="$CONF" FLINK_LOG_DIR="$DIR/log" FLINK_PID_DIR="$DIR"
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+
+render_conf() {
+  mkdir -p "$CONF" "$DIR/log" "$DIR/checkpoints" "$DIR/savepoints"
+  cp "$FLINK_HOME"/conf/log4j*.properties "$CONF/"
+  sed -e "s#__RUN__#$RUN#g" -e "s#__PY__#$PY#g" -e "s#__REST_PORT__#$REST_PORT#g" \
+      -e "s#__PYTHONPATH__#$REPO:$SITE#g" "$REPO/flink-conf/config.yaml" > "$CONF/config.yaml"
+}
+
+# The connector jars and flink-python go into the wheel's lib/: thread mode needs flink-python on
+# the parent classpath (see flink-conf), and lib/ is where a real cluster image puts connectors.
+install_jars() {
+  cp -n "$FLINK_HOME"/opt/flink-python-*.jar "$FLINK_HOME/lib/"
+  cp -n "$JARS"/flink-connectors/*.jar "$FLINK_HOME/lib/"
+}
+
+start() {
+  [ -d "$JARS/flink-connectors" ] || fail "flink connector jars missing: run 'make setup'"
+  render_conf
+  install_jars
+  if running flink-jm; then say "flink jobmanager already running (pid $(cat "$RUN/flink-jm/pid"))";
+  else
+    say "starting flink jobmanager (dashboard http://127.0.0.1:$REST_PORT)"
+    start_bg flink-jm "$DIR/log/jobmanager.log" "$FLINK_HOME/bin/jobmanager.sh" start-foreground
+  fi
+  if running flink-tm; then say "flink taskmanager already running (pid $(cat "$RUN/flink-tm/pid"))";
+  else
+    say "starting flink taskmanager"
+    start_bg flink-tm "$DIR/log/taskmanager.log" "$FLINK_HOME/bin/taskmanager.sh" start-foreground
+  fi
+}
+
+tm_registered() {
+  "$PY" - "$REST_PORT" <<'PY'
+import json, sys, urllib.request
+o = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/overview", timeout=2))
+sys.exit(0 if o["taskmanagers"] >= 1 else 1)
+PY
+}
+
+ready() {
+  wait_until flink-jm "$DIR/log/jobmanager.log" 120 tm_registered
+  running flink-tm || explain_failure flink-tm "$DIR/log/taskmanager.log" "process exited during start-up"
+  say "flink ready: dashboard http://127.0.0.1:$REST_PORT"
+}
+
+case "${1:-}" in
+  start) start ;;
+  ready) ready ;;
+  stop) stop_part flink-tm 30; stop_part flink-jm 30 ;;
+  env) echo "export FLINK_HOME=$FLINK_HOME FLINK_CONF_DIR=$FLINK_CONF_DIR FLINK_LOG_DIR=$FLINK_LOG_DIR" ;;
+  *) echo "usage: $0 start|ready|stop|env" >&2; exit 2 ;;
+esac
