@@ -11,7 +11,9 @@ Topics and their records (all JSON, UTF-8):
        "payload": "{\\"id\\":\\"inv_9\\"}"}
 
   ``payload`` is a string whose UTF-8 encoding is the exact body every attempt sends;
-  ``payload_base64`` may be given instead for bytes that are not UTF-8. See :mod:`core.ingest`
+  ``payload_base64`` may be given instead for bytes that are not UTF-8. ``object_id`` and
+  ``object_version`` are optional (ordering hints for receivers); ``target_endpoint_id`` is only
+  set by the control plane's test ("ping") events. See :mod:`core.ingest`
   for the Debezium outbox envelope, which is also accepted.
 * ``webhooks.endpoints`` (key: endpoint_id, compacted) -- :class:`EndpointConfig`, the latest
   config of each endpoint, plus :class:`ConfigClock` heartbeats under the key ``__clock__``.
@@ -60,6 +62,9 @@ class EventRecord:
     object_version: int
     occurred_at_ms: int
     payload: bytes
+    # Set only on control-plane test events (`webhook.ping`): fan-out sends the event to this one
+    # endpoint of the tenant, whatever its filter, instead of matching subscriptions.
+    target_endpoint_id: str | None = None
 
     @property
     def payload_sha256(self) -> str:
@@ -79,6 +84,7 @@ class EventRecord:
                 "object_version": self.object_version,
                 "occurred_at": ms_to_iso(self.occurred_at_ms),
                 "payload_base64": base64.b64encode(self.payload).decode(),
+                **({"target_endpoint_id": self.target_endpoint_id} if self.target_endpoint_id else {}),
             },
             separators=(",", ":"),
         ).encode()

@@ -109,7 +109,9 @@ def _write_private(path: Path, data: bytes) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stack.certs", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for ca.pem, server.pem, server.key")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="directory for ca.pem, ca.key, server.pem, server.key"
+    )
     args = parser.parse_args(argv)
     paths, done = ensure_certs(args.out)
     for line in done:

@@ -1,0 +1,38 @@
+# The two commands a newcomer needs: `make run` and `make test`. Everything else supports them.
+SHELL := /bin/bash
+PY := .venv/bin/python
+
+.PHONY: run test setup up down job bench lint proto clean status
+
+run: setup up job ## install, start the local stack, submit the delivery job, say where things are
+	@bash stack/status.sh
+
+test: setup ## bring up what is missing, run the whole suite, stop what this target started
+	@bash stack/test.sh
+
+setup: ## venv from requirements.lock, JVM servers from Maven Central, gRPC code, test certs
+	@bash stack/setup.sh
+
+up: setup ## start Kafka, Cassandra, Flink and the control plane (idempotent)
+	@bash stack/up.sh
+
+job: ## submit the delivery job to the local Flink cluster unless it already runs
+	@bash stack/job.sh submit
+
+down: ## stop everything the stack scripts started (data stays in .run/)
+	@bash stack/down.sh
+
+status:
+	@bash stack/status.sh
+
+bench: setup up ## end-to-end benchmark; last line is the comparable summary
+	@$(PY) -m bench.run
+
+lint:
+	@$(PY) -m ruff check .
+
+proto:
+	@$(PY) -m control_plane.codegen
+
+clean: down ## remove all local data, logs and checkpoints
+	rm -rf .run

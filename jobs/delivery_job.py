@@ -1,0 +1,122 @@
+"""The delivery job: CDC events -> parse -> dedupe + fan-out -> per-endpoint dispatch -> history.
+
+`build_pipeline(env, settings)` assembles the whole job; `main()` is what `flink run -py` calls.
+Settings come from the environment of the submitting process (WEBHOOKS_*) and travel with the
+operators, so the TaskManagers need no configuration of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyflink.common import Configuration, WatermarkStrategy
+from pyflink.common.serialization import SimpleStringSchema
+from pyflink.common.typeinfo import Types
+from pyflink.datastream import StreamExecutionEnvironment
+from pyflink.datastream.checkpointing_mode import CheckpointingMode
+from pyflink.datastream.connectors.base import DeliveryGuarantee
+from pyflink.datastream.connectors.kafka import (
+    KafkaOffsetResetStrategy,
+    KafkaOffsetsInitializer,
+    KafkaRecordSerializationSchema,
+    KafkaSink,
+    KafkaSource,
+)
+
+from core.settings import Settings, load_settings
+from jobs import uids
+from operators.dispatcher import Dispatcher
+from operators.endpoint_configs import ENDPOINT_CONFIGS, ParseEndpointRecord
+from operators.fanout import FanOut
+from operators.parse_events import DEAD_LETTERS, ParseEvents
+from operators.replays import ParseReplays
+
+# Bytes are carried as ISO-8859-1 strings: a lossless 1:1 mapping of bytes to chars, so the
+# dead-letter topic gets the original bytes back even when they are not UTF-8.
+RAW = SimpleStringSchema("ISO-8859-1")
+
+
+def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bool) -> KafkaSource:
+    k = settings.kafka
+    start = (KafkaOffsetsInitializer.earliest() if from_earliest else
+             KafkaOffsetsInitializer.committed_offsets(KafkaOffsetResetStrategy.EARLIEST))
+    return (KafkaSource.builder()
+            .set_bootstrap_servers(k.bootstrap_servers)
+            .set_topics(topic)
+            .set_group_id(f"{k.consumer_group}.{group_suffix}")
+            .set_starting_offsets(start)
+            .set_value_only_deserializer(RAW)
+            .set_property("commit.offsets.on.checkpoint", "true")
+            .set_property("partition.discovery.interval.ms", "60000")
+            .build())
+
+
+def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
+    k = settings.kafka
+    no_wm = WatermarkStrategy.no_watermarks()
+
+    events = (env.from_source(_source(settings, k.events_topic, "events", False), no_wm, "events")
+              .uid(uids.EVENTS_SOURCE).name("Kafka: " + k.events_topic))
+    # The endpoints topic is compacted: read it whole on every start, so the broadcast state is
+    # complete whatever the checkpoint holds.
+    endpoint_records = (env.from_source(_source(settings, k.endpoints_topic, "endpoints", True), no_wm,
+                                        "endpoints")
+                        .uid(uids.ENDPOINTS_SOURCE).name("Kafka: " + k.endpoints_topic)
+                        .flat_map(ParseEndpointRecord(), Types.PICKLED_BYTE_ARRAY())
+                        .uid(uids.PARSE_ENDPOINTS).name("parse endpoint configs"))
+    replays = (env.from_source(_source(settings, k.replays_topic, "replays", False), no_wm, "replays")
+               .uid(uids.REPLAYS_SOURCE).name("Kafka: " + k.replays_topic)
+               .flat_map(ParseReplays(), Types.PICKLED_BYTE_ARRAY())
+               .uid(uids.PARSE_REPLAYS).name("parse replay requests"))
+
+    parsed = (events.process(ParseEvents(settings.ingest.max_payload_bytes, k.events_topic),
+                             Types.PICKLED_BYTE_ARRAY())
+              .uid(uids.PARSE_EVENTS).name("parse events"))
+    dlq_sink = (KafkaSink.builder()
+                .set_bootstrap_servers(k.bootstrap_servers)
+                .set_record_serializer(KafkaRecordSerializationSchema.builder()
+                                       .set_topic(k.dlq_topic).set_value_serialization_schema(RAW).build())
+                .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
+                .build())
+    (parsed.get_side_output(DEAD_LETTERS)
+     .sink_to(dlq_sink).uid(uids.DEAD_LETTER_SINK).name("Kafka: " + k.dlq_topic))
+
+    deliveries = (parsed.key_by(lambda r: r[0], Types.STRING())
+                  .connect(endpoint_records.broadcast(ENDPOINT_CONFIGS))
+                  .process(FanOut(settings.flink.dedupe_ttl_s, settings.dispatch.retry_deadline_s),
+                           Types.PICKLED_BYTE_ARRAY())
+                  .uid(uids.FAN_OUT).name("dedupe + fan-out"))
+
+    configs_only = (endpoint_records.filter(lambda r: hasattr(r, "endpoint_id"))
+                    .uid(uids.DISPATCH_CONFIGS).name("endpoint configs for dispatch"))
+    (deliveries.union(replays)
+     .key_by(lambda r: r[0], Types.STRING())
+     .connect(configs_only.broadcast(ENDPOINT_CONFIGS))
+     .process(Dispatcher(settings), Types.PICKLED_BYTE_ARRAY())
+     .uid(uids.DISPATCH).name("dispatch (per endpoint)"))
+
+
+def make_env(settings: Settings) -> StreamExecutionEnvironment:
+    conf = Configuration()
+    conf.set_string("python.execution-mode", settings.flink.python_execution_mode)
+    conf.set_string("pipeline.name", settings.flink.job_name)
+    if settings.flink.checkpoint_dir:
+        conf.set_string("execution.checkpointing.dir", settings.flink.checkpoint_dir)
+    if settings.flink.pipeline_jars:
+        conf.set_string("pipeline.jars", ";".join(settings.flink.pipeline_jars))
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    env.set_parallelism(settings.flink.parallelism)
+    env.enable_checkpointing(settings.flink.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
+    return env
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO)
+    settings = load_settings()
+    env = make_env(settings)
+    build_pipeline(env, settings)
+    env.execute(settings.flink.job_name)
+
+
+if __name__ == "__main__":
+    main()

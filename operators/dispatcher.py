@@ -1,0 +1,371 @@
+"""The dispatcher: keyed by endpoint, a thin Flink adapter over :mod:`core.dispatch`.
+
+Per endpoint (keyed state, checkpointed): the pending deliveries with their stage and attempt
+count, the circuit breaker, the token bucket, and a local "disabled by 410" mark. Per operator
+instance (memory, rebuilt after a restore): a background asyncio loop with the HTTP sender and
+the Cassandra history writer, the futures of I/O in progress, and the fair scheduler that shares
+the instance's pool of in-flight requests between tenants.
+
+Work is driven from two places only: ``process_element`` (a new delivery or a replay for this
+endpoint) and ``on_timer`` (a retry is due, or it is time to harvest finished I/O). Flink state is
+therefore only ever touched from the task thread, in the right key's context. Timers are
+checkpointed, so after a restore every endpoint with pending work wakes up and re-sends what was
+in flight (at-least-once).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import random
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from pyflink.common.typeinfo import Types
+from pyflink.datastream.functions import KeyedBroadcastProcessFunction, RuntimeContext
+from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+
+from core import breaker as brk
+from core import dispatch as logic
+from core import ratelimit
+from core.egress import EgressPolicy
+from core.fairness import FairScheduler
+from core.fanout import NewDelivery
+from core.outcomes import ErrorClass, HttpResult
+from core.records import EndpointConfig, EndpointStatus, ReplayRequest
+from core.retry import RetrySchedule
+from core.secrets import decrypt_secret, redact
+from core.settings import Settings
+from core.signing import build_headers, secret_bytes
+from operators.async_runtime import AsyncRuntime
+from operators.endpoint_configs import ENDPOINT_CONFIGS
+from operators.history_store import CassandraHistory
+
+log = logging.getLogger(__name__)
+
+NEW = "delivery"
+REPLAY = "replay"
+
+
+class Dispatcher(KeyedBroadcastProcessFunction):
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def open(self, runtime_context: RuntimeContext) -> None:
+        s = self._settings
+        self._pending = runtime_context.get_map_state(
+            MapStateDescriptor("pending", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
+        self._replays = runtime_context.get_map_state(
+            MapStateDescriptor("replays-loading", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
+        self._breaker = runtime_context.get_state(ValueStateDescriptor("breaker", Types.PICKLED_BYTE_ARRAY()))
+        self._bucket = runtime_context.get_state(ValueStateDescriptor("bucket", Types.PICKLED_BYTE_ARRAY()))
+        self._gone = runtime_context.get_state(ValueStateDescriptor("gone-at-version", Types.LONG()))
+        self._wake = runtime_context.get_state(ValueStateDescriptor("wake-at", Types.LONG()))
+        metrics = runtime_context.get_metrics_group()
+        self._m = {name: metrics.counter(name) for name in (
+            "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled",
+            "resent_after_restore", "history_write_failures", "replays", "replays_unknown")}
+
+        self._incarnation = uuid.uuid4().hex
+        self._rng = random.Random()
+        self._schedule = RetrySchedule.from_settings(s.dispatch)
+        self._breaker_cfg = brk.BreakerConfig.from_settings(s.dispatch)
+        self._policy = EgressPolicy.from_settings(s.egress)
+        if s.egress.dev_allow_cidrs:
+            log.warning("EGRESS DEVELOPMENT ALLOWANCE IS ON: %s may be reached despite the SSRF policy",
+                        s.egress.dev_allow_cidrs)
+        self._rt = AsyncRuntime("dispatcher-io")
+        from operators.http_sender import HttpSender
+
+        self._sender = self._rt.call(HttpSender.create(s.dispatch, self._policy))
+        self._history = CassandraHistory(s.cassandra)
+        self._master_key = s.master_key_bytes()
+        self._keys: dict[tuple[str, int], bytes] = {}
+        # endpoint_id -> delivery_id -> (kind, future); kinds: persist, send, record, load
+        self._io: dict[str, dict[str, tuple[str, concurrent.futures.Future[Any]]]] = {}
+        self._fair = FairScheduler(pool_size=s.dispatch.max_in_flight,
+                                   tenant_quota=s.dispatch.tenant_max_in_flight)
+
+    def close(self) -> None:
+        try:
+            self._rt.call(self._sender.close(), timeout=5)
+        except Exception:  # closing is best effort: the process may be going away
+            log.exception("closing the HTTP sender failed")
+        self._history.close()
+        self._rt.close()
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def process_broadcast_element(self, value: Any, ctx: KeyedBroadcastProcessFunction.Context) -> None:
+        cfg: EndpointConfig = value
+        state = ctx.get_broadcast_state(ENDPOINT_CONFIGS)
+        current = state.get(cfg.endpoint_id)
+        if current is None or cfg.config_version >= current.config_version:
+            state.put(cfg.endpoint_id, cfg)
+
+    def process_element(self, value: Any, ctx: KeyedBroadcastProcessFunction.ReadOnlyContext):  # type: ignore[override]
+        kind, item = value[1]
+        if kind == NEW:
+            d: NewDelivery = item
+            if not self._pending.contains(d.delivery_id):
+                self._pending.put(d.delivery_id, logic.Pending(delivery=d, next_attempt_at_ms=d.created_at_ms))
+        elif kind == REPLAY:
+            r: ReplayRequest = item
+            self._m["replays"].inc()
+            existing = self._pending.get(r.delivery_id)
+            if existing is not None:
+                self._pending.put(r.delivery_id, replace(existing, manual_requests=existing.manual_requests + 1))
+            else:
+                self._replays.put(r.delivery_id, r)
+        yield from self._drive(ctx)
+
+    def on_timer(self, timestamp: int, ctx: KeyedBroadcastProcessFunction.OnTimerContext):  # type: ignore[override]
+        if self._wake.value() == timestamp:
+            self._wake.clear()
+        yield from self._drive(ctx)
+
+    # -- the loop body ---------------------------------------------------------------------------
+    def _drive(self, ctx: Any):
+        endpoint_id: str = ctx.get_current_key()
+        now = ctx.timer_service().current_processing_time()
+        cfg: EndpointConfig | None = ctx.get_broadcast_state(ENDPOINT_CONFIGS).get(endpoint_id)
+        io = self._io.setdefault(endpoint_id, {})
+        breaker = self._breaker.value() or brk.BreakerState()
+
+        breaker = self._harvest(io, breaker, now)
+        self._start_replay_loads(io)
+
+        pendings: list[logic.Pending] = []
+        for did, p in list(self._pending.items()):
+            q = logic.adopt_orphans(p, self._incarnation, now)
+            if q is not p and p.stage is logic.Stage.SENDING:
+                self._m["resent_after_restore"].inc()
+            q = logic.expire_if_past_deadline(q, now)
+            if q is not p:
+                self._pending.put(did, q)
+            pendings.append(q)
+
+        wake: int | None = None
+        sendable, why_not = self._sendable(cfg)
+        if cfg is not None and cfg.status is EndpointStatus.DELETED:
+            self._fail_all_ready(pendings, now, "endpoint deleted")
+        in_flight = sum(1 for kind, _ in io.values() if kind == "send")
+        limits = logic.Limits(max_in_flight=(cfg.max_in_flight if cfg and cfg.max_in_flight
+                                             else self._settings.dispatch.default_max_in_flight))
+        due = [p for p in pendings if logic.is_due(p, now)] if sendable else []
+        granted = 0
+        if due and cfg is not None:
+            want = min(len(due), max(0, limits.max_in_flight - in_flight))
+            if want:
+                kind = "new" if any(p.attempt_count == 0 for p in due) else "retry"
+                self._fair.request(endpoint_id, cfg.tenant_id, kind, min(p.next_attempt_at_ms for p in due))
+                self._fair.grant(now)
+                granted = self._fair.take_grant(endpoint_id)
+        bucket = self._bucket_for(cfg, now)
+        plan, breaker, bucket = logic.plan(
+            pendings if sendable else [p for p in pendings if p.stage is not logic.Stage.READY],
+            in_flight, limits, breaker, bucket, now, granted)
+        if granted > len(plan.send) and cfg is not None:
+            self._fair.release(cfg.tenant_id, granted - len(plan.send))
+        if due and len(plan.send) < len(due) and plan.wanting_slots:
+            wake = now + 5  # waiting for a slot from the shared pool
+        elif not due:
+            self._fair.cancel(endpoint_id)
+
+        by_id = {p.delivery.delivery_id: p for p in pendings}
+        for did in plan.persist:
+            self._pending.put(did, replace(by_id[did], owner=self._incarnation))
+            io[did] = ("persist", self._rt.submit(self._history.persist(by_id[did].delivery)))
+        for did in plan.record:
+            p = by_id[did]
+            self._pending.put(did, replace(p, owner=self._incarnation))
+            assert p.record is not None
+            io[did] = ("record", self._rt.submit(self._history.record(p.delivery, p.record, p.attempt_count)))
+        for did in plan.send:
+            assert cfg is not None
+            p = logic.start_sending(by_id[did], self._incarnation)
+            self._pending.put(did, p)
+            io[did] = ("send", self._rt.submit(self._send(p, cfg, self._live_keys(cfg, now))))
+            self._m["attempts"].inc()
+
+        self._breaker.update(breaker)
+        if bucket is not None:
+            self._bucket.update(bucket)
+        if not sendable and why_not == "disabled" and any(p.stage is logic.Stage.READY for p in pendings):
+            # Held while disabled; wake for the earliest deadline so expiry stays visible.
+            wake = _earliest(wake, min(p.delivery.expires_at_ms for p in pendings))
+        if cfg is None and pendings:
+            wake = _earliest(wake, now + 100)  # the config broadcast has not reached us yet
+        wake = _earliest(wake, plan.wake_at_ms)
+        if io:
+            wake = _earliest(wake, now + self._poll_interval_ms(io, now))
+        self._schedule_wake(ctx, wake, now)
+        return
+        yield  # a generator, as PyFlink expects from process_element/on_timer
+
+    def _harvest(self, io: dict[str, tuple[str, concurrent.futures.Future[Any]]],
+                 breaker: brk.BreakerState, now: int) -> brk.BreakerState:
+        for did, (kind, fut) in list(io.items()):
+            if not fut.done():
+                continue
+            del io[did]
+            if kind == "load":
+                self._finish_replay_load(did, fut)
+                continue
+            p = self._pending.get(did)
+            if p is None:
+                continue
+            exc = fut.exception()
+            if kind == "persist":
+                p = logic.after_persist_failed(p, now) if exc else replace(
+                    p, stage=logic.Stage.READY, owner="", write_failures=0)
+                if exc:
+                    self._m["history_write_failures"].inc()
+                    log.warning("persisting %s failed, will retry: %s", did, redact(str(exc)))
+                self._pending.put(did, p)
+            elif kind == "send":
+                self._fair.release(p.delivery.tenant_id)
+                report = fut.result() if exc is None else _internal_error_report(p, exc, now)
+                p, breaker = logic.apply_result(p, report, breaker, self._breaker_cfg, self._schedule, self._rng)
+                assert p.record is not None
+                self._count(p.record)
+                if p.record.disable_endpoint:
+                    self._gone.update(report.endpoint_config_version)
+                    self._m["endpoints_disabled"].inc()
+                self._pending.put(did, p)
+            elif kind == "record":
+                if exc:
+                    self._m["history_write_failures"].inc()
+                    log.warning("writing history of %s failed, will retry: %s", did, redact(str(exc)))
+                    self._pending.put(did, logic.after_record_failed(p, now))
+                else:
+                    q = logic.after_record_written(p)
+                    if q is None:
+                        self._pending.remove(did)
+                    else:
+                        self._pending.put(did, q)
+        return breaker
+
+    def _count(self, r: logic.AttemptRecord) -> None:
+        name = {"succeeded": "succeeded", "retry": "retried", "failed": "failed", "expired": "expired"}[r.outcome]
+        self._m[name].inc()
+
+    # -- replays ---------------------------------------------------------------------------------
+    def _start_replay_loads(self, io: dict[str, tuple[str, concurrent.futures.Future[Any]]]) -> None:
+        for did, _r in list(self._replays.items()):
+            if did not in io:
+                io[did] = ("load", self._rt.submit(self._history.load_for_replay(did)))
+
+    def _finish_replay_load(self, did: str, fut: concurrent.futures.Future[Any]) -> None:
+        if fut.exception() is not None:
+            return  # the marker stays; the next drive loads again
+        self._replays.remove(did)
+        loaded = fut.result()
+        if loaded is None:
+            self._m["replays_unknown"].inc()
+            log.warning("replay of unknown or expired delivery %s ignored", did)
+            return
+        d, attempt_count, auto_active = loaded
+        existing = self._pending.get(did)
+        if existing is not None:
+            self._pending.put(did, replace(existing, manual_requests=existing.manual_requests + 1))
+        else:
+            self._pending.put(did, logic.Pending(
+                delivery=d, stage=logic.Stage.READY, attempt_count=attempt_count,
+                next_attempt_at_ms=d.created_at_ms, auto_retry_active=auto_active, manual_requests=1))
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _sendable(self, cfg: EndpointConfig | None) -> tuple[bool, str]:
+        if cfg is None:
+            return False, "unknown"
+        if cfg.status is not EndpointStatus.ACTIVE:
+            return False, "disabled"
+        gone_at = self._gone.value()
+        if gone_at is not None:
+            if cfg.config_version <= gone_at:
+                return False, "disabled"
+            self._gone.clear()  # a person re-enabled or changed the endpoint after the 410
+        return True, ""
+
+    def _fail_all_ready(self, pendings: list[logic.Pending], now: int, reason: str) -> None:
+        for i, p in enumerate(pendings):
+            if p.stage is not logic.Stage.READY:
+                continue
+            record = logic.AttemptRecord(
+                attempt_number=0, started_at_ms=now, finished_at_ms=now, http_status=None, outcome="failed",
+                error_class=None, detail=reason, manual=False, delivery_status="failed",
+                next_attempt_at_ms=None, auto_retry_active=False)
+            q = replace(p, stage=logic.Stage.RECORDING, owner="", auto_retry_active=False,
+                        manual_requests=0, record=record)
+            self._pending.put(p.delivery.delivery_id, q)
+            pendings[i] = q
+
+    def _bucket_for(self, cfg: EndpointConfig | None, now: int) -> ratelimit.TokenBucket | None:
+        if cfg is None or not cfg.rate_limit_per_s:
+            return None
+        bucket = self._bucket.value()
+        if bucket is None or bucket.rate_per_s != cfg.rate_limit_per_s:
+            bucket = ratelimit.new_bucket(cfg.rate_limit_per_s, now)
+        return bucket
+
+    def _live_keys(self, cfg: EndpointConfig, now: int) -> list[tuple[int, bytes]]:
+        live = sorted((k for k in cfg.signing_keys if k.not_after_ms is None or k.not_after_ms > now),
+                      key=lambda k: -k.version)
+        out = []
+        for k in live:
+            cache_key = (cfg.endpoint_id, k.version)
+            if cache_key not in self._keys:
+                whsec = decrypt_secret(self._master_key, k.ciphertext_b64, tenant_id=cfg.tenant_id,
+                                       endpoint_id=cfg.endpoint_id, key_version=k.version)
+                self._keys[cache_key] = secret_bytes(whsec)
+            out.append((k.version, self._keys[cache_key]))
+        return out
+
+    async def _send(self, p: logic.Pending, cfg: EndpointConfig, keys: list[tuple[int, bytes]]) -> logic.SendReport:
+        e = p.delivery.event
+        started = int(time.time() * 1000)
+        headers = build_headers(
+            p.delivery.delivery_id, started // 1000, e.payload, keys, event_type=e.event_type,
+            event_id=e.event_id, occurred_at_ms=e.occurred_at_ms, schema_version=e.schema_version)
+        headers["user-agent"] = self._settings.dispatch.user_agent
+        r = await self._sender.send(cfg.url, e.payload, headers)
+        finished = int(time.time() * 1000)
+        error = ErrorClass(r.error) if r.error else None
+        return logic.SendReport(
+            result=HttpResult(status=r.status, error=error, retry_after=getattr(r, "retry_after", None),
+                              detail=r.error_detail or ""),
+            started_at_ms=started, finished_at_ms=finished, url=cfg.url,
+            endpoint_config_version=cfg.config_version, latency_ms=r.latency_ms,
+            response_sha256=r.response_sha256 or "", response_prefix=r.response_prefix or "",
+            signing_key_versions=tuple(v for v, _ in keys))
+
+    def _poll_interval_ms(self, io: dict[str, tuple[str, concurrent.futures.Future[Any]]], now: int) -> int:
+        # Quick requests are harvested within a few ms; long-hanging ones are polled less often so
+        # a thousand hanging endpoints cost little. Finished futures wait at most this long.
+        return self._settings.dispatch.harvest_interval_ms
+
+    def _schedule_wake(self, ctx: Any, wake: int | None, now: int) -> None:
+        if wake is None:
+            return
+        wake = max(wake, now + 1)
+        current = self._wake.value()
+        if current is not None and now < current <= wake:
+            return  # an earlier timer is already set; it will re-plan
+        ctx.timer_service().register_processing_time_timer(wake)
+        self._wake.update(wake)
+
+
+def _earliest(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _internal_error_report(p: logic.Pending, exc: BaseException, now: int) -> logic.SendReport:
+    return logic.SendReport(
+        result=HttpResult(status=None, error=ErrorClass.INTERNAL, detail=redact(repr(exc))[:300]),
+        started_at_ms=now, finished_at_ms=now, url="", endpoint_config_version=p.delivery.endpoint_config_version)

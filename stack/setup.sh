@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install everything the project needs, idempotently: the Python venv from the lock file, the JVM
+# servers and connectors from Maven Central (stack/maven/*.xml), generated gRPC code, test certs.
+source "$(dirname "$0")/lib.sh"
+cd "$REPO"
+command -v java >/dev/null || fail "java (JDK 17) not found: apt-get install openjdk-17-jdk-headless"
+command -v mvn >/dev/null || fail "mvn not found: apt-get install maven"
+
+stamp="$VENV/.lock-$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  say "creating python venv (.venv) from requirements.lock"
+  [ -x "$PY" ] || python3 -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip
+  "$PY" -m pip install -q -r requirements.lock
+  "$PY" -m pip install -q --no-deps -e .
+  rm -f "$VENV"/.lock-*; touch "$stamp"
+fi
+
+for part in kafka cassandra flink-connectors; do
+  if [ ! -f "$JARS/$part/.complete" ] || [ "stack/maven/$part.xml" -nt "$JARS/$part/.complete" ]; then
+    say "resolving $part from Maven Central"
+    rm -rf "$JARS/$part"
+    mvn -q -B -f "stack/maven/$part.xml" dependency:copy-dependencies \
+      -DoutputDirectory="$JARS/$part" -DincludeScope=runtime || fail "maven could not resolve $part"
+    touch "$JARS/$part/.complete"
+  fi
+done
+
+"$PY" -m control_plane.codegen
+"$PY" -m stack.certs --out "$RUN/certs" >/dev/null
+say "setup complete"

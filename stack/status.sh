@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Where everything is.
+source "$(dirname "$0")/lib.sh"
+for part in kafka cassandra flink-jm flink-tm control-plane; do
+  if running "$part"; then state="running (pid $(cat "$RUN/$part/pid"))"; else state="stopped"; fi
+  printf '  %-14s %s\n' "$part" "$state"
+done
+cat <<TXT
+  Flink dashboard  http://127.0.0.1:${WEBHOOKS_FLINK_REST_PORT:-8081}
+  gRPC API         127.0.0.1:${WEBHOOKS_CONTROL_PLANE__PORT:-50051}   (webhookctl --help; grpcurl -plaintext 127.0.0.1:50051 list)
+  Kafka            127.0.0.1:${WEBHOOKS_KAFKA_PORT:-9092}   topics webhooks.events, webhooks.endpoints, webhooks.replays, webhooks.events.dlq
+  Cassandra        127.0.0.1:${WEBHOOKS_CASSANDRA_PORT:-9042}   keyspace webhooks
+  Logs             $RUN/*/  (kafka/kafka.log, cassandra/cassandra.log, flink/log/, control-plane/control-plane.log)
+  Stop             make down
+TXT

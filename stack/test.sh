@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `make test`: start the parts of the stack that are not running, run the whole suite, and stop
+# exactly the parts this script started -- also when tests fail. A part that fails to start is a
+# failure of the run, never a skip.
+source "$(dirname "$0")/lib.sh"
+cd "$REPO"
+started=()
+for part in kafka cassandra flink-jm flink-tm control-plane; do
+  running "$part" || started+=("$part")
+done
+cleanup() {
+  local rc=$?
+  for part in "${started[@]}"; do
+    case "$part" in
+      kafka) stop_part kafka 30 ;;
+      cassandra) stop_part cassandra 40 ;;
+      flink-jm) stop_part flink-jm 30 ;;
+      flink-tm) stop_part flink-tm 30 ;;
+      control-plane) stop_part control-plane 10 ;;
+    esac
+  done
+  exit $rc
+}
+trap cleanup EXIT
+bash "$REPO/stack/up.sh"
+set +e
+"$PY" -m pytest -q -p no:cacheprovider "$@"
+rc=$?
+set -e
+if [ $rc -eq 5 ]; then echo "no tests ran: that is a failure" >&2; rc=1; fi
+exit $rc
