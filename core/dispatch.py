@@ -24,7 +24,16 @@ from dataclasses import dataclass, field, replace
 from core import breaker as brk
 from core import ratelimit
 from core.fanout import NewDelivery
-from core.outcomes import DisableEndpoint, ErrorClass, GaveUp, HttpResult, Retry, Succeeded, is_fast_failure
+from core.outcomes import (
+    DisableEndpoint,
+    ErrorClass,
+    GaveUp,
+    HttpResult,
+    Retry,
+    Succeeded,
+    is_endpoint_failure,
+    is_fast_failure,
+)
 from core.retry import RetrySchedule, decide
 
 
@@ -209,8 +218,10 @@ def apply_result(
     outcome = decide(report.result, number, p.delivery.created_at_ms, now_ms, schedule, rng)
     if isinstance(outcome, Succeeded):
         breaker = brk.on_success(breaker)
-    elif report.result.error is ErrorClass.EGRESS_REFUSED:
-        breaker = brk.on_inconclusive(breaker)  # our policy refused it; the endpoint did nothing
+    elif not is_endpoint_failure(report.result):
+        # Our own refusal (SSRF policy, internal error) or a permanent answer (3xx, 4xx, 410) says
+        # nothing about the endpoint's health: do not let it open the breaker.
+        breaker = brk.on_inconclusive(breaker)
     else:
         breaker = brk.on_failure(breaker, now_ms, is_fast_failure(report.result), breaker_cfg)
 

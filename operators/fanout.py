@@ -50,7 +50,7 @@ class FanOut(KeyedBroadcastProcessFunction):
             state.put(value.endpoint_id, value)
 
     def process_element(self, value, ctx):  # type: ignore[override]
-        event, arrived_ms = value
+        _, (event, arrived_ms) = value
         if self._seen.value():
             self._duplicates.inc()
             return

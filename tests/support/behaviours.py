@@ -16,6 +16,8 @@ import base64
 import dataclasses
 import socket
 import struct
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NoReturn
@@ -219,21 +221,40 @@ def parse_script(text: str) -> list[Behaviour]:
     arguments: ok, status CODE, retry_after CODE SECONDS, gone, redirect CODE LOCATION, hang,
     reset, slow SECONDS [CODE], huge_body N_BYTES.
     """
-    script: list[Behaviour] = []
-    for step in text.split(" then "):
-        words = step.split()
-        if not words:
-            raise ValueError(f"empty step in behaviour script {text!r}")
-        if words[0].isdigit():
-            words = ["status", *words]
-        cls = _KINDS.get(words[0])
-        if cls is None:
-            raise ValueError(f"unknown behaviour {words[0]!r} in {text!r}; known: {sorted(_KINDS)}")
-        try:
-            script.append(cls(*(_number_or_text(w) for w in words[1:])))
-        except TypeError as e:
-            raise ValueError(f"bad arguments for {words[0]!r} in {text!r}: {e}") from None
-    return script
+    steps: list[list[str]] = [[]]
+    for word in text.split():
+        if word == "then":
+            steps.append([])
+        else:
+            steps[-1].append(word)
+    return [_build_step(words, text) for words in steps]
+
+
+def _build_step(words: list[str], text: str) -> Behaviour:
+    if not words:
+        raise ValueError(f"empty step in behaviour script {text!r}")
+    if words[0].isdigit():
+        words = ["status", *words]
+    cls = _KINDS.get(words[0])
+    if cls is None:
+        raise ValueError(f"unknown behaviour {words[0]!r} in {text!r}; known: {sorted(_KINDS)}")
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if len(words) - 1 > len(fields):
+        raise ValueError(f"too many arguments for {words[0]!r} in {text!r}")
+    args: list[int | float | str] = []
+    for f, word in zip(fields, words[1:], strict=False):
+        value = _number_or_text(word)
+        if hints[f.name] is float and isinstance(value, int):
+            value = float(value)
+        # Bytes and header maps cannot be written in a script; use the constructors or JSON.
+        if not isinstance(hints[f.name], type | types.UnionType) or not isinstance(value, hints[f.name]):
+            raise ValueError(f"bad {f.name} {word!r} for {words[0]!r} in {text!r}")
+        args.append(value)
+    try:
+        return cls(*args)
+    except TypeError as e:
+        raise ValueError(f"bad arguments for {words[0]!r} in {text!r}: {e}") from None
 
 
 def _number_or_text(word: str) -> int | float | str:

@@ -21,18 +21,28 @@ MASTER = bytes(range(32))
 OTHER_MASTER = bytes(range(1, 33))
 NONCE = b"\x07" * NONCE_BYTES
 SECRET = generate_secret(bytes(range(100, 132)))
-BINDING = {"tenant_id": "t_1", "endpoint_id": "ep_1", "key_version": 3}
 
 
-def _encrypt(**overrides: object) -> str:
-    args: dict[str, object] = {**BINDING, "nonce": NONCE, **overrides}
-    return encrypt_secret(MASTER, SECRET, **args)  # type: ignore[arg-type]
+def _encrypt(nonce: bytes = NONCE) -> str:
+    return encrypt_secret(MASTER, SECRET, tenant_id="t_1", endpoint_id="ep_1", key_version=3, nonce=nonce)
+
+
+def _decrypt(
+    ciphertext: str,
+    master: bytes = MASTER,
+    tenant_id: str = "t_1",
+    endpoint_id: str = "ep_1",
+    key_version: int = 3,
+) -> str:
+    return decrypt_secret(
+        master, ciphertext, tenant_id=tenant_id, endpoint_id=endpoint_id, key_version=key_version
+    )
 
 
 def test_round_trip() -> None:
     ciphertext = _encrypt()
     assert SECRET not in ciphertext
-    assert decrypt_secret(MASTER, ciphertext, **BINDING) == SECRET  # type: ignore[arg-type]
+    assert _decrypt(ciphertext) == SECRET
 
 
 def test_output_is_deterministic_for_a_given_nonce_and_differs_across_nonces() -> None:
@@ -41,41 +51,39 @@ def test_output_is_deterministic_for_a_given_nonce_and_differs_across_nonces() -
 
 
 @pytest.mark.parametrize(
-    "binding",
-    [
-        {**BINDING, "tenant_id": "t_2"},
-        {**BINDING, "endpoint_id": "ep_2"},
-        {**BINDING, "key_version": 2},
-    ],
+    ("tenant_id", "endpoint_id", "key_version"),
+    [("t_2", "ep_1", 3), ("t_1", "ep_2", 3), ("t_1", "ep_1", 2)],
     ids=["other-tenant", "other-endpoint", "other-version"],
 )
-def test_ciphertext_cannot_move_to_another_binding(binding: dict[str, object]) -> None:
+def test_ciphertext_cannot_move_to_another_binding(
+    tenant_id: str, endpoint_id: str, key_version: int
+) -> None:
     with pytest.raises(SecretDecryptError, match="does not decrypt") as info:
-        decrypt_secret(MASTER, _encrypt(), **binding)  # type: ignore[arg-type]
+        _decrypt(_encrypt(), tenant_id=tenant_id, endpoint_id=endpoint_id, key_version=key_version)
     assert "whsec_" not in str(info.value)
 
 
 def test_wrong_master_key_fails() -> None:
     with pytest.raises(SecretDecryptError):
-        decrypt_secret(OTHER_MASTER, _encrypt(), **BINDING)  # type: ignore[arg-type]
+        _decrypt(_encrypt(), master=OTHER_MASTER)
 
 
 def test_tampered_ciphertext_fails() -> None:
     raw = bytearray(base64.b64decode(_encrypt()))
     raw[-1] ^= 1
     with pytest.raises(SecretDecryptError):
-        decrypt_secret(MASTER, base64.b64encode(raw).decode(), **BINDING)  # type: ignore[arg-type]
+        _decrypt(base64.b64encode(raw).decode())
 
 
 @pytest.mark.parametrize("garbage", ["not base64!", "", base64.b64encode(b"\x02" + b"x" * 40).decode()])
 def test_malformed_ciphertext_fails_cleanly(garbage: str) -> None:
     with pytest.raises(SecretDecryptError):
-        decrypt_secret(MASTER, garbage, **BINDING)  # type: ignore[arg-type]
+        _decrypt(garbage)
 
 
 def test_key_and_nonce_sizes_are_checked() -> None:
     with pytest.raises(ValueError, match="master key"):
-        encrypt_secret(b"short", SECRET, nonce=NONCE, **BINDING)  # type: ignore[arg-type]
+        encrypt_secret(b"short", SECRET, tenant_id="t", endpoint_id="e", key_version=1, nonce=NONCE)
     with pytest.raises(ValueError, match="nonce"):
         _encrypt(nonce=b"\x00" * 8)
 

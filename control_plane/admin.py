@@ -1,0 +1,78 @@
+"""Tenants and their API keys; callable only with the admin credential (checked by the servicer)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from control_plane.auth import API_KEY_BYTES, hash_api_key, new_api_key
+from control_plane.domain import ApiKey, Tenant
+from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
+from control_plane.store import EndpointStore
+
+log = logging.getLogger(__name__)
+
+_TENANT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{2,63}")
+MAX_NAME_CHARS = 200
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    key: ApiKey
+    plaintext: str
+
+
+class AdminService:
+    def __init__(
+        self,
+        store: EndpointStore,
+        now_ms: Callable[[], int],
+        random_bytes: Callable[[int], bytes],
+    ) -> None:
+        self._store = store
+        self._now_ms = now_ms
+        self._random = random_bytes
+
+    def create_tenant(self, tenant_id: str, name: str) -> Tenant:
+        tenant_id = tenant_id or "t_" + uuid.UUID(bytes=self._random(16)).hex[:20]
+        if not _TENANT_ID.fullmatch(tenant_id):
+            raise InvalidArgument(
+                "tenant_id must be 3-64 characters: lowercase letters, digits, '_' or '-', "
+                "starting with a letter or digit"
+            )
+        if len(name) > MAX_NAME_CHARS:
+            raise InvalidArgument(f"name is longer than {MAX_NAME_CHARS} characters")
+        tenant = Tenant(tenant_id, name, self._now_ms())
+        if not self._store.create_tenant(tenant):
+            raise AlreadyExists(f"tenant {tenant_id} already exists")
+        log.info("tenant %s created", tenant_id)
+        return tenant
+
+    def create_api_key(self, tenant_id: str, description: str, read_only: bool) -> IssuedKey:
+        if not tenant_id or self._store.get_tenant(tenant_id) is None:
+            raise NotFound(f"tenant {tenant_id or '(empty)'} not found")
+        if len(description) > MAX_NAME_CHARS:
+            raise InvalidArgument(f"description is longer than {MAX_NAME_CHARS} characters")
+        plaintext = new_api_key(self._random(API_KEY_BYTES))
+        key = ApiKey(
+            key_id="key_" + uuid.UUID(bytes=self._random(16)).hex[:20],
+            tenant_id=tenant_id,
+            key_hash=hash_api_key(plaintext),
+            description=description,
+            read_only=read_only,
+            created_at_ms=self._now_ms(),
+        )
+        self._store.put_api_key(key)
+        log.info("api key %s issued for tenant %s (read_only=%s)", key.key_id, tenant_id, read_only)
+        return IssuedKey(key, plaintext)
+
+    def revoke_api_key(self, tenant_id: str, key_id: str) -> None:
+        key = self._store.get_api_key_by_id(tenant_id, key_id) if tenant_id and key_id else None
+        if key is None:
+            raise NotFound(f"api key {key_id or '(empty)'} of tenant {tenant_id or '(empty)'} not found")
+        if key.revoked_at_ms is None:
+            self._store.revoke_api_key(key, self._now_ms())
+            log.info("api key %s of tenant %s revoked", key_id, tenant_id)

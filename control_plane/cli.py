@@ -1,0 +1,384 @@
+"""webhookctl: the control-plane API from a terminal.
+
+    webhookctl [--target HOST:PORT] [--json] GROUP COMMAND ...
+
+Credentials come from the environment so they stay out of shell history and `ps`:
+WEBHOOKCTL_API_KEY for tenant commands, WEBHOOKCTL_ADMIN_TOKEN for `tenants` and `keys`.
+Output is a readable table, or the API's JSON with --json. Exit status: 0 ok, 1 API error,
+2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from google.protobuf.field_mask_pb2 import FieldMask
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from control_plane.api import pb, rpc
+from core.settings import load_settings
+
+Out = Callable[[Any], None]
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def _when(stamp: Timestamp) -> str:
+    if not stamp.seconds and not stamp.nanos:
+        return "-"
+    return stamp.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    line = "  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))
+    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join([line.rstrip(), *(b.rstrip() for b in body)])
+
+
+def _status(enum: Any, value: int) -> str:
+    return enum.Name(value).rsplit("_", 1)[-1].lower()
+
+
+def endpoint_rows(endpoints: Iterable[Any]) -> str:
+    return table(
+        ["id", "status", "version", "published", "url", "event types"],
+        [
+            (e.endpoint_id, _status(pb.EndpointStatus, e.status), e.config_version,
+             e.published_version, e.url, ",".join(e.event_types))
+            for e in endpoints
+        ],
+    )
+
+
+def endpoint_detail(e: Any) -> str:
+    keys = ", ".join(
+        f"v{k.version}" + (f" (until {_when(k.not_after)})" if k.HasField("not_after") else "")
+        for k in e.signing_keys
+    )
+    pairs = [
+        ("id", e.endpoint_id), ("url", e.url), ("status", _status(pb.EndpointStatus, e.status)),
+        ("description", e.description or "-"), ("event types", ", ".join(e.event_types)),
+        ("rate limit/s", e.rate_limit_per_s if e.HasField("rate_limit_per_s") else "default"),
+        ("max in flight", e.max_in_flight if e.HasField("max_in_flight") else "default"),
+        ("config version", f"{e.config_version} (published {e.published_version})"),
+        ("signing keys", keys or "-"),
+        ("metadata", ", ".join(f"{k}={v}" for k, v in sorted(e.metadata.items())) or "-"),
+        ("updated", _when(e.updated_at)),
+    ]
+    return "\n".join(f"{k + ':':<16}{v}" for k, v in pairs)
+
+
+def delivery_rows(deliveries: Iterable[Any]) -> str:
+    return table(
+        ["delivery", "created", "event type", "status", "attempts", "last http"],
+        [
+            (d.delivery_id, _when(d.created_at), d.event_type,
+             _status(pb.DeliveryStatus, d.status), d.attempt_count, d.last_http_status or "-")
+            for d in deliveries
+        ],
+    )
+
+
+def delivery_detail(d: Any) -> str:
+    head = delivery_rows([d.delivery])
+    facts = (
+        f"endpoint {d.delivery.endpoint_id}, config version {d.endpoint_config_version}, "
+        f"automatic retries {'active' if d.auto_retry_active else 'stopped'}"
+    )
+    attempts = table(
+        ["#", "started", "outcome", "http", "latency ms", "error", "manual", "config v"],
+        [
+            (a.attempt_number, _when(a.started_at), a.outcome, a.http_status or "-",
+             a.latency_ms, a.error_class or "-", "yes" if a.manual else "", a.endpoint_config_version)
+            for a in d.attempts
+        ],
+    )
+    return f"{head}\n\n{facts}\n\n{attempts}"
+
+
+class ProgressBar:
+    """One line on stderr, redrawn in place; the final line stays."""
+
+    def __init__(self, width: int = 30) -> None:
+        self._width = width
+
+    def update(self, p: Any) -> None:
+        total = max(p.total, 1)
+        filled = int(self._width * min(p.replayed, total) / total)
+        bar = "#" * filled + "-" * (self._width - filled)
+        end = "\n" if p.done else ""
+        sys.stderr.write(f"\r[{bar}] {p.replayed}/{p.total} replayed, {p.skipped} skipped{end}")
+        sys.stderr.flush()
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def _ts(text: str | None) -> Timestamp | None:
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise SystemExit(f"webhookctl: not an ISO 8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    stamp = Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+def _more(next_cursor: str) -> str:
+    return f"\nnext cursor: {next_cursor}" if next_cursor else ""
+
+
+def _metadata(pairs: list[str] | None) -> dict[str, str]:
+    result = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"webhookctl: --metadata expects KEY=VALUE, got {pair!r}")
+        result[key] = value
+    return result
+
+
+def run(args: argparse.Namespace, tenant: Any, admin: Any, emit: Out, show: Callable[[str], None]) -> None:
+    group, cmd = args.group, args.command
+    ref = pb.GetEndpointRequest(endpoint_id=getattr(args, "endpoint_id", "") or "")
+
+    def out(message: Any, text: Callable[[Any], str]) -> None:
+        emit(message) if args.json else show(text(message))
+
+    if group == "tenants":
+        t = admin.CreateTenant(pb.CreateTenantRequest(tenant_id=args.id or "", name=args.name or ""))
+        out(t, lambda t: f"tenant {t.tenant_id} created")
+    elif group == "keys" and cmd == "create":
+        k = admin.CreateApiKey(pb.CreateApiKeyRequest(
+            tenant_id=args.tenant, description=args.description or "", read_only=args.read_only))
+        out(k, lambda k: f"key {k.key_id}\napi key (shown once): {k.api_key}")
+    elif group == "keys":
+        admin.RevokeApiKey(pb.RevokeApiKeyRequest(tenant_id=args.tenant, key_id=args.key_id))
+        out(pb.RevokeApiKeyResponse(), lambda _: f"key {args.key_id} revoked")
+    elif group == "endpoints":
+        run_endpoints(args, tenant, ref, out)
+    else:
+        run_deliveries(args, tenant, out)
+
+
+def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable[..., None]) -> None:
+    cmd = args.command
+    if cmd == "create":
+        r = tenant.CreateEndpoint(pb.CreateEndpointRequest(
+            request_id=args.request_id or "", url=args.url, description=args.description or "",
+            event_types=args.event_type, rate_limit_per_s=args.rate_limit,
+            max_in_flight=args.max_in_flight, metadata=_metadata(args.metadata)))
+        out(r, lambda r: f"{endpoint_detail(r.endpoint)}\n\nsigning secret (shown once): {r.signing_secret}")
+    elif cmd == "get":
+        out(tenant.GetEndpoint(ref), endpoint_detail)
+    elif cmd == "list":
+        r = tenant.ListEndpoints(pb.ListEndpointsRequest(page_size=args.page_size, cursor=args.cursor or ""))
+        out(r, lambda r: endpoint_rows(r.endpoints) + _more(r.next_cursor))
+    elif cmd == "update":
+        values = pb.Endpoint(url=args.url or "", description=args.description or "",
+                             event_types=args.event_type or [], metadata=_metadata(args.metadata))
+        paths = [p for p, given in (("url", args.url), ("description", args.description),
+                                    ("event_types", args.event_type), ("metadata", args.metadata))
+                 if given is not None]
+        for field, value, clear in (("rate_limit_per_s", args.rate_limit, args.clear_rate_limit),
+                                    ("max_in_flight", args.max_in_flight, args.clear_max_in_flight)):
+            if value is not None:
+                setattr(values, field, value)
+            if value is not None or clear:
+                paths.append(field)
+        r = tenant.UpdateEndpoint(pb.UpdateEndpointRequest(
+            endpoint_id=args.endpoint_id, endpoint=values, update_mask=FieldMask(paths=paths)))
+        out(r, endpoint_detail)
+    elif cmd in ("disable", "enable"):
+        call = tenant.DisableEndpoint if cmd == "disable" else tenant.EnableEndpoint
+        out(call(ref), endpoint_detail)
+    elif cmd == "delete":
+        out(tenant.DeleteEndpoint(ref), lambda r: f"endpoint {r.endpoint_id} deleted (v{r.config_version})")
+    elif cmd == "versions":
+        out(tenant.ListEndpointVersions(ref), lambda r: table(
+            ["version", "changed", "by", "change", "url", "keys"],
+            [(v.config_version, _when(v.changed_at), v.changed_by, v.change, v.url,
+              ",".join(map(str, v.signing_key_versions))) for v in r.versions]))
+    elif cmd == "rotate-secret":
+        mode = (pb.RotateSecretRequest.MODE_REVOKE_IMMEDIATELY if args.revoke_now
+                else pb.RotateSecretRequest.MODE_OVERLAP)
+        r = tenant.RotateSecret(pb.RotateSecretRequest(
+            endpoint_id=args.endpoint_id, mode=mode, overlap_seconds=args.overlap or 0))
+        out(r, lambda r: "\n".join([
+            f"new key v{r.new_key_version}; live keys:",
+            *(f"  v{k.version}" + (f" until {_when(k.not_after)}" if k.HasField("not_after") else "")
+              for k in r.live_keys),
+            f"signing secret (shown once): {r.signing_secret}"]))
+    else:  # ping
+        out(tenant.SendTestEvent(ref), lambda r: f"ping {r.event_id} queued as delivery {r.delivery_id}")
+
+
+def run_deliveries(args: argparse.Namespace, tenant: Any, out: Callable[..., None]) -> None:
+    cmd = args.command
+    if cmd == "list":
+        statuses = [pb.DeliveryStatus.Value(f"DELIVERY_STATUS_{s.upper()}") for s in args.status or []]
+        r = tenant.ListDeliveries(pb.ListDeliveriesRequest(
+            endpoint_id=args.endpoint_id, statuses=statuses, start_time=_ts(args.since),
+            end_time=_ts(args.until), page_size=args.page_size, cursor=args.cursor or ""))
+        out(r, lambda r: delivery_rows(r.deliveries) + _more(r.next_cursor))
+    elif cmd == "get":
+        out(tenant.GetDelivery(pb.GetDeliveryRequest(delivery_id=args.delivery_id)), delivery_detail)
+    elif cmd == "replay":
+        r = tenant.ReplayDelivery(pb.ReplayDeliveryRequest(
+            delivery_id=args.delivery_id, request_id=args.request_id or ""))
+        out(r, lambda r: f"replay {r.request_id} of {r.delivery_id} queued (manual attempt)")
+    else:  # recover
+        stream = tenant.RecoverFailedDeliveries(pb.RecoverFailedDeliveriesRequest(
+            endpoint_id=args.endpoint_id, start_time=_ts(args.since), end_time=_ts(args.until)))
+        bar = ProgressBar()
+        for progress in stream:
+            if args.json:
+                out(progress, str)
+            else:
+                bar.update(progress)
+
+
+# -- arguments --------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    cp = load_settings().control_plane
+    p = argparse.ArgumentParser(prog="webhookctl", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default=f"{cp.host}:{cp.port}", help="control plane HOST:PORT")
+    p.add_argument("--json", action="store_true", help="print the API response as JSON")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
+    groups = p.add_subparsers(dest="group", required=True)
+
+    tenants = groups.add_parser("tenants", help="(admin) tenants").add_subparsers(
+        dest="command", required=True
+    )
+    t = tenants.add_parser("create")
+    t.add_argument("--id")
+    t.add_argument("--name")
+
+    keys = groups.add_parser("keys", help="(admin) API keys").add_subparsers(dest="command", required=True)
+    k = keys.add_parser("create")
+    k.add_argument("--tenant", required=True)
+    k.add_argument("--description")
+    k.add_argument("--read-only", action="store_true")
+    k = keys.add_parser("revoke")
+    k.add_argument("--tenant", required=True)
+    k.add_argument("key_id")
+
+    ep = groups.add_parser("endpoints").add_subparsers(dest="command", required=True)
+    c = ep.add_parser("create")
+    c.add_argument("--url", required=True)
+    c.add_argument("--event-type", action="append", required=True, help="repeat; `invoice.*` for a prefix")
+    c.add_argument("--description")
+    c.add_argument("--rate-limit", type=float)
+    c.add_argument("--max-in-flight", type=int)
+    c.add_argument("--metadata", action="append", metavar="KEY=VALUE")
+    c.add_argument("--request-id", help="idempotency key: a retry returns the same endpoint")
+    for name in ("get", "disable", "enable", "delete", "versions", "ping"):
+        ep.add_parser(name).add_argument("endpoint_id")
+    ls = ep.add_parser("list")
+    ls.add_argument("--page-size", type=int, default=0)
+    ls.add_argument("--cursor")
+    u = ep.add_parser("update", help="only the options given change")
+    u.add_argument("endpoint_id")
+    u.add_argument("--url")
+    u.add_argument("--description")
+    u.add_argument("--event-type", action="append")
+    u.add_argument("--metadata", action="append", metavar="KEY=VALUE", help="replaces all metadata")
+    u.add_argument("--rate-limit", type=float)
+    u.add_argument("--clear-rate-limit", action="store_true")
+    u.add_argument("--max-in-flight", type=int)
+    u.add_argument("--clear-max-in-flight", action="store_true")
+    r = ep.add_parser("rotate-secret")
+    r.add_argument("endpoint_id")
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--overlap", type=int, metavar="SECONDS", help="old key keeps signing (default 24 h)")
+    mode.add_argument("--revoke-now", action="store_true", help="old keys stop signing at once")
+
+    dl = groups.add_parser("deliveries").add_subparsers(dest="command", required=True)
+    d = dl.add_parser("list")
+    d.add_argument("endpoint_id")
+    d.add_argument("--status", action="append", choices=["pending", "succeeded", "failed", "expired"])
+    d.add_argument("--since", help="ISO 8601, default 30 days ago")
+    d.add_argument("--until", help="ISO 8601, default now")
+    d.add_argument("--page-size", type=int, default=0)
+    d.add_argument("--cursor")
+    dl.add_parser("get").add_argument("delivery_id")
+    rp = dl.add_parser("replay")
+    rp.add_argument("delivery_id")
+    rp.add_argument("--request-id")
+    rc = dl.add_parser("recover", help="replay failed/expired deliveries in a time range")
+    rc.add_argument("endpoint_id")
+    rc.add_argument("--since", required=True)
+    rc.add_argument("--until", required=True)
+    return p
+
+
+class _Auth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds the bearer credential to every call."""
+
+    def __init__(self, token: str) -> None:
+        self._md = (("authorization", f"Bearer {token}"),)
+
+    def _details(self, details: Any) -> Any:
+        return details._replace(metadata=tuple(details.metadata or ()) + self._md)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+
+class _Timeout(grpc.UnaryUnaryClientInterceptor):
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(details._replace(timeout=details.timeout or self._seconds), request)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    admin_group = args.group in ("tenants", "keys")
+    env = "WEBHOOKCTL_ADMIN_TOKEN" if admin_group else "WEBHOOKCTL_API_KEY"
+    token = os.environ.get(env, "")
+    if not token:
+        print(f"webhookctl: set {env}", file=sys.stderr)
+        return 2
+    channel = grpc.intercept_channel(
+        grpc.insecure_channel(args.target), _Auth(token), _Timeout(args.timeout)
+    )
+    try:
+        run(
+            args,
+            rpc.ControlPlaneStub(channel),
+            rpc.AdminStub(channel),
+            emit=lambda m: print(json.dumps(MessageToDict(m, preserving_proto_field_name=True), indent=2)),
+            show=print,
+        )
+    except grpc.RpcError as err:
+        print(f"webhookctl: {err.code().name}: {err.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        return 1
+    finally:
+        channel.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Delivery history (read from the Flink job's tables), manual replay and bulk recovery.
+
+A replay is never a new event: it asks the job (a ReplayRequest on webhooks.replays, key
+delivery_id) for one more attempt on the existing delivery, flagged manual. It does not
+restart the automatic schedule or its 24 h deadline; the job owns both. Authorization and the
+endpoint's state are checked again at replay time, because both may have changed since the
+delivery was created.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from control_plane import cursor, validation
+from control_plane.domain import (
+    HISTORY_WINDOW_MS,
+    RECOVERABLE_STATUSES,
+    DeliveryDetail,
+    DeliveryStatus,
+    DeliverySummary,
+    Endpoint,
+    Page,
+    Principal,
+    RecoverProgress,
+)
+from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from control_plane.publisher import Publisher, PublishError
+from control_plane.service import page_size, require_write
+from control_plane.store import EndpointStore, HistoryStore
+from core.records import EndpointStatus, ReplayRequest
+
+log = logging.getLogger(__name__)
+
+MAX_DELIVERY_PAGE = 200
+# Rows one ListDeliveries call reads at most; with a rare status filter the page comes back
+# short with a cursor rather than scanning 30 days of partitions in one call.
+MAX_SCANNED_ROWS = 5_000
+
+
+@dataclass(frozen=True)
+class Replayed:
+    delivery_id: str
+    request_id: str
+
+
+@dataclass(frozen=True)
+class DeliveryDeps:
+    endpoints: EndpointStore
+    history: HistoryStore
+    publisher: Publisher
+    now_ms: Callable[[], int]
+    random_bytes: Callable[[int], bytes]
+    progress_every: int = 25
+
+
+class DeliveryService:
+    def __init__(self, deps: DeliveryDeps) -> None:
+        self._d = deps
+
+    def list(
+        self,
+        principal: Principal,
+        endpoint_id: str,
+        statuses: Sequence[DeliveryStatus],
+        start_ms: int | None,
+        end_ms: int | None,
+        size: int,
+        page_cursor: str,
+    ) -> Page[DeliverySummary]:
+        limit = page_size(size, maximum=MAX_DELIVERY_PAGE)
+        self._endpoint(principal, endpoint_id, allow_deleted=True)
+        wanted = sorted({s.value for s in statuses})
+        # The cursor is bound to the request as sent (an omitted bound stays omitted) and keeps
+        # the range resolved on the first page, so "last 30 days" does not shift between pages.
+        identity = {"endpoint": endpoint_id, "statuses": wanted, "from": start_ms, "to": end_ms}
+        after = None
+        if page_cursor:
+            fields = cursor.decode("deliveries", page_cursor, **identity)
+            start, end = int(fields["start"]), int(fields["end"])
+            after = (int(fields["at"]), str(fields["id"]))
+        else:
+            start, end = self._range(start_ms, end_ms)
+        rows = self._d.history.iter_endpoint_deliveries(
+            principal.tenant_id, endpoint_id, start, end, after
+        )
+        items: list[DeliverySummary] = []
+        last: DeliverySummary | None = None
+        for scanned, row in enumerate(rows, start=1):
+            last = row
+            if not wanted or row.status.value in wanted:
+                items.append(row)
+            if len(items) == limit or scanned == MAX_SCANNED_ROWS:
+                break
+        else:
+            return Page(tuple(items), "")
+        if last is None or _exhausted(rows):
+            return Page(tuple(items), "")
+        next_cursor = cursor.encode(
+            "deliveries", **identity, start=start, end=end, at=last.created_at_ms, id=last.delivery_id
+        )
+        return Page(tuple(items), next_cursor)
+
+    def get(self, principal: Principal, delivery_id: str) -> DeliveryDetail:
+        validation.identifier("delivery_id", delivery_id)
+        detail = self._d.history.get_delivery(delivery_id)
+        if detail is None or detail.summary.tenant_id != principal.tenant_id:
+            raise NotFound(f"delivery {delivery_id} not found")
+        return detail
+
+    def replay(self, principal: Principal, delivery_id: str, request_id: str) -> Replayed:
+        require_write(principal)
+        if request_id:
+            validation.identifier("request_id", request_id)
+        detail = self.get(principal, delivery_id)
+        self._check_replayable(principal, detail.summary)
+        request_id = request_id or "rpl_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
+        self._publish_replay(principal, detail.summary, request_id)
+        log.info("replay %s of delivery %s requested by %s", request_id, delivery_id, principal.key_id)
+        return Replayed(delivery_id, request_id)
+
+    def recover(
+        self, principal: Principal, endpoint_id: str, start_ms: int | None, end_ms: int | None
+    ) -> Iterator[RecoverProgress]:
+        """Replay the endpoint's failed and expired deliveries created in [start, end).
+
+        Validation happens before the first progress message; then a counting pass gives the
+        total, and the replay pass reports progress every ``progress_every`` replays. A publish
+        failure ends the stream with Unavailable; the progress so far says what was sent.
+        """
+        require_write(principal)
+        if not start_ms or not end_ms:
+            raise InvalidArgument("start_time and end_time are required for a bulk recovery")
+        endpoint = self._endpoint(principal, endpoint_id, allow_deleted=False)
+        if endpoint.status is not EndpointStatus.ACTIVE:
+            raise FailedPrecondition("endpoint is disabled; enable it before recovering deliveries")
+        start, end = self._range(start_ms, end_ms)
+        if start_ms < self._d.now_ms() - HISTORY_WINDOW_MS:
+            raise FailedPrecondition("start_time is outside the 30-day replay window")
+        return self._recover(principal, endpoint_id, start, end)
+
+    def _recover(
+        self, principal: Principal, endpoint_id: str, start: int, end: int
+    ) -> Iterator[RecoverProgress]:
+        def failed() -> Iterator[DeliverySummary]:
+            for d in self._d.history.iter_endpoint_deliveries(
+                principal.tenant_id, endpoint_id, start, end, None
+            ):
+                if d.status in RECOVERABLE_STATUSES:
+                    yield d
+
+        total = sum(1 for _ in failed())
+        yield RecoverProgress(total, 0, 0, done=total == 0, last_delivery_id="")
+        if total == 0:
+            return
+        batch = "rcv_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
+        replayed, last_id = 0, ""
+        for summary in failed():
+            self._publish_replay(principal, summary, f"{batch}-{summary.delivery_id}")
+            replayed, last_id = replayed + 1, summary.delivery_id
+            total = max(total, replayed)  # new failures since the counting pass
+            if replayed % self._d.progress_every == 0:
+                yield RecoverProgress(total, replayed, 0, done=False, last_delivery_id=last_id)
+        log.info("bulk recovery %s of endpoint %s: %d replayed", batch, endpoint_id, replayed)
+        # Counted but no longer failed (e.g. a retry succeeded meanwhile): skipped, not replayed.
+        yield RecoverProgress(total, replayed, total - replayed, done=True, last_delivery_id=last_id)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _endpoint(self, principal: Principal, endpoint_id: str, allow_deleted: bool) -> Endpoint:
+        validation.identifier("endpoint_id", endpoint_id)
+        endpoint = self._d.endpoints.get_endpoint(principal.tenant_id, endpoint_id)
+        if endpoint is None or (endpoint.status is EndpointStatus.DELETED and not allow_deleted):
+            raise NotFound(f"endpoint {endpoint_id} not found")
+        return endpoint
+
+    def _range(self, start_ms: int | None, end_ms: int | None) -> tuple[int, int]:
+        now = self._d.now_ms()
+        end = end_ms or now + 1
+        start = start_ms or end - HISTORY_WINDOW_MS
+        if start >= end:
+            raise InvalidArgument("start_time must be before end_time")
+        if end - start > HISTORY_WINDOW_MS:
+            raise InvalidArgument("the time range may span at most 30 days")
+        # Older rows have expired (30-day TTL): do not walk partitions that cannot hold any.
+        return max(start, now - HISTORY_WINDOW_MS), end
+
+    def _check_replayable(self, principal: Principal, summary: DeliverySummary) -> None:
+        if summary.created_at_ms < self._d.now_ms() - HISTORY_WINDOW_MS:
+            raise FailedPrecondition("the delivery is older than the 30-day replay window")
+        endpoint = self._d.endpoints.get_endpoint(principal.tenant_id, summary.endpoint_id)
+        if endpoint is None or endpoint.status is EndpointStatus.DELETED:
+            raise FailedPrecondition("the delivery's endpoint was deleted; it cannot be replayed")
+        if endpoint.status is not EndpointStatus.ACTIVE:
+            raise FailedPrecondition("the delivery's endpoint is disabled; enable it to replay")
+
+    def _publish_replay(self, principal: Principal, summary: DeliverySummary, request_id: str) -> None:
+        request = ReplayRequest(
+            delivery_id=summary.delivery_id,
+            tenant_id=principal.tenant_id,
+            endpoint_id=summary.endpoint_id,
+            requested_by=principal.key_id,
+            requested_at_ms=self._d.now_ms(),
+            request_id=request_id,
+        )
+        try:
+            self._d.publisher.publish_replay(request)
+        except PublishError as exc:
+            raise Unavailable("could not queue the replay (Kafka unavailable); retry") from exc
+
+
+def _exhausted(rows: Iterator[DeliverySummary]) -> bool:
+    return next(rows, None) is None

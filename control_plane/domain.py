@@ -1,0 +1,223 @@
+"""The control plane's own records: what the store keeps and the service returns.
+
+Plain frozen dataclasses with no gRPC, Kafka or Cassandra import, so the service logic is
+tested with in-memory fakes. Times are unix milliseconds (UTC), like core.records.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from core.records import EndpointConfig, EndpointStatus, SigningKey
+
+# The control plane's history window (seed: deliveries stay queryable for 30 days).
+HISTORY_WINDOW_MS = 30 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a tenant's API key, already checked."""
+
+    tenant_id: str
+    key_id: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class Tenant:
+    tenant_id: str
+    name: str
+    created_at_ms: int
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    key_id: str
+    tenant_id: str
+    key_hash: str  # hex sha256 of the whole key; the key itself is never stored
+    description: str
+    read_only: bool
+    created_at_ms: int
+    revoked_at_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    """One signing key version as stored: ciphertext under the master key."""
+
+    version: int
+    ciphertext_b64: str
+    created_at_ms: int
+    not_after_ms: int | None = None
+
+    def live_at(self, now_ms: int) -> bool:
+        return self.not_after_ms is None or self.not_after_ms > now_ms
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    """The fields a tenant sets on an endpoint (create, or the result of an update)."""
+
+    url: str
+    description: str
+    event_types: tuple[str, ...]
+    rate_limit_per_s: float | None
+    max_in_flight: int | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    tenant_id: str
+    endpoint_id: str
+    spec: EndpointSpec
+    status: EndpointStatus
+    config_version: int
+    published_version: int
+    signing_keys: tuple[StoredKey, ...]  # newest first
+    created_at_ms: int
+    updated_at_ms: int
+    # Who made the change that produced config_version, and what it was: the audit row of
+    # this version can always be rebuilt from the endpoint row itself (see service._audit).
+    changed_by: str
+    change: str
+
+    def live_keys(self, now_ms: int) -> tuple[StoredKey, ...]:
+        return tuple(k for k in self.signing_keys if k.live_at(now_ms))
+
+    def to_config(self, published_at_ms: int) -> EndpointConfig:
+        """The record the delivery job reads from webhooks.endpoints."""
+        return EndpointConfig(
+            endpoint_id=self.endpoint_id,
+            tenant_id=self.tenant_id,
+            config_version=self.config_version,
+            url=self.spec.url,
+            status=self.status,
+            event_types=self.spec.event_types,
+            # Expired overlap keys are dropped here; the job also honours not_after_ms itself.
+            signing_keys=tuple(
+                SigningKey(k.version, k.ciphertext_b64, k.not_after_ms)
+                for k in self.live_keys(published_at_ms)
+            ),
+            published_at_ms=published_at_ms,
+            rate_limit_per_s=self.spec.rate_limit_per_s,
+            max_in_flight=self.spec.max_in_flight,
+        )
+
+
+@dataclass(frozen=True)
+class EndpointVersion:
+    """Audit row: the endpoint as it was at one config version."""
+
+    tenant_id: str
+    endpoint_id: str
+    config_version: int
+    spec: EndpointSpec
+    status: EndpointStatus
+    key_versions: tuple[int, ...]
+    changed_at_ms: int
+    changed_by: str
+    change: str
+
+    @staticmethod
+    def of(endpoint: Endpoint) -> EndpointVersion:
+        return EndpointVersion(
+            tenant_id=endpoint.tenant_id,
+            endpoint_id=endpoint.endpoint_id,
+            config_version=endpoint.config_version,
+            spec=endpoint.spec,
+            status=endpoint.status,
+            key_versions=tuple(k.version for k in endpoint.signing_keys),
+            changed_at_ms=endpoint.updated_at_ms,
+            changed_by=endpoint.changed_by,
+            change=endpoint.change,
+        )
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    tenant_id: str
+    request_id: str
+    fingerprint: str  # sha256 of the normalised request, to refuse a reused id
+    endpoint_id: str
+    created_at_ms: int
+
+
+class DeliveryStatus(enum.StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    EXPIRED = "expired"
+
+    @staticmethod
+    def parse(value: str | None) -> DeliveryStatus:
+        # The job leaves status null until the first outcome (cassandra/schema/001_history.cql).
+        return DeliveryStatus(value) if value else DeliveryStatus.PENDING
+
+
+# What bulk recovery replays: deliveries that ended without success.
+RECOVERABLE_STATUSES = frozenset({DeliveryStatus.FAILED, DeliveryStatus.EXPIRED})
+
+
+@dataclass(frozen=True)
+class DeliverySummary:
+    delivery_id: str
+    event_id: str
+    tenant_id: str
+    endpoint_id: str
+    event_type: str
+    status: DeliveryStatus
+    attempt_count: int
+    last_http_status: int | None
+    created_at_ms: int
+    updated_at_ms: int | None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt_number: int
+    attempt_id: str
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    http_status: int | None
+    latency_ms: int | None
+    outcome: str
+    error_class: str
+    manual: bool
+    endpoint_config_version: int | None
+    url: str
+    signing_key_versions: tuple[int, ...]
+    response_sha256: str
+    response_prefix: str
+
+
+@dataclass(frozen=True)
+class DeliveryDetail:
+    summary: DeliverySummary
+    endpoint_config_version: int | None
+    auto_retry_active: bool
+    expires_at_ms: int | None
+    next_attempt_at_ms: int | None
+    last_error_class: str
+    attempts: tuple[Attempt, ...]
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: tuple[T, ...]
+    next_cursor: str
+
+
+@dataclass(frozen=True)
+class RecoverProgress:
+    total: int
+    replayed: int
+    skipped: int
+    done: bool
+    last_delivery_id: str

@@ -1,0 +1,197 @@
+"""Build and run the control-plane gRPC server.
+
+`python -m control_plane.server` serves on settings.control_plane.host:port with health and
+reflection, runs the republisher and config-clock loops, and stops gracefully on SIGTERM/SIGINT
+(in-flight calls get a grace period, then the loops stop and the producer flushes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from cassandra.cluster import Cluster, Session
+from cassandra.policies import DCAwareRoundRobinPolicy
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from control_plane.admin import AdminService
+from control_plane.api import pb, rpc
+from control_plane.auth import Authenticator
+from control_plane.deliveries import DeliveryDeps, DeliveryService
+from control_plane.publication import ConfigPublication
+from control_plane.publisher import KafkaPublisher, Publisher
+from control_plane.service import Deps, EndpointService
+from control_plane.servicer import AdminServicer, ControlPlaneServicer
+from control_plane.store import CassandraStore
+from control_plane.validation import DestinationValidator, Resolver, system_resolver
+from core.egress import EgressPolicy
+from core.secrets import redact
+from core.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    pb.DESCRIPTOR.services_by_name["ControlPlane"].full_name,
+    pb.DESCRIPTOR.services_by_name["Admin"].full_name,
+)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Loop:
+    """Runs ``step`` every ``interval_s`` on a daemon thread; a failing step is logged, not fatal."""
+
+    def __init__(self, name: str, interval_s: float, step: Callable[[], object]) -> None:
+        self._interval_s = interval_s
+        self._step = step
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._step()
+            except Exception:  # noqa: BLE001 -- the next tick retries; the loop must not die
+                log.exception("%s step failed", self._thread.name)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@dataclass
+class ControlPlaneServer:
+    server: grpc.Server
+    port: int
+    publication: ConfigPublication
+    publisher: Publisher
+    loops: tuple[Loop, ...]
+    health: health.HealthServicer
+
+    def start(self) -> None:
+        self.server.start()
+        for loop in self.loops:
+            loop.start()
+        for name in ("", *SERVICE_NAMES):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("control plane serving on port %d", self.port)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        # Report NOT_SERVING first so load balancers drain, then let in-flight calls finish.
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+        for loop in self.loops:
+            loop.stop()
+        self.publisher.close()
+
+
+def build(
+    settings: Settings,
+    session: Session,
+    *,
+    publisher: Publisher | None = None,
+    resolver: Resolver = system_resolver,
+    port: int | None = None,
+) -> ControlPlaneServer:
+    """Wire everything; tests pass their own session, a failing publisher, port 0."""
+    cp = settings.control_plane
+    policy = EgressPolicy.from_settings(settings.egress)
+    if policy.dev_allow_cidrs:
+        log.warning("egress dev_allow_cidrs is set (%s): development only", settings.egress.dev_allow_cidrs)
+    store = CassandraStore(session)
+    publisher = publisher or KafkaPublisher(settings.kafka)
+    publication = ConfigPublication(store, publisher, now_ms)
+    endpoints = EndpointService(
+        Deps(
+            store=store,
+            publication=publication,
+            publisher=publisher,
+            destination=DestinationValidator(policy, resolver),
+            master_key=settings.master_key_bytes(),
+            now_ms=now_ms,
+            random_bytes=os.urandom,
+            default_overlap_s=cp.secret_rotation_overlap_s,
+        )
+    )
+    deliveries = DeliveryService(
+        DeliveryDeps(endpoints=store, history=store, publisher=publisher, now_ms=now_ms,
+                     random_bytes=os.urandom)
+    )
+    auth = Authenticator(store, cp.admin_token.get_secret_value())
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
+    rpc.add_ControlPlaneServicer_to_server(
+        ControlPlaneServicer(auth, endpoints, deliveries, now_ms), server
+    )
+    rpc.add_AdminServicer_to_server(AdminServicer(auth, AdminService(store, now_ms, os.urandom)), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    bound = server.add_insecure_port(f"{cp.host}:{cp.port if port is None else port}")
+    if bound == 0:
+        raise RuntimeError(f"could not bind {cp.host}:{cp.port}")
+    loops = (
+        Loop("republisher", cp.republish_interval_s, publication.republish_pending),
+        Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
+    )
+    return ControlPlaneServer(server, bound, publication, publisher, loops, health_servicer)
+
+
+def connect_cassandra(settings: Settings) -> tuple[Cluster, Session]:
+    c = settings.cassandra
+    cluster = Cluster(
+        contact_points=c.contact_points,
+        port=c.port,
+        load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=c.local_dc),
+        protocol_version=5,
+    )
+    return cluster, cluster.connect(c.keyspace)
+
+
+class RedactingFilter(logging.Filter):
+    """Last line of defence: no log record leaves the process with a whsec_ secret in it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact(record.getMessage())
+        record.args = None
+        return True
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
+    settings = load_settings()
+    cluster, session = connect_cassandra(settings)
+    server = build(settings, session)
+    stopped = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    stopped.wait()
+    server.stop()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""Endpoint management: create, read, list, update, enable/disable, delete, rotate, ping.
+
+Rules that hold for every method:
+
+* Tenancy: an endpoint is read with the caller's tenant_id as the partition key, so another
+  tenant's id is simply not found (NotFound; existence is not leaked). Deleted endpoints are
+  not found either.
+* Every change is one conditional write of the endpoint row (IF config_version = the version
+  read) producing config_version + 1; the row records who made the change and what it was,
+  the audit row of each version is written before that version is published, and a lost race
+  is retried on fresh data. Nothing is ever half-applied: validation happens before the write,
+  and the write is the single commit point.
+* Publishing to Kafka happens after the commit (control_plane.publication); a publish failure
+  does not fail the call, the response shows published_version lagging and the republisher
+  catches up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from control_plane import cursor, validation
+from control_plane.domain import (
+    Endpoint,
+    EndpointSpec,
+    EndpointVersion,
+    IdempotencyRecord,
+    Page,
+    Principal,
+    StoredKey,
+)
+from control_plane.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+from control_plane.publication import ConfigPublication
+from control_plane.publisher import Publisher, PublishError
+from control_plane.store import EndpointStore
+from core.records import EndpointStatus, EventRecord, delivery_id_for
+from core.secrets import NONCE_BYTES, decrypt_secret, encrypt_secret
+from core.signing import SECRET_BYTES, generate_secret
+
+log = logging.getLogger(__name__)
+
+PING_EVENT_TYPE = "webhook.ping"
+PING_SCHEMA_VERSION = "2026-01-01"
+UPDATABLE_FIELDS = frozenset(
+    {"url", "description", "event_types", "rate_limit_per_s", "max_in_flight", "metadata"}
+)
+MAX_OVERLAP_S = 7 * 24 * 3600
+# A rotation adds a key and an overlap keeps old ones signing; every live key adds a signature
+# to each request, so repeated rotations inside one overlap are bounded.
+MAX_LIVE_KEYS = 4
+CONFLICT_RETRIES = 3
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 100
+
+
+@dataclass(frozen=True)
+class Created:
+    endpoint: Endpoint
+    signing_secret: str
+
+
+@dataclass(frozen=True)
+class Rotated:
+    endpoint: Endpoint
+    signing_secret: str
+    new_key_version: int
+    live_keys: tuple[StoredKey, ...]
+
+
+@dataclass(frozen=True)
+class TestEventSent:
+    event_id: str
+    delivery_id: str
+
+
+@dataclass(frozen=True)
+class Deps:
+    """Everything the service reaches outside itself; tests pass fakes and a fixed clock."""
+
+    store: EndpointStore
+    publication: ConfigPublication
+    publisher: Publisher
+    destination: validation.DestinationValidator
+    master_key: bytes
+    now_ms: Callable[[], int]
+    random_bytes: Callable[[int], bytes]
+    default_overlap_s: int
+
+
+def require_write(principal: Principal) -> None:
+    if principal.read_only:
+        raise PermissionDenied("this API key is read-only; use a read-write key to make changes")
+
+
+def page_size(requested: int, default: int = DEFAULT_PAGE_SIZE, maximum: int = MAX_PAGE_SIZE) -> int:
+    if requested < 0 or requested > maximum:
+        raise InvalidArgument(f"page_size must be between 1 and {maximum} (0 = {default})")
+    return requested or default
+
+
+class EndpointService:
+    def __init__(self, deps: Deps) -> None:
+        self._d = deps
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def get(self, principal: Principal, endpoint_id: str) -> Endpoint:
+        return self._load(principal, endpoint_id)
+
+    def list(self, principal: Principal, size: int, page_cursor: str) -> Page[Endpoint]:
+        limit = page_size(size)
+        after = ""
+        if page_cursor:
+            after = str(cursor.decode("endpoints", page_cursor)["after"])
+        items: list[Endpoint] = []
+        # Deleted rows stay in the table (their deletion must still be published), so skip them
+        # and keep reading until the page is full or the partition ends.
+        while len(items) < limit:
+            batch = self._d.store.list_endpoints(principal.tenant_id, after, limit)
+            items.extend(e for e in batch if e.status is not EndpointStatus.DELETED)
+            if len(batch) < limit:
+                return Page(tuple(items[:limit]), "")
+            after = batch[-1].endpoint_id
+        items = items[:limit]
+        return Page(tuple(items), cursor.encode("endpoints", after=items[-1].endpoint_id))
+
+    def versions(self, principal: Principal, endpoint_id: str) -> list[EndpointVersion]:
+        endpoint = self._load(principal, endpoint_id, include_deleted=True)
+        stored = {v.config_version: v for v in self._d.store.list_versions(
+            principal.tenant_id, endpoint.endpoint_id)}
+        # The current version's audit row may not be written yet (publish pending): show it
+        # from the row itself, which is exactly what the republisher will write.
+        stored.setdefault(endpoint.config_version, EndpointVersion.of(endpoint))
+        return [stored[v] for v in sorted(stored, reverse=True)]
+
+    # -- create -----------------------------------------------------------------------------
+
+    def create(self, principal: Principal, raw: EndpointSpec, request_id: str) -> Created:
+        require_write(principal)
+        spec = validation.spec(raw, self._d.destination)
+        endpoint_id = "ep_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
+        if request_id:
+            validation.identifier("request_id", request_id)
+            claim = self._d.store.claim_request(
+                IdempotencyRecord(
+                    tenant_id=principal.tenant_id,
+                    request_id=request_id,
+                    fingerprint=_fingerprint(spec),
+                    endpoint_id=endpoint_id,
+                    created_at_ms=self._d.now_ms(),
+                )
+            )
+            if claim.fingerprint != _fingerprint(spec):
+                raise AlreadyExists(
+                    f"request_id {request_id!r} was already used for a different endpoint; use a "
+                    "new request_id for a new endpoint"
+                )
+            endpoint_id = claim.endpoint_id
+            existing = self._d.store.get_endpoint(principal.tenant_id, endpoint_id)
+            if existing is not None:
+                return self._created_again(existing)
+        now = self._d.now_ms()
+        secret = generate_secret(self._d.random_bytes(SECRET_BYTES))
+        endpoint = Endpoint(
+            tenant_id=principal.tenant_id,
+            endpoint_id=endpoint_id,
+            spec=spec,
+            status=EndpointStatus.ACTIVE,
+            config_version=1,
+            published_version=0,
+            signing_keys=(self._seal(principal.tenant_id, endpoint_id, 1, secret, now),),
+            created_at_ms=now,
+            updated_at_ms=now,
+            changed_by=principal.key_id,
+            change="create",
+        )
+        hold = self._d.publication.watermark.hold(endpoint_id, 1, now)
+        inserted = False
+        try:
+            inserted = self._d.store.insert_endpoint(endpoint)
+        finally:
+            if not inserted:
+                self._d.publication.watermark.release(hold)
+        if not inserted:
+            # Only a concurrent retry of the same request_id can get here: answer as it did.
+            existing = self._d.store.get_endpoint(principal.tenant_id, endpoint_id)
+            if existing is None:
+                raise Aborted("a concurrent create with this request_id is in progress; retry")
+            return self._created_again(existing)
+        log.info("endpoint %s created for tenant %s", endpoint_id, principal.tenant_id)
+        return Created(self._published(endpoint), secret)
+
+    def _created_again(self, endpoint: Endpoint) -> Created:
+        """The answer to a retried create: same endpoint, and its first secret if still live."""
+        if endpoint.status is EndpointStatus.DELETED:
+            raise AlreadyExists("request_id was used for an endpoint that has since been deleted")
+        first = next((k for k in endpoint.signing_keys if k.version == 1), None)
+        secret = "" if first is None else self._open(endpoint, first)
+        return Created(endpoint, secret)
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def update(
+        self, principal: Principal, endpoint_id: str, values: EndpointSpec, mask: Sequence[str]
+    ) -> Endpoint:
+        require_write(principal)
+        paths = set(mask)
+        if not paths:
+            raise InvalidArgument(
+                f"update_mask is empty; name the fields to change: {', '.join(sorted(UPDATABLE_FIELDS))}"
+            )
+        unknown = paths - UPDATABLE_FIELDS
+        if unknown:
+            raise InvalidArgument(
+                f"update_mask has unknown or read-only paths {sorted(unknown)}; updatable: "
+                f"{', '.join(sorted(UPDATABLE_FIELDS))}"
+            )
+        # Validate only what changes: an unchanged URL is not re-resolved.
+        changes: dict[str, object] = {}
+        if "url" in paths:
+            changes["url"] = self._d.destination(values.url)
+        if "description" in paths:
+            changes["description"] = validation.description(values.description)
+        if "event_types" in paths:
+            changes["event_types"] = validation.event_types(values.event_types)
+        if "rate_limit_per_s" in paths:
+            changes["rate_limit_per_s"] = validation.rate_limit(values.rate_limit_per_s)
+        if "max_in_flight" in paths:
+            changes["max_in_flight"] = validation.max_in_flight(values.max_in_flight)
+        if "metadata" in paths:
+            changes["metadata"] = validation.metadata(values.metadata)
+
+        def apply(current: Endpoint) -> Endpoint | None:
+            spec = replace(current.spec, **changes)  # type: ignore[arg-type]
+            if spec == current.spec:
+                return None
+            changed = sorted(f for f in changes if getattr(spec, f) != getattr(current.spec, f))
+            return self._next(current, principal, "update " + ",".join(changed), spec=spec)
+
+        return self._change(principal, endpoint_id, apply)
+
+    def set_enabled(self, principal: Principal, endpoint_id: str, enabled: bool) -> Endpoint:
+        require_write(principal)
+        target = EndpointStatus.ACTIVE if enabled else EndpointStatus.DISABLED
+
+        def apply(current: Endpoint) -> Endpoint | None:
+            if current.status is target:
+                return None  # idempotent: enabling an active endpoint changes nothing
+            return self._next(current, principal, "enable" if enabled else "disable", status=target)
+
+        return self._change(principal, endpoint_id, apply)
+
+    def delete(self, principal: Principal, endpoint_id: str) -> Endpoint:
+        """Marks the endpoint deleted; the job learns it from a config with status deleted."""
+        require_write(principal)
+        return self._change(
+            principal,
+            endpoint_id,
+            lambda current: self._next(current, principal, "delete", status=EndpointStatus.DELETED),
+        )
+
+    def rotate_secret(
+        self, principal: Principal, endpoint_id: str, revoke_immediately: bool, overlap_s: int
+    ) -> Rotated:
+        require_write(principal)
+        if revoke_immediately and overlap_s:
+            raise InvalidArgument("overlap_seconds cannot be combined with immediate revocation")
+        if not 0 <= overlap_s <= MAX_OVERLAP_S:
+            raise InvalidArgument(f"overlap_seconds must be between 1 and {MAX_OVERLAP_S} (0 = default)")
+        overlap_ms = (overlap_s or self._d.default_overlap_s) * 1000
+        secret_box: list[tuple[int, str]] = []
+
+        def apply(current: Endpoint) -> Endpoint:
+            now = self._d.now_ms()
+            version = max((k.version for k in current.signing_keys), default=0) + 1
+            secret = generate_secret(self._d.random_bytes(SECRET_BYTES))
+            new_key = self._seal(current.tenant_id, current.endpoint_id, version, secret, now)
+            if revoke_immediately:
+                kept: tuple[StoredKey, ...] = ()
+                change = f"rotate secret to v{version}, old keys revoked"
+            else:
+                end = now + overlap_ms
+                kept = tuple(
+                    replace(k, not_after_ms=end if k.not_after_ms is None else min(k.not_after_ms, end))
+                    for k in current.live_keys(now)
+                )
+                change = f"rotate secret to v{version}, overlap {overlap_ms // 1000} s"
+            if len(kept) + 1 > MAX_LIVE_KEYS:
+                raise FailedPrecondition(
+                    f"{len(kept)} keys are still live from earlier rotations (max {MAX_LIVE_KEYS}); "
+                    "wait for an overlap to end or rotate with immediate revocation"
+                )
+            secret_box[:] = [(version, secret)]
+            return self._next(current, principal, change, signing_keys=(new_key, *kept))
+
+        endpoint = self._change(principal, endpoint_id, apply)
+        version, secret = secret_box[0]
+        return Rotated(endpoint, secret, version, endpoint.live_keys(self._d.now_ms()))
+
+    # -- test events ------------------------------------------------------------------------
+
+    def send_test_event(self, principal: Principal, endpoint_id: str) -> TestEventSent:
+        """Publish a `webhook.ping` event that fan-out sends to this endpoint only
+        (EventRecord.target_endpoint_id), whatever its event-type filter."""
+        require_write(principal)
+        endpoint = self._load(principal, endpoint_id)
+        if endpoint.status is not EndpointStatus.ACTIVE:
+            raise FailedPrecondition("endpoint is disabled; enable it before sending a test event")
+        now = self._d.now_ms()
+        event_id = "evt_ping_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
+        payload = json.dumps(
+            {"type": PING_EVENT_TYPE, "event_id": event_id, "endpoint_id": endpoint.endpoint_id},
+            separators=(",", ":"),
+        ).encode()
+        event = EventRecord(
+            event_id=event_id,
+            tenant_id=principal.tenant_id,
+            event_type=PING_EVENT_TYPE,
+            schema_version=PING_SCHEMA_VERSION,
+            object_id=endpoint.endpoint_id,
+            object_version=endpoint.config_version,
+            occurred_at_ms=now,
+            payload=payload,
+            target_endpoint_id=endpoint.endpoint_id,
+        )
+        try:
+            self._d.publisher.publish_event(event)
+        except PublishError as exc:
+            raise Unavailable("could not queue the test event (Kafka unavailable); retry") from exc
+        return TestEventSent(event_id, delivery_id_for(event_id, endpoint.endpoint_id))
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _load(self, principal: Principal, endpoint_id: str, include_deleted: bool = False) -> Endpoint:
+        validation.identifier("endpoint_id", endpoint_id)
+        endpoint = self._d.store.get_endpoint(principal.tenant_id, endpoint_id)
+        if endpoint is None or (endpoint.status is EndpointStatus.DELETED and not include_deleted):
+            raise NotFound(f"endpoint {endpoint_id} not found")
+        return endpoint
+
+    def _next(self, current: Endpoint, principal: Principal, change: str, **fields: object) -> Endpoint:
+        return replace(
+            current,
+            config_version=current.config_version + 1,
+            updated_at_ms=self._d.now_ms(),
+            changed_by=principal.key_id,
+            change=change,
+            **fields,  # type: ignore[arg-type]
+        )
+
+    def _change(
+        self,
+        principal: Principal,
+        endpoint_id: str,
+        apply: Callable[[Endpoint], Endpoint | None],
+    ) -> Endpoint:
+        """Read, apply, conditionally write, publish; re-read and re-apply on a lost race."""
+        for _ in range(CONFLICT_RETRIES):
+            current = self._load(principal, endpoint_id)
+            new = apply(current)
+            if new is None:
+                return current
+            if current.published_version < current.config_version:
+                # The version being replaced may never have been audited (its publish is still
+                # pending): audit it now, before it is overwritten.
+                self._d.store.put_version(EndpointVersion.of(current))
+            hold = self._d.publication.watermark.hold(endpoint_id, new.config_version, self._d.now_ms())
+            committed = False
+            try:
+                committed = self._d.store.replace_endpoint(new, current.config_version)
+            finally:
+                if not committed:
+                    self._d.publication.watermark.release(hold)
+            if committed:
+                log.info("endpoint %s: %s (v%d)", endpoint_id, new.change, new.config_version)
+                return self._published(new)
+        raise Aborted("endpoint is being changed concurrently; retry the request")
+
+    def _published(self, endpoint: Endpoint) -> Endpoint:
+        confirmed = self._d.publication.try_publish(endpoint.tenant_id, endpoint.endpoint_id)
+        return replace(endpoint, published_version=max(endpoint.published_version, confirmed))
+
+    def _seal(self, tenant_id: str, endpoint_id: str, version: int, secret: str, now: int) -> StoredKey:
+        ciphertext = encrypt_secret(
+            self._d.master_key,
+            secret,
+            tenant_id=tenant_id,
+            endpoint_id=endpoint_id,
+            key_version=version,
+            nonce=self._d.random_bytes(NONCE_BYTES),
+        )
+        return StoredKey(version=version, ciphertext_b64=ciphertext, created_at_ms=now)
+
+    def _open(self, endpoint: Endpoint, key: StoredKey) -> str:
+        return decrypt_secret(
+            self._d.master_key,
+            key.ciphertext_b64,
+            tenant_id=endpoint.tenant_id,
+            endpoint_id=endpoint.endpoint_id,
+            key_version=key.version,
+        )
+
+
+def _fingerprint(spec: EndpointSpec) -> str:
+    canonical = json.dumps(
+        [spec.url, spec.description, list(spec.event_types), spec.rate_limit_per_s,
+         spec.max_in_flight, sorted(spec.metadata.items())],
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,0 +1,499 @@
+"""Persistence for the control plane: the interfaces the service uses, and Cassandra behind them.
+
+Two small protocols: :class:`EndpointStore` (tables of cassandra/schema/002_control_plane.cql,
+owned by the control plane) and :class:`HistoryStore` (delivery history the Flink job writes,
+cassandra/schema/001_history.cql, read-only here). Unit tests implement both in memory.
+Driver failures surface as :class:`errors.Unavailable` so no driver type leaks upwards.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+from cassandra.cluster import NoHostAvailable, Session
+from cassandra.query import PreparedStatement
+
+from cassandra import ConsistencyLevel, DriverException
+from control_plane.domain import (
+    ApiKey,
+    Attempt,
+    DeliveryDetail,
+    DeliveryStatus,
+    DeliverySummary,
+    Endpoint,
+    EndpointSpec,
+    EndpointVersion,
+    IdempotencyRecord,
+    StoredKey,
+    Tenant,
+)
+from control_plane.errors import Unavailable
+from core.records import EndpointStatus
+
+# (created_at_ms, delivery_id) of the last row a caller saw; iteration resumes after it.
+HistoryPosition = tuple[int, str]
+
+
+class EndpointStore(Protocol):
+    def create_tenant(self, tenant: Tenant) -> bool: ...
+    def get_tenant(self, tenant_id: str) -> Tenant | None: ...
+    def put_api_key(self, key: ApiKey) -> None: ...
+    def get_api_key(self, key_hash: str) -> ApiKey | None: ...
+    def get_api_key_by_id(self, tenant_id: str, key_id: str) -> ApiKey | None: ...
+    def revoke_api_key(self, key: ApiKey, at_ms: int) -> None: ...
+
+    def insert_endpoint(self, endpoint: Endpoint) -> bool:
+        """Create the row unless the id exists; False if it did."""
+        ...
+
+    def replace_endpoint(self, endpoint: Endpoint, expected_version: int) -> bool:
+        """Write a new config version iff the stored one is still ``expected_version``.
+
+        Leaves published_version alone. False if another change won the race."""
+        ...
+
+    def mark_published(self, tenant_id: str, endpoint_id: str, version: int) -> None:
+        """Raise published_version to ``version`` (never lowers it)."""
+        ...
+
+    def get_endpoint(self, tenant_id: str, endpoint_id: str) -> Endpoint | None: ...
+    def list_endpoints(self, tenant_id: str, after_id: str, limit: int) -> list[Endpoint]: ...
+
+    def iter_unpublished(self) -> Iterator[tuple[str, str]]:
+        """(tenant_id, endpoint_id) of every row whose latest config Kafka has not confirmed."""
+        ...
+
+    def put_version(self, version: EndpointVersion) -> None: ...
+    def list_versions(self, tenant_id: str, endpoint_id: str) -> list[EndpointVersion]: ...
+
+    def claim_request(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        """Store the record unless (tenant, request_id) exists; returns whichever is stored."""
+        ...
+
+
+class HistoryStore(Protocol):
+    def get_delivery(self, delivery_id: str) -> DeliveryDetail | None:
+        """The delivery with its attempts, or None."""
+        ...
+
+    def iter_endpoint_deliveries(
+        self,
+        tenant_id: str,
+        endpoint_id: str,
+        start_ms: int,
+        end_ms: int,
+        after: HistoryPosition | None,
+    ) -> Iterator[DeliverySummary]:
+        """Deliveries created in [start_ms, end_ms), newest first, resuming after ``after``."""
+        ...
+
+
+def _ms(value: datetime | None) -> int | None:
+    # The driver returns naive UTC datetimes.
+    if value is None:
+        return None
+    return calendar.timegm(value.utctimetuple()) * 1000 + value.microsecond // 1000
+
+
+def _dt(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _keys_to_json(keys: Sequence[StoredKey]) -> str:
+    return json.dumps(
+        [
+            {
+                "version": k.version,
+                "ciphertext_b64": k.ciphertext_b64,
+                "created_at_ms": k.created_at_ms,
+                "not_after_ms": k.not_after_ms,
+            }
+            for k in keys
+        ]
+    )
+
+
+def _keys_from_json(raw: str | None) -> tuple[StoredKey, ...]:
+    return tuple(
+        StoredKey(
+            version=int(d["version"]),
+            ciphertext_b64=str(d["ciphertext_b64"]),
+            created_at_ms=int(d["created_at_ms"]),
+            not_after_ms=None if d.get("not_after_ms") is None else int(d["not_after_ms"]),
+        )
+        for d in json.loads(raw or "[]")
+    )
+
+
+def _spec(row: dict[str, Any]) -> EndpointSpec:
+    return EndpointSpec(
+        url=row["url"] or "",
+        description=row["description"] or "",
+        event_types=tuple(row["event_types"] or ()),
+        rate_limit_per_s=row["rate_limit_per_s"],
+        max_in_flight=row["max_in_flight"],
+        metadata=dict(row["metadata"] or {}),
+    )
+
+
+def _endpoint(row: dict[str, Any]) -> Endpoint:
+    return Endpoint(
+        tenant_id=row["tenant_id"],
+        endpoint_id=row["endpoint_id"],
+        spec=_spec(row),
+        status=EndpointStatus(row["status"]),
+        config_version=row["config_version"],
+        published_version=row["published_version"] or 0,
+        signing_keys=_keys_from_json(row["signing_keys"]),
+        created_at_ms=_ms(row["created_at"]) or 0,
+        updated_at_ms=_ms(row["updated_at"]) or 0,
+        changed_by=row["changed_by"] or "",
+        change=row["change"] or "",
+    )
+
+
+def _summary(row: dict[str, Any], tenant_id: str, endpoint_id: str) -> DeliverySummary:
+    return DeliverySummary(
+        delivery_id=row["delivery_id"],
+        event_id=row["event_id"] or "",
+        tenant_id=tenant_id,
+        endpoint_id=endpoint_id,
+        event_type=row["event_type"] or "",
+        status=DeliveryStatus.parse(row["status"]),
+        attempt_count=row["attempt_count"] or 0,
+        last_http_status=row["last_http_status"],
+        created_at_ms=_ms(row["created_at"]) or 0,
+        updated_at_ms=_ms(row["updated_at"]),
+    )
+
+
+def _attempt(row: dict[str, Any]) -> Attempt:
+    return Attempt(
+        attempt_number=row["attempt_number"],
+        attempt_id=row["attempt_id"] or "",
+        started_at_ms=_ms(row["started_at"]),
+        finished_at_ms=_ms(row["finished_at"]),
+        http_status=row["http_status"],
+        latency_ms=row["latency_ms"],
+        outcome=row["outcome"] or "",
+        error_class=row["error_class"] or "",
+        manual=bool(row["manual"]),
+        endpoint_config_version=row["endpoint_config_version"],
+        url=row["url"] or "",
+        signing_key_versions=tuple(row["signing_key_versions"] or ()),
+        response_sha256=row["response_sha256"] or "",
+        response_prefix=row["response_prefix"] or "",
+    )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (DriverException, NoHostAvailable) as exc:
+            # A timed-out LWT may or may not have applied; the caller retries and the version
+            # check (or the idempotency key) makes the retry safe.
+            raise Unavailable(f"storage unavailable ({type(exc).__name__}); retry") from exc
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+_ENDPOINT_COLUMNS = (
+    "tenant_id, endpoint_id, url, description, event_types, rate_limit_per_s, max_in_flight, "
+    "metadata, status, config_version, published_version, signing_keys, created_at, updated_at, "
+    "changed_by, change"
+)
+_VERSION_COLUMNS = (
+    "tenant_id, endpoint_id, config_version, url, description, event_types, rate_limit_per_s, "
+    "max_in_flight, metadata, status, key_versions, changed_at, changed_by, change"
+)
+
+
+class CassandraStore:
+    """Both stores over one driver session on keyspace ``webhooks``; statements prepared once."""
+
+    def __init__(self, session: Session, scan_page_size: int = 500) -> None:
+        self._session = session
+        self._scan_page_size = scan_page_size
+        self._p = self._prepare_all()
+
+    def _prepare_all(self) -> dict[str, PreparedStatement]:
+        cql = {
+            "tenant_insert": "INSERT INTO tenants (tenant_id, name, created_at) VALUES (?, ?, ?) "
+            "IF NOT EXISTS",
+            "tenant_get": "SELECT tenant_id, name, created_at FROM tenants WHERE tenant_id = ?",
+            "key_insert": "INSERT INTO api_keys (key_hash, key_id, tenant_id, description, "
+            "read_only, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "key_by_tenant_insert": "INSERT INTO api_keys_by_tenant (tenant_id, key_id, key_hash) "
+            "VALUES (?, ?, ?)",
+            "key_get": "SELECT key_hash, key_id, tenant_id, description, read_only, created_at, "
+            "revoked_at FROM api_keys WHERE key_hash = ?",
+            "key_hash_by_id": "SELECT key_hash FROM api_keys_by_tenant WHERE tenant_id = ? "
+            "AND key_id = ?",
+            "key_revoke": "UPDATE api_keys SET revoked_at = ? WHERE key_hash = ?",
+            "endpoint_insert": f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS}) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            "endpoint_replace": "UPDATE endpoints SET url = ?, description = ?, event_types = ?, "
+            "rate_limit_per_s = ?, max_in_flight = ?, metadata = ?, status = ?, "
+            "config_version = ?, signing_keys = ?, updated_at = ?, changed_by = ?, change = ? "
+            "WHERE tenant_id = ? AND endpoint_id = ? IF config_version = ?",
+            "endpoint_mark": "UPDATE endpoints SET published_version = ? "
+            "WHERE tenant_id = ? AND endpoint_id = ? IF published_version < ?",
+            "endpoint_get": f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints "
+            "WHERE tenant_id = ? AND endpoint_id = ?",
+            "endpoint_list": f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints "
+            "WHERE tenant_id = ? AND endpoint_id > ? LIMIT ?",
+            "endpoint_scan": "SELECT tenant_id, endpoint_id, config_version, published_version "
+            "FROM endpoints",
+            "version_insert": f"INSERT INTO endpoint_config_versions ({_VERSION_COLUMNS}) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "version_list": f"SELECT {_VERSION_COLUMNS} FROM endpoint_config_versions "
+            "WHERE tenant_id = ? AND endpoint_id = ?",
+            "request_claim": "INSERT INTO endpoint_idempotency (tenant_id, request_id, "
+            "fingerprint, endpoint_id, created_at) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
+            "delivery_get": "SELECT * FROM deliveries WHERE delivery_id = ?",
+            "attempts_get": "SELECT * FROM attempts WHERE delivery_id = ?",
+            "deliveries_by_day": "SELECT created_at, delivery_id, event_id, event_type, status, "
+            "attempt_count, last_http_status, updated_at FROM deliveries_by_endpoint "
+            "WHERE tenant_id = ? AND endpoint_id = ? AND day = ? "
+            "AND created_at >= ? AND created_at <= ?",
+        }
+        prepared = {}
+        for name, text in cql.items():
+            stmt = self._session.prepare(text)
+            stmt.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+            prepared[name] = stmt
+        return prepared
+
+    # -- tenants and keys -------------------------------------------------------------------
+
+    @_unavailable_on_driver_error
+    def create_tenant(self, tenant: Tenant) -> bool:
+        return self._applied(
+            "tenant_insert", (tenant.tenant_id, tenant.name, _dt(tenant.created_at_ms))
+        )
+
+    @_unavailable_on_driver_error
+    def get_tenant(self, tenant_id: str) -> Tenant | None:
+        row = self._first("tenant_get", (tenant_id,))
+        if row is None:
+            return None
+        return Tenant(row["tenant_id"], row["name"] or "", _ms(row["created_at"]) or 0)
+
+    @_unavailable_on_driver_error
+    def put_api_key(self, key: ApiKey) -> None:
+        # Hash row first: a key listed by tenant but not authenticating is harmless; the reverse
+        # would be a key nobody can revoke.
+        self._session.execute(
+            self._p["key_insert"],
+            (key.key_hash, key.key_id, key.tenant_id, key.description, key.read_only,
+             _dt(key.created_at_ms), _dt(key.revoked_at_ms)),
+        )
+        self._session.execute(
+            self._p["key_by_tenant_insert"], (key.tenant_id, key.key_id, key.key_hash)
+        )
+
+    @_unavailable_on_driver_error
+    def get_api_key(self, key_hash: str) -> ApiKey | None:
+        row = self._first("key_get", (key_hash,))
+        if row is None:
+            return None
+        return ApiKey(
+            key_id=row["key_id"],
+            tenant_id=row["tenant_id"],
+            key_hash=row["key_hash"],
+            description=row["description"] or "",
+            read_only=bool(row["read_only"]),
+            created_at_ms=_ms(row["created_at"]) or 0,
+            revoked_at_ms=_ms(row["revoked_at"]),
+        )
+
+    @_unavailable_on_driver_error
+    def get_api_key_by_id(self, tenant_id: str, key_id: str) -> ApiKey | None:
+        row = self._first("key_hash_by_id", (tenant_id, key_id))
+        return None if row is None else self.get_api_key(row["key_hash"])
+
+    @_unavailable_on_driver_error
+    def revoke_api_key(self, key: ApiKey, at_ms: int) -> None:
+        self._session.execute(self._p["key_revoke"], (_dt(at_ms), key.key_hash))
+
+    # -- endpoints --------------------------------------------------------------------------
+
+    @_unavailable_on_driver_error
+    def insert_endpoint(self, endpoint: Endpoint) -> bool:
+        s = endpoint.spec
+        return self._applied(
+            "endpoint_insert",
+            (endpoint.tenant_id, endpoint.endpoint_id, s.url, s.description, list(s.event_types),
+             s.rate_limit_per_s, s.max_in_flight, dict(s.metadata), endpoint.status.value,
+             endpoint.config_version, endpoint.published_version,
+             _keys_to_json(endpoint.signing_keys), _dt(endpoint.created_at_ms),
+             _dt(endpoint.updated_at_ms), endpoint.changed_by, endpoint.change),
+        )
+
+    @_unavailable_on_driver_error
+    def replace_endpoint(self, endpoint: Endpoint, expected_version: int) -> bool:
+        s = endpoint.spec
+        return self._applied(
+            "endpoint_replace",
+            (s.url, s.description, list(s.event_types), s.rate_limit_per_s, s.max_in_flight,
+             dict(s.metadata), endpoint.status.value, endpoint.config_version,
+             _keys_to_json(endpoint.signing_keys), _dt(endpoint.updated_at_ms),
+             endpoint.changed_by, endpoint.change, endpoint.tenant_id, endpoint.endpoint_id,
+             expected_version),
+        )
+
+    @_unavailable_on_driver_error
+    def mark_published(self, tenant_id: str, endpoint_id: str, version: int) -> None:
+        # Not applied = someone already marked this version or a later one: nothing to do.
+        self._applied("endpoint_mark", (version, tenant_id, endpoint_id, version))
+
+    @_unavailable_on_driver_error
+    def get_endpoint(self, tenant_id: str, endpoint_id: str) -> Endpoint | None:
+        row = self._first("endpoint_get", (tenant_id, endpoint_id))
+        return None if row is None else _endpoint(row)
+
+    @_unavailable_on_driver_error
+    def list_endpoints(self, tenant_id: str, after_id: str, limit: int) -> list[Endpoint]:
+        return [_endpoint(r) for r in self._execute("endpoint_list", (tenant_id, after_id, limit))]
+
+    def iter_unpublished(self) -> Iterator[tuple[str, str]]:
+        # A paged full scan of a small table (one row per endpoint, four columns read). If the
+        # endpoint count grows past what a scan every few seconds can afford, replace this with
+        # a dirty-endpoints outbox table written before each change.
+        try:
+            for row in self._execute("endpoint_scan", (), fetch_size=self._scan_page_size):
+                if (row["published_version"] or 0) < (row["config_version"] or 0):
+                    yield row["tenant_id"], row["endpoint_id"]
+        except (DriverException, NoHostAvailable) as exc:
+            raise Unavailable(f"storage unavailable ({type(exc).__name__}); retry") from exc
+
+    @_unavailable_on_driver_error
+    def put_version(self, version: EndpointVersion) -> None:
+        s = version.spec
+        self._session.execute(
+            self._p["version_insert"],
+            (version.tenant_id, version.endpoint_id, version.config_version, s.url,
+             s.description, list(s.event_types), s.rate_limit_per_s, s.max_in_flight,
+             dict(s.metadata), version.status.value, list(version.key_versions),
+             _dt(version.changed_at_ms), version.changed_by, version.change),
+        )
+
+    @_unavailable_on_driver_error
+    def list_versions(self, tenant_id: str, endpoint_id: str) -> list[EndpointVersion]:
+        return [
+            EndpointVersion(
+                tenant_id=r["tenant_id"],
+                endpoint_id=r["endpoint_id"],
+                config_version=r["config_version"],
+                spec=_spec(r),
+                status=EndpointStatus(r["status"]),
+                key_versions=tuple(r["key_versions"] or ()),
+                changed_at_ms=_ms(r["changed_at"]) or 0,
+                changed_by=r["changed_by"] or "",
+                change=r["change"] or "",
+            )
+            for r in self._execute("version_list", (tenant_id, endpoint_id))
+        ]
+
+    @_unavailable_on_driver_error
+    def claim_request(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        row = self._first(
+            "request_claim",
+            (record.tenant_id, record.request_id, record.fingerprint, record.endpoint_id,
+             _dt(record.created_at_ms)),
+        )
+        if row is None or row["[applied]"]:
+            return record
+        # A failed IF NOT EXISTS returns the existing row.
+        return IdempotencyRecord(
+            tenant_id=row["tenant_id"],
+            request_id=row["request_id"],
+            fingerprint=row["fingerprint"],
+            endpoint_id=row["endpoint_id"],
+            created_at_ms=_ms(row["created_at"]) or 0,
+        )
+
+    # -- delivery history (read-only) -------------------------------------------------------
+
+    @_unavailable_on_driver_error
+    def get_delivery(self, delivery_id: str) -> DeliveryDetail | None:
+        row = self._first("delivery_get", (delivery_id,))
+        if row is None:
+            return None
+        attempts = tuple(_attempt(a) for a in self._execute("attempts_get", (delivery_id,)))
+        return DeliveryDetail(
+            summary=_summary(row, row["tenant_id"] or "", row["endpoint_id"] or ""),
+            endpoint_config_version=row["endpoint_config_version"],
+            auto_retry_active=bool(row["auto_retry_active"]),
+            expires_at_ms=_ms(row["expires_at"]),
+            next_attempt_at_ms=_ms(row["next_attempt_at"]),
+            last_error_class=row["last_error_class"] or "",
+            attempts=attempts,
+        )
+
+    def iter_endpoint_deliveries(
+        self,
+        tenant_id: str,
+        endpoint_id: str,
+        start_ms: int,
+        end_ms: int,
+        after: HistoryPosition | None,
+    ) -> Iterator[DeliverySummary]:
+        # One partition per (endpoint, UTC day): walk the days newest first.
+        upper_ms = end_ms - 1 if after is None else min(end_ms - 1, after[0])
+        if upper_ms < start_ms:
+            return
+        day = _utc_day(upper_ms)
+        first_day = _utc_day(start_ms)
+        try:
+            while day >= first_day:
+                rows = self._execute(
+                    "deliveries_by_day",
+                    (tenant_id, endpoint_id, day, _dt(start_ms), _dt(upper_ms)),
+                    fetch_size=self._scan_page_size,
+                )
+                for row in rows:
+                    summary = _summary(row, tenant_id, endpoint_id)
+                    if after is not None and summary.created_at_ms == after[0] \
+                            and summary.delivery_id <= after[1]:
+                        continue  # same millisecond as the cursor, already returned
+                    yield summary
+                day -= timedelta(days=1)
+        except (DriverException, NoHostAvailable) as exc:
+            raise Unavailable(f"storage unavailable ({type(exc).__name__}); retry") from exc
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _execute(
+        self, name: str, params: Sequence[Any], fetch_size: int | None = None
+    ) -> Iterator[dict[str, Any]]:
+        bound = self._p[name].bind(params)
+        if fetch_size is not None:
+            bound.fetch_size = fetch_size
+        result = self._session.execute(bound)
+        # Whatever row factory the shared session uses, rows become dicts keyed by column name.
+        names = result.column_names
+        for row in result:
+            yield row if isinstance(row, dict) else dict(zip(names, row, strict=True))
+
+    def _first(self, name: str, params: Sequence[Any]) -> dict[str, Any] | None:
+        return next(self._execute(name, params), None)
+
+    def _applied(self, name: str, params: Sequence[Any]) -> bool:
+        row = self._first(name, params)
+        return row is not None and bool(row["[applied]"])
+
+
+def _utc_day(ms: int) -> date:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).date()

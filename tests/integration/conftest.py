@@ -1,0 +1,176 @@
+"""Fixtures for tests against the real local stack (Kafka, Cassandra, Flink) that `make test`
+starts. A service that is down fails the test; nothing here skips.
+
+Isolation: the session submits its own delivery job with its own topics (suffix per run) and a
+development egress allowance for the loopback receiver, and runs an in-process gRPC control
+plane publishing to those topics. Tests use their own tenant and endpoint ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from cassandra.cluster import Cluster, Session
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from core.settings import REPO_ROOT, Settings
+from tests.support.receiver import Receiver
+
+RUN = REPO_ROOT / ".run"
+RUN_ID = uuid.uuid4().hex[:8]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def certs() -> Path:
+    out = RUN / "certs"
+    subprocess.run([str(REPO_ROOT / ".venv/bin/python"), "-m", "stack.certs", "--out", str(out)],
+                   check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def receiver(certs: Path) -> Iterator[Receiver]:
+    rx = Receiver(record="full")
+    rx.start("127.0.0.1", _free_port(), str(certs / "server.pem"), str(certs / "server.key"))
+    yield rx
+    rx.stop()
+
+
+@pytest.fixture(scope="session")
+def job_env(receiver: Receiver, certs: Path) -> dict[str, str]:
+    """Environment (WEBHOOKS_*) of this session's delivery job and control plane."""
+    port = int(receiver.base_url.rsplit(":", 1)[1])
+    sfx = f"t{RUN_ID}"
+    return {
+        "WEBHOOKS_KAFKA__EVENTS_TOPIC": f"webhooks.events.{sfx}",
+        "WEBHOOKS_KAFKA__ENDPOINTS_TOPIC": f"webhooks.endpoints.{sfx}",
+        "WEBHOOKS_KAFKA__REPLAYS_TOPIC": f"webhooks.replays.{sfx}",
+        "WEBHOOKS_KAFKA__DLQ_TOPIC": f"webhooks.events.dlq.{sfx}",
+        "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-test-{sfx}",
+        "WEBHOOKS_KAFKA__PARTITIONS": "2",
+        "WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS": '["127.0.0.1/32"]',
+        "WEBHOOKS_EGRESS__ALLOWED_PORTS": json.dumps([443, port]),
+        "WEBHOOKS_DISPATCH__CA_BUNDLE": str(certs / "ca.pem"),
+        # Short schedules so retries, the breaker and timeouts are observable within a test.
+        "WEBHOOKS_DISPATCH__RETRY_BASE_S": "0.5",
+        "WEBHOOKS_DISPATCH__RETRY_CAP_S": "2",
+        "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "4",
+        "WEBHOOKS_DISPATCH__CONNECT_TIMEOUT_S": "1",
+        "WEBHOOKS_DISPATCH__TOTAL_TIMEOUT_S": "2",
+        "WEBHOOKS_DISPATCH__BREAKER_OPEN_S": "2",
+        "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-test-{sfx}",
+        "WEBHOOKS_FLINK__CHECKPOINT_INTERVAL_MS": "2000",
+        "WEBHOOKS_CONTROL_PLANE__CONFIG_CLOCK_INTERVAL_MS": "100",
+    }
+
+
+@pytest.fixture(scope="session")
+def settings(job_env: dict[str, str]) -> Iterator[Settings]:
+    saved = {k: os.environ.get(k) for k in job_env}
+    os.environ.update(job_env)
+    try:
+        yield Settings()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(settings: Settings) -> str:
+    admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    assert admin.list_topics(timeout=10).brokers, "Kafka is not answering on " + settings.kafka.bootstrap_servers
+    k = settings.kafka
+    topics = [NewTopic(k.events_topic, 2, 1), NewTopic(k.replays_topic, 2, 1), NewTopic(k.dlq_topic, 1, 1),
+              NewTopic(k.endpoints_topic, 1, 1, config={"cleanup.policy": "compact"})]
+    for fut in admin.create_topics(topics).values():
+        fut.result()
+    return k.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def cassandra_session(settings: Settings) -> Iterator[Session]:
+    c = settings.cassandra
+    cluster = Cluster(c.contact_points, port=c.port)
+    session = cluster.connect(c.keyspace)
+    yield session
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def control_plane(settings: Settings, cassandra_session: Session, kafka_bootstrap: str) -> Iterator[str]:
+    """The real gRPC control plane, in process, publishing to this session's topics."""
+    from control_plane.server import build
+
+    server = build(settings, cassandra_session, port=0)
+    server.start()
+    yield f"127.0.0.1:{server.port}"
+    server.stop(grace_s=2)
+
+
+@pytest.fixture(scope="session")
+def grpc_channel(control_plane: str) -> Iterator[grpc.Channel]:
+    ch = grpc.insecure_channel(control_plane)
+    grpc.channel_ready_future(ch).result(timeout=10)
+    yield ch
+    ch.close()
+
+
+def _rest(path: str, method: str = "GET") -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:8081{path}", method=method)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+    return json.loads(body) if body else {}
+
+
+def job_state(job_id: str) -> str:
+    return str(_rest(f"/jobs/{job_id}")["state"])
+
+
+@pytest.fixture(scope="session")
+def delivery_job(settings: Settings, job_env: dict[str, str], kafka_bootstrap: str,
+                 control_plane: str) -> Iterator[str]:
+    """This session's delivery job on the real Flink cluster; yields its job id."""
+    env = {**os.environ, **job_env}
+    out = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "submit"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"job submission failed:\n{out.stdout}\n{out.stderr}"
+    job_id = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "id"], env=env, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    assert job_id
+    _wait_all_running(job_id)
+    yield job_id
+    try:
+        _rest(f"/jobs/{job_id}?mode=cancel", method="PATCH")
+    except OSError:
+        pass
+
+
+def _wait_all_running(job_id: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        d = _rest(f"/jobs/{job_id}")
+        if d["state"] == "RUNNING" and all(v["status"] == "RUNNING" for v in d["vertices"]):
+            return
+        time.sleep(1)
+    exc = _rest(f"/jobs/{job_id}/exceptions")
+    raise AssertionError(f"job {job_id} not running after {timeout}s: {json.dumps(exc)[:3000]}")

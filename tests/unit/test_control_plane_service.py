@@ -1,0 +1,724 @@
+"""The control-plane service logic with in-memory fakes: no gRPC, Kafka or Cassandra."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from control_plane import errors
+from control_plane.admin import AdminService
+from control_plane.auth import Authenticator, bearer_token, hash_api_key
+from control_plane.deliveries import DeliveryDeps, DeliveryService
+from control_plane.domain import (
+    HISTORY_WINDOW_MS,
+    ApiKey,
+    Attempt,
+    DeliveryDetail,
+    DeliveryStatus,
+    DeliverySummary,
+    Endpoint,
+    EndpointSpec,
+    EndpointVersion,
+    IdempotencyRecord,
+    Principal,
+    Tenant,
+)
+from control_plane.publication import ConfigPublication
+from control_plane.publisher import PublishError
+from control_plane.service import PING_EVENT_TYPE, Deps, EndpointService
+from control_plane.store import HistoryPosition
+from control_plane.validation import DestinationValidator
+from core.egress import EgressPolicy
+from core.records import (
+    ConfigClock,
+    EndpointConfig,
+    EndpointStatus,
+    EventRecord,
+    ReplayRequest,
+    delivery_id_for,
+)
+from core.secrets import decrypt_secret
+
+MASTER_KEY = bytes(range(32))
+T0 = 1_790_000_000_000
+DAY_MS = 24 * 3600 * 1000
+
+# Fake DNS: names map to fixed answers; no resolver or network is touched.
+DNS = {
+    "hooks.example.com": ["93.184.215.14"],
+    "other.example.com": ["93.184.215.15"],
+    "rebind.example.com": ["93.184.215.16", "127.0.0.1"],
+    "metadata.example.com": ["169.254.169.254"],
+}
+
+
+def fake_resolver(host: str, port: int) -> list[str]:
+    if host not in DNS:
+        raise OSError("name does not resolve")
+    return DNS[host]
+
+
+# -- fakes -----------------------------------------------------------------------------------
+
+
+@dataclass
+class MemoryStore:
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    keys: dict[str, ApiKey] = field(default_factory=dict)
+    endpoints: dict[tuple[str, str], Endpoint] = field(default_factory=dict)
+    versions: dict[tuple[str, str, int], EndpointVersion] = field(default_factory=dict)
+    requests: dict[tuple[str, str], IdempotencyRecord] = field(default_factory=dict)
+    deliveries: dict[str, DeliveryDetail] = field(default_factory=dict)
+    fail_mark: bool = False
+
+    def create_tenant(self, tenant: Tenant) -> bool:
+        return self.tenants.setdefault(tenant.tenant_id, tenant) is tenant
+
+    def get_tenant(self, tenant_id: str) -> Tenant | None:
+        return self.tenants.get(tenant_id)
+
+    def put_api_key(self, key: ApiKey) -> None:
+        self.keys[key.key_hash] = key
+
+    def get_api_key(self, key_hash: str) -> ApiKey | None:
+        return self.keys.get(key_hash)
+
+    def get_api_key_by_id(self, tenant_id: str, key_id: str) -> ApiKey | None:
+        return next(
+            (k for k in self.keys.values() if k.tenant_id == tenant_id and k.key_id == key_id), None
+        )
+
+    def revoke_api_key(self, key: ApiKey, at_ms: int) -> None:
+        self.keys[key.key_hash] = replace(key, revoked_at_ms=at_ms)
+
+    def insert_endpoint(self, endpoint: Endpoint) -> bool:
+        key = (endpoint.tenant_id, endpoint.endpoint_id)
+        return self.endpoints.setdefault(key, endpoint) is endpoint
+
+    def replace_endpoint(self, endpoint: Endpoint, expected_version: int) -> bool:
+        key = (endpoint.tenant_id, endpoint.endpoint_id)
+        current = self.endpoints.get(key)
+        if current is None or current.config_version != expected_version:
+            return False
+        self.endpoints[key] = replace(endpoint, published_version=current.published_version)
+        return True
+
+    def mark_published(self, tenant_id: str, endpoint_id: str, version: int) -> None:
+        if self.fail_mark:
+            raise errors.Unavailable("storage unavailable")
+        current = self.endpoints[(tenant_id, endpoint_id)]
+        if current.published_version < version:
+            self.endpoints[(tenant_id, endpoint_id)] = replace(current, published_version=version)
+
+    def get_endpoint(self, tenant_id: str, endpoint_id: str) -> Endpoint | None:
+        return self.endpoints.get((tenant_id, endpoint_id))
+
+    def list_endpoints(self, tenant_id: str, after_id: str, limit: int) -> list[Endpoint]:
+        rows = sorted(
+            (e for (t, i), e in self.endpoints.items() if t == tenant_id and i > after_id),
+            key=lambda e: e.endpoint_id,
+        )
+        return rows[:limit]
+
+    def iter_unpublished(self) -> Iterator[tuple[str, str]]:
+        return iter(
+            [k for k, e in self.endpoints.items() if e.published_version < e.config_version]
+        )
+
+    def put_version(self, version: EndpointVersion) -> None:
+        self.versions[(version.tenant_id, version.endpoint_id, version.config_version)] = version
+
+    def list_versions(self, tenant_id: str, endpoint_id: str) -> list[EndpointVersion]:
+        return sorted(
+            (v for (t, e, _), v in self.versions.items() if (t, e) == (tenant_id, endpoint_id)),
+            key=lambda v: -v.config_version,
+        )
+
+    def claim_request(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        return self.requests.setdefault((record.tenant_id, record.request_id), record)
+
+    def get_delivery(self, delivery_id: str) -> DeliveryDetail | None:
+        return self.deliveries.get(delivery_id)
+
+    def iter_endpoint_deliveries(
+        self, tenant_id: str, endpoint_id: str, start_ms: int, end_ms: int,
+        after: HistoryPosition | None,
+    ) -> Iterator[DeliverySummary]:
+        rows = sorted(
+            (d.summary for d in self.deliveries.values()
+             if d.summary.tenant_id == tenant_id and d.summary.endpoint_id == endpoint_id
+             and start_ms <= d.summary.created_at_ms < end_ms),
+            key=lambda s: (-s.created_at_ms, s.delivery_id),
+        )
+        for s in rows:
+            if after is None or (-s.created_at_ms, s.delivery_id) > (-after[0], after[1]):
+                yield s
+
+
+@dataclass
+class RecordingPublisher:
+    configs: list[EndpointConfig] = field(default_factory=list)
+    clocks: list[ConfigClock] = field(default_factory=list)
+    replays: list[ReplayRequest] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
+    failing: bool = False
+
+    def _check(self) -> None:
+        if self.failing:
+            raise PublishError("broker down")
+
+    def publish_config(self, config: EndpointConfig) -> None:
+        self._check()
+        self.configs.append(config)
+
+    def publish_clock(self, clock: ConfigClock) -> None:
+        self._check()
+        self.clocks.append(clock)
+
+    def publish_replay(self, request: ReplayRequest) -> None:
+        self._check()
+        self.replays.append(request)
+
+    def publish_event(self, event: EventRecord) -> None:
+        self._check()
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def counting_random() -> object:
+    counter = itertools.count(1)
+
+    def random_bytes(n: int) -> bytes:
+        return next(counter).to_bytes(8, "big").rjust(n, b"\x07")[:n]
+
+    return random_bytes
+
+
+@dataclass
+class World:
+    store: MemoryStore
+    publisher: RecordingPublisher
+    clock: Clock
+    publication: ConfigPublication
+    endpoints: EndpointService
+    deliveries: DeliveryService
+    admin: AdminService
+    auth: Authenticator
+
+
+@pytest.fixture
+def w() -> World:
+    store, publisher, clock = MemoryStore(), RecordingPublisher(), Clock()
+    rng = counting_random()
+    publication = ConfigPublication(store, publisher, clock)
+    endpoints = EndpointService(
+        Deps(
+            store=store,
+            publication=publication,
+            publisher=publisher,
+            destination=DestinationValidator(EgressPolicy(), fake_resolver),
+            master_key=MASTER_KEY,
+            now_ms=clock,
+            random_bytes=rng,  # type: ignore[arg-type]
+            default_overlap_s=24 * 3600,
+        )
+    )
+    deliveries = DeliveryService(
+        DeliveryDeps(endpoints=store, history=store, publisher=publisher, now_ms=clock,
+                     random_bytes=rng, progress_every=2)  # type: ignore[arg-type]
+    )
+    admin = AdminService(store, clock, rng)  # type: ignore[arg-type]
+    return World(store, publisher, clock, publication, endpoints, deliveries, admin,
+                 Authenticator(store, "admin-secret"))
+
+
+ALICE = Principal("tenant-a", "key_a", read_only=False)
+BOB = Principal("tenant-b", "key_b", read_only=False)
+ALICE_RO = Principal("tenant-a", "key_ro", read_only=True)
+
+
+def spec(**overrides: object) -> EndpointSpec:
+    base = EndpointSpec(
+        url="https://hooks.example.com/in",
+        description="orders",
+        event_types=("invoice.*", "order.shipped"),
+        rate_limit_per_s=None,
+        max_in_flight=None,
+        metadata={"team": "billing"},
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def create(w: World, who: Principal = ALICE, request_id: str = "", **overrides: object) -> Endpoint:
+    return w.endpoints.create(who, spec(**overrides), request_id).endpoint
+
+
+# -- create / get / list ------------------------------------------------------------------------
+
+
+def test_create_returns_secret_once_stores_only_ciphertext_and_publishes(w: World) -> None:
+    created = w.endpoints.create(ALICE, spec(), "")
+    e = created.endpoint
+    assert created.signing_secret.startswith("whsec_")
+    assert e.config_version == 1 and e.published_version == 1
+    assert e.spec.url == "https://hooks.example.com:443/in"  # canonical form the dispatcher uses
+    assert e.spec.event_types == ("invoice.*", "order.shipped")
+    stored = w.store.endpoints[("tenant-a", e.endpoint_id)]
+    key = stored.signing_keys[0]
+    assert created.signing_secret not in repr(stored)
+    assert decrypt_secret(MASTER_KEY, key.ciphertext_b64, tenant_id="tenant-a",
+                          endpoint_id=e.endpoint_id, key_version=1) == created.signing_secret
+    [config] = w.publisher.configs
+    assert config.endpoint_id == e.endpoint_id and config.status is EndpointStatus.ACTIVE
+    assert created.signing_secret.encode() not in config.to_json()
+    assert w.store.versions[("tenant-a", e.endpoint_id, 1)].change == "create"
+    assert w.endpoints.get(ALICE, e.endpoint_id) == stored
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"url": "http://hooks.example.com/"}, "scheme"),
+        ({"url": "https://10.0.0.1/"}, "private"),
+        ({"url": "https://rebind.example.com/"}, "loopback"),
+        ({"url": "https://metadata.example.com/"}, "cloud_metadata"),
+        ({"url": "https://nowhere.example.com/"}, "does not resolve"),
+        ({"url": "https://user:pw@hooks.example.com/"}, "userinfo"),
+        ({"url": "https://hooks.example.com:8443/"}, "port"),
+        ({"url": ""}, "url is required"),
+        ({"event_types": ()}, "at least one"),
+        ({"event_types": ("Invoice Paid",)}, "not an event type"),
+        ({"rate_limit_per_s": 0.0}, "rate_limit_per_s"),
+        ({"max_in_flight": 0}, "max_in_flight"),
+        ({"description": "x" * 600}, "description"),
+        ({"metadata": {"": "v"}}, "metadata keys"),
+    ],
+)
+def test_create_refuses_bad_input_without_writing(w: World, overrides: dict, message: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match=message):
+        create(w, **overrides)
+    assert not w.store.endpoints and not w.publisher.configs
+
+
+def test_dev_allowed_loopback_is_accepted_when_policy_allows_it(w: World) -> None:
+    import ipaddress
+
+    policy = EgressPolicy(allowed_ports=frozenset({443, 8443}),
+                          dev_allow_cidrs=(ipaddress.ip_network("127.0.0.0/8"),))
+    assert DestinationValidator(policy, fake_resolver)("https://127.0.0.1:8443/x") == (
+        "https://127.0.0.1:8443/x"
+    )
+
+
+def test_idempotent_create_returns_same_endpoint_and_secret(w: World) -> None:
+    first = w.endpoints.create(ALICE, spec(), "req-1")
+    again = w.endpoints.create(ALICE, spec(), "req-1")
+    assert again.endpoint.endpoint_id == first.endpoint.endpoint_id
+    assert again.signing_secret == first.signing_secret
+    assert len(w.store.endpoints) == 1
+    with pytest.raises(errors.AlreadyExists, match="different endpoint"):
+        w.endpoints.create(ALICE, spec(description="other"), "req-1")
+    # Request ids are per tenant.
+    assert create(w, BOB, "req-1").endpoint_id != first.endpoint.endpoint_id
+    with pytest.raises(errors.InvalidArgument, match="request_id"):
+        w.endpoints.create(ALICE, spec(), "bad id!")
+
+
+def test_list_pages_with_cursor_and_hides_deleted_and_other_tenants(w: World) -> None:
+    ids = [create(w).endpoint_id for _ in range(5)]
+    create(w, BOB)
+    w.endpoints.delete(ALICE, ids[2])
+    page1 = w.endpoints.list(ALICE, 2, "")
+    page2 = w.endpoints.list(ALICE, 2, page1.next_cursor)
+    assert page2.next_cursor == ""
+    seen = [e.endpoint_id for e in page1.items + page2.items]
+    assert seen == sorted(set(ids) - {ids[2]})
+    with pytest.raises(errors.InvalidArgument, match="cursor"):
+        w.endpoints.list(ALICE, 2, "garbage!")
+    with pytest.raises(errors.InvalidArgument, match="page_size"):
+        w.endpoints.list(ALICE, 1000, "")
+
+
+# -- update / versions -------------------------------------------------------------------------
+
+
+def test_update_with_field_mask_creates_versions_and_audits_each(w: World) -> None:
+    e = create(w)
+    w.clock.now += 1000
+    u = w.endpoints.update(ALICE, e.endpoint_id, spec(url="https://other.example.com/new",
+                                                       description="ignored"), ["url"])
+    assert u.config_version == 2 and u.spec.url == "https://other.example.com:443/new"
+    assert u.spec.description == "orders"  # not in the mask
+    u = w.endpoints.update(ALICE, e.endpoint_id, spec(rate_limit_per_s=5.0, max_in_flight=3),
+                           ["rate_limit_per_s", "max_in_flight"])
+    assert (u.config_version, u.spec.rate_limit_per_s, u.spec.max_in_flight) == (3, 5.0, 3)
+    # A named optional field left unset clears it.
+    u = w.endpoints.update(ALICE, e.endpoint_id, spec(), ["rate_limit_per_s"])
+    assert (u.config_version, u.spec.rate_limit_per_s) == (4, None)
+    # No actual change: no new version.
+    same = w.endpoints.update(ALICE, e.endpoint_id, spec(), ["description"])
+    assert same.config_version == 4
+    versions = w.endpoints.versions(ALICE, e.endpoint_id)
+    assert [v.config_version for v in versions] == [4, 3, 2, 1]
+    assert versions[2].change == "update url" and versions[2].spec.url.startswith("https://other")
+    assert versions[3].spec.url == "https://hooks.example.com:443/in"  # history is not rewritten
+    assert [c.config_version for c in w.publisher.configs] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("mask", "message"),
+    [([], "update_mask is empty"), (["status"], "unknown or read-only"), (["url"], "scheme")],
+)
+def test_update_refuses_bad_masks_and_values(w: World, mask: list[str], message: str) -> None:
+    e = create(w)
+    with pytest.raises(errors.InvalidArgument, match=message):
+        w.endpoints.update(ALICE, e.endpoint_id, spec(url="http://x.example.com/"), mask)
+    assert w.store.endpoints[("tenant-a", e.endpoint_id)].config_version == 1
+
+
+def test_update_retries_on_a_concurrent_change(w: World) -> None:
+    e = create(w)
+    real_replace = w.store.replace_endpoint
+    raced = []
+
+    def racing_replace(endpoint: Endpoint, expected: int) -> bool:
+        if not raced:  # someone else commits version 2 between our read and our write
+            raced.append(True)
+            theirs = replace(endpoint.spec, description="theirs", metadata={"by": "them"})
+            real_replace(replace(endpoint, spec=theirs, change="concurrent"), expected)
+            return False
+        return real_replace(endpoint, expected)
+
+    w.store.replace_endpoint = racing_replace  # type: ignore[method-assign]
+    u = w.endpoints.update(ALICE, e.endpoint_id, spec(description="mine"), ["description"])
+    # Re-applied on the concurrent version: our field wins, theirs is kept, nothing is lost.
+    assert (u.config_version, u.spec.description, u.spec.metadata) == (3, "mine", {"by": "them"})
+
+
+def test_disable_enable_delete(w: World) -> None:
+    e = create(w)
+    d = w.endpoints.set_enabled(ALICE, e.endpoint_id, enabled=False)
+    assert (d.status, d.config_version) == (EndpointStatus.DISABLED, 2)
+    assert w.endpoints.set_enabled(ALICE, e.endpoint_id, enabled=False).config_version == 2
+    assert w.endpoints.set_enabled(ALICE, e.endpoint_id, enabled=True).status is EndpointStatus.ACTIVE
+    gone = w.endpoints.delete(ALICE, e.endpoint_id)
+    assert gone.config_version == 4
+    assert w.publisher.configs[-1].status is EndpointStatus.DELETED
+    with pytest.raises(errors.NotFound):
+        w.endpoints.get(ALICE, e.endpoint_id)
+    with pytest.raises(errors.NotFound):
+        w.endpoints.delete(ALICE, e.endpoint_id)
+    assert w.endpoints.versions(ALICE, e.endpoint_id)[0].status is EndpointStatus.DELETED
+
+
+# -- secrets ------------------------------------------------------------------------------------
+
+
+def test_rotation_with_overlap_keeps_both_keys_until_the_overlap_ends(w: World) -> None:
+    created = w.endpoints.create(ALICE, spec(), "")
+    e = created.endpoint
+    rotated = w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=False, overlap_s=0)
+    assert rotated.new_key_version == 2 and rotated.signing_secret != created.signing_secret
+    assert [(k.version, k.not_after_ms) for k in rotated.live_keys] == [(2, None), (1, T0 + DAY_MS)]
+    config = w.publisher.configs[-1]
+    assert [(k.version, k.not_after_ms) for k in config.signing_keys] == [(2, None), (1, T0 + DAY_MS)]
+    w.clock.now = T0 + DAY_MS + 1
+    assert [k.version for k in w.endpoints.get(ALICE, e.endpoint_id).live_keys(w.clock.now)] == [2]
+    # A custom overlap, and a second rotation never extends an earlier key's end.
+    w.clock.now = T0 + 10
+    again = w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=False, overlap_s=60)
+    assert [(k.version, k.not_after_ms) for k in again.live_keys] == [
+        (3, None), (2, T0 + 10 + 60_000), (1, T0 + 10 + 60_000)
+    ]
+
+
+def test_rotation_with_immediate_revocation_leaves_only_the_new_key(w: World) -> None:
+    e = create(w)
+    rotated = w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=True, overlap_s=0)
+    assert [k.version for k in rotated.live_keys] == [2]
+    assert [k.version for k in w.publisher.configs[-1].signing_keys] == [2]
+    assert "revoked" in w.endpoints.versions(ALICE, e.endpoint_id)[0].change
+
+
+def test_rotation_limits(w: World) -> None:
+    e = create(w)
+    with pytest.raises(errors.InvalidArgument, match="overlap_seconds"):
+        w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=False, overlap_s=-1)
+    with pytest.raises(errors.InvalidArgument, match="immediate"):
+        w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=True, overlap_s=5)
+    for _ in range(3):
+        w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=False, overlap_s=0)
+    with pytest.raises(errors.FailedPrecondition, match="still live"):
+        w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=False, overlap_s=0)
+
+
+# -- publication, republisher, clock ------------------------------------------------------------
+
+
+def test_publish_failure_is_caught_up_by_the_republisher_and_holds_the_clock(w: World) -> None:
+    w.publication.publish_clock()
+    w.publisher.failing = True
+    w.clock.now += 100
+    e = create(w)
+    assert e.published_version == 0  # stored, not yet on Kafka: the response says so
+    w.clock.now += 100
+    with pytest.raises(PublishError):
+        w.publication.publish_clock()
+    w.publisher.failing = False
+    w.clock.now += 100
+    # The clock may not pass the unpublished change.
+    assert w.publication.publish_clock() is True
+    assert w.publisher.clocks[-1].published_at_ms == T0 + 99
+    assert w.publication.republish_pending() == 1
+    assert w.store.endpoints[("tenant-a", e.endpoint_id)].published_version == 1
+    assert w.publisher.configs[-1].config_version == 1
+    assert ("tenant-a", e.endpoint_id, 1) in w.store.versions
+    w.publication.publish_clock()
+    assert w.publisher.clocks[-1].published_at_ms == w.clock.now
+
+
+def test_failed_mark_is_republished_and_refused_change_releases_the_clock(w: World) -> None:
+    w.store.fail_mark = True
+    e = create(w)
+    assert e.published_version == 0
+    w.store.fail_mark = False
+    assert w.publication.republish_pending() == 1
+    assert [c.config_version for c in w.publisher.configs] == [1, 1]  # duplicate is harmless
+    with pytest.raises(errors.InvalidArgument):
+        w.endpoints.update(ALICE, e.endpoint_id, spec(), ["bogus"])
+    assert w.publication.watermark.clock_value(w.clock.now) == w.clock.now
+
+
+def test_unpublished_version_is_audited_before_it_is_replaced(w: World) -> None:
+    w.publisher.failing = True
+    e = create(w)
+    w.store.versions.clear()  # as if the process died before any audit write
+    w.endpoints.update(ALICE, e.endpoint_id, spec(description="v2"), ["description"])
+    assert ("tenant-a", e.endpoint_id, 1) in w.store.versions
+
+
+# -- ping ------------------------------------------------------------------------------------------
+
+
+def test_send_test_event_targets_only_that_endpoint(w: World) -> None:
+    e = create(w)
+    sent = w.endpoints.send_test_event(ALICE, e.endpoint_id)
+    [event] = w.publisher.events
+    assert event.event_type == PING_EVENT_TYPE and event.tenant_id == "tenant-a"
+    assert event.target_endpoint_id == e.endpoint_id and event.event_id == sent.event_id
+    assert sent.delivery_id == delivery_id_for(sent.event_id, e.endpoint_id)
+    w.endpoints.set_enabled(ALICE, e.endpoint_id, enabled=False)
+    with pytest.raises(errors.FailedPrecondition, match="disabled"):
+        w.endpoints.send_test_event(ALICE, e.endpoint_id)
+    w.endpoints.set_enabled(ALICE, e.endpoint_id, enabled=True)
+    w.publisher.failing = True
+    with pytest.raises(errors.Unavailable):
+        w.endpoints.send_test_event(ALICE, e.endpoint_id)
+
+
+# -- deliveries ---------------------------------------------------------------------------------
+
+
+def add_delivery(w: World, e: Endpoint, n: int, status: DeliveryStatus, age_ms: int = 0,
+                 tenant: str = "tenant-a") -> str:
+    event_id = f"evt_{n}"
+    did = delivery_id_for(event_id, e.endpoint_id)
+    summary = DeliverySummary(did, event_id, tenant, e.endpoint_id, "invoice.paid", status, 2,
+                              500, w.clock.now - age_ms - n, None)
+    attempt = Attempt(1, "att1", summary.created_at_ms, summary.created_at_ms + 5, 500, 5,
+                      "retry", "http_5xx", False, 1, e.spec.url, (1,), "", "")
+    w.store.deliveries[did] = DeliveryDetail(summary, 1, status is DeliveryStatus.PENDING,
+                                             None, None, "http_5xx", (attempt,))
+    return did
+
+
+def test_list_deliveries_filters_by_status_and_time_and_pages(w: World) -> None:
+    e = create(w)
+    failed = [add_delivery(w, e, n, DeliveryStatus.FAILED) for n in range(1, 6)]
+    add_delivery(w, e, 10, DeliveryStatus.SUCCEEDED)
+    add_delivery(w, e, 11, DeliveryStatus.FAILED, age_ms=2 * DAY_MS)
+    page = w.deliveries.list(ALICE, e.endpoint_id, [DeliveryStatus.FAILED],
+                             w.clock.now - DAY_MS, None, 3, "")
+    page2 = w.deliveries.list(ALICE, e.endpoint_id, [DeliveryStatus.FAILED],
+                              w.clock.now - DAY_MS, None, 3, page.next_cursor)
+    assert [d.delivery_id for d in page.items + page2.items] == failed  # newest first
+    assert page2.next_cursor == ""
+    everything = w.deliveries.list(ALICE, e.endpoint_id, [], None, None, 50, "")
+    assert len(everything.items) == 7
+    with pytest.raises(errors.InvalidArgument, match="different"):
+        w.deliveries.list(ALICE, e.endpoint_id, [], None, None, 3, page.next_cursor)
+    with pytest.raises(errors.InvalidArgument, match="before"):
+        w.deliveries.list(ALICE, e.endpoint_id, [], w.clock.now, w.clock.now - 1, 3, "")
+    with pytest.raises(errors.InvalidArgument, match="30 days"):
+        w.deliveries.list(ALICE, e.endpoint_id, [], w.clock.now - 40 * DAY_MS, w.clock.now, 3, "")
+
+
+def test_get_delivery_shows_attempts_config_version_and_retry_state(w: World) -> None:
+    e = create(w)
+    did = add_delivery(w, e, 1, DeliveryStatus.PENDING)
+    detail = w.deliveries.get(ALICE, did)
+    assert detail.endpoint_config_version == 1 and detail.auto_retry_active
+    assert [a.attempt_number for a in detail.attempts] == [1]
+    with pytest.raises(errors.NotFound):
+        w.deliveries.get(ALICE, "dlv_unknown")
+
+
+def test_replay_publishes_a_manual_request_for_the_same_delivery(w: World) -> None:
+    e = create(w)
+    did = add_delivery(w, e, 1, DeliveryStatus.FAILED)
+    replayed = w.deliveries.replay(ALICE, did, "")
+    [req] = w.publisher.replays
+    assert (req.delivery_id, req.tenant_id, req.endpoint_id, req.requested_by) == (
+        did, "tenant-a", e.endpoint_id, "key_a")
+    assert req.request_id == replayed.request_id and req.request_id.startswith("rpl_")
+    assert w.deliveries.replay(ALICE, did, "my-req").request_id == "my-req"
+    assert not w.publisher.events  # never a new event
+
+
+def test_replay_preconditions(w: World) -> None:
+    e = create(w)
+    did = add_delivery(w, e, 1, DeliveryStatus.FAILED)
+    old = add_delivery(w, e, 2, DeliveryStatus.FAILED, age_ms=HISTORY_WINDOW_MS + 1)
+    with pytest.raises(errors.FailedPrecondition, match="30-day"):
+        w.deliveries.replay(ALICE, old, "")
+    with pytest.raises(errors.PermissionDenied, match="read-only"):
+        w.deliveries.replay(ALICE_RO, did, "")
+    w.endpoints.set_enabled(ALICE, e.endpoint_id, enabled=False)
+    with pytest.raises(errors.FailedPrecondition, match="disabled"):
+        w.deliveries.replay(ALICE, did, "")
+    w.endpoints.delete(ALICE, e.endpoint_id)
+    with pytest.raises(errors.FailedPrecondition, match="deleted"):
+        w.deliveries.replay(ALICE, did, "")
+    assert not w.publisher.replays
+
+
+def test_bulk_recover_replays_failed_and_expired_with_progress(w: World) -> None:
+    e = create(w)
+    failed = [add_delivery(w, e, n, DeliveryStatus.FAILED) for n in range(1, 4)]
+    failed.append(add_delivery(w, e, 4, DeliveryStatus.EXPIRED))
+    add_delivery(w, e, 5, DeliveryStatus.SUCCEEDED)
+    add_delivery(w, e, 6, DeliveryStatus.PENDING)
+    progress = list(w.deliveries.recover(ALICE, e.endpoint_id, w.clock.now - DAY_MS, w.clock.now + 1))
+    assert [(p.total, p.replayed, p.done) for p in progress] == [
+        (4, 0, False), (4, 2, False), (4, 4, False), (4, 4, True)
+    ]
+    assert sorted(r.delivery_id for r in w.publisher.replays) == sorted(failed)
+    assert len({r.request_id for r in w.publisher.replays}) == 4
+
+
+def test_bulk_recover_validates_before_streaming(w: World) -> None:
+    e = create(w)
+    with pytest.raises(errors.InvalidArgument, match="required"):
+        w.deliveries.recover(ALICE, e.endpoint_id, None, None)
+    with pytest.raises(errors.FailedPrecondition, match="30-day"):
+        w.deliveries.recover(ALICE, e.endpoint_id, w.clock.now - 31 * DAY_MS, w.clock.now - 2 * DAY_MS)
+    with pytest.raises(errors.NotFound):
+        w.deliveries.recover(BOB, e.endpoint_id, w.clock.now - DAY_MS, w.clock.now)
+    empty = list(w.deliveries.recover(ALICE, e.endpoint_id, w.clock.now - DAY_MS, w.clock.now))
+    assert [(p.total, p.done) for p in empty] == [(0, True)]
+    add_delivery(w, e, 1, DeliveryStatus.FAILED)
+    w.publisher.failing = True
+    stream = w.deliveries.recover(ALICE, e.endpoint_id, w.clock.now - DAY_MS, w.clock.now + 1)
+    assert next(stream).total == 1
+    with pytest.raises(errors.Unavailable):
+        next(stream)
+
+
+# -- tenancy ------------------------------------------------------------------------------------
+
+
+def test_other_tenants_ids_are_not_found_on_every_call(w: World) -> None:
+    e = create(w)
+    did = add_delivery(w, e, 1, DeliveryStatus.FAILED)
+    calls = [
+        lambda: w.endpoints.get(BOB, e.endpoint_id),
+        lambda: w.endpoints.update(BOB, e.endpoint_id, spec(), ["description"]),
+        lambda: w.endpoints.set_enabled(BOB, e.endpoint_id, enabled=False),
+        lambda: w.endpoints.set_enabled(BOB, e.endpoint_id, enabled=True),
+        lambda: w.endpoints.delete(BOB, e.endpoint_id),
+        lambda: w.endpoints.versions(BOB, e.endpoint_id),
+        lambda: w.endpoints.rotate_secret(BOB, e.endpoint_id, revoke_immediately=True, overlap_s=0),
+        lambda: w.endpoints.send_test_event(BOB, e.endpoint_id),
+        lambda: w.deliveries.list(BOB, e.endpoint_id, [], None, None, 10, ""),
+        lambda: w.deliveries.get(BOB, did),
+        lambda: w.deliveries.replay(BOB, did, ""),
+        lambda: w.deliveries.recover(BOB, e.endpoint_id, w.clock.now - DAY_MS, w.clock.now),
+    ]
+    for call in calls:
+        with pytest.raises(errors.NotFound):
+            call()
+    assert w.endpoints.list(BOB, 10, "").items == ()
+    assert w.store.endpoints[("tenant-a", e.endpoint_id)].config_version == 1
+    assert not w.publisher.replays and not w.publisher.events
+
+
+def test_read_only_keys_can_read_but_not_change(w: World) -> None:
+    e = create(w)
+    assert w.endpoints.get(ALICE_RO, e.endpoint_id).endpoint_id == e.endpoint_id
+    for call in (
+        lambda: w.endpoints.create(ALICE_RO, spec(), ""),
+        lambda: w.endpoints.update(ALICE_RO, e.endpoint_id, spec(), ["description"]),
+        lambda: w.endpoints.delete(ALICE_RO, e.endpoint_id),
+        lambda: w.endpoints.rotate_secret(ALICE_RO, e.endpoint_id, revoke_immediately=True, overlap_s=0),
+        lambda: w.endpoints.send_test_event(ALICE_RO, e.endpoint_id),
+    ):
+        with pytest.raises(errors.PermissionDenied):
+            call()
+
+
+# -- admin and authentication -------------------------------------------------------------------
+
+
+def test_admin_creates_tenants_and_keys_and_auth_checks_them(w: World) -> None:
+    tenant = w.admin.create_tenant("acme", "Acme")
+    with pytest.raises(errors.AlreadyExists):
+        w.admin.create_tenant("acme", "Acme again")
+    with pytest.raises(errors.InvalidArgument, match="tenant_id"):
+        w.admin.create_tenant("A!", "")
+    assert w.admin.create_tenant("", "generated").tenant_id.startswith("t_")
+    issued = w.admin.create_api_key(tenant.tenant_id, "ci", read_only=True)
+    assert issued.plaintext.startswith("whk_")
+    assert issued.plaintext not in repr(w.store.keys) and hash_api_key(issued.plaintext) in w.store.keys
+    md = [("authorization", f"Bearer {issued.plaintext}")]
+    assert w.auth.tenant(md) == Principal("acme", issued.key.key_id, read_only=True)
+    with pytest.raises(errors.PermissionDenied):
+        w.auth.admin(md)
+    with pytest.raises(errors.PermissionDenied):
+        w.auth.tenant([("authorization", "Bearer admin-secret")])
+    w.auth.admin([("authorization", "Bearer admin-secret")])
+    with pytest.raises(errors.NotFound):
+        w.admin.create_api_key("nobody", "", read_only=False)
+    w.admin.revoke_api_key("acme", issued.key.key_id)
+    with pytest.raises(errors.Unauthenticated):
+        w.auth.tenant(md)
+    with pytest.raises(errors.NotFound):
+        w.admin.revoke_api_key("other", issued.key.key_id)
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [[], [("authorization", "Basic abc")], [("authorization", "Bearer ")],
+     [("authorization", "Bearer whk_unknown")], [("authorization", "Bearer nope")]],
+)
+def test_missing_or_unknown_credentials_are_unauthenticated(w: World, metadata: list) -> None:
+    with pytest.raises(errors.Unauthenticated):
+        w.auth.tenant(metadata)
+    with pytest.raises(errors.Unauthenticated):
+        w.auth.admin(metadata)
+
+
+def test_bearer_token_accepts_bytes_and_case() -> None:
+    assert bearer_token([("Authorization", b"bearer abc ")]) == "abc"
