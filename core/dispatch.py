@@ -37,7 +37,7 @@ from core.outcomes import (
 from core.retry import RetrySchedule, decide
 
 
-class Stage(str, enum.Enum):
+class Stage(enum.StrEnum):
     PERSIST = "persist"
     READY = "ready"
     SENDING = "sending"

@@ -90,7 +90,7 @@ class EventRecord:
         ).encode()
 
 
-class EndpointStatus(str, enum.Enum):
+class EndpointStatus(enum.StrEnum):
     ACTIVE = "active"
     DISABLED = "disabled"  # by a person, or by a 410 Gone from the endpoint
     DELETED = "deleted"
@@ -128,7 +128,7 @@ class EndpointConfig:
         return json.dumps(d, separators=(",", ":")).encode()
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "EndpointConfig":
+    def from_dict(d: dict[str, Any]) -> EndpointConfig:
         return EndpointConfig(
             endpoint_id=str(d["endpoint_id"]),
             tenant_id=str(d["tenant_id"]),
@@ -190,7 +190,7 @@ class ReplayRequest:
         return json.dumps(d, separators=(",", ":")).encode()
 
     @staticmethod
-    def from_json(raw: bytes | str) -> "ReplayRequest":
+    def from_json(raw: bytes | str) -> ReplayRequest:
         d = json.loads(raw)
         if d.get("schema") != REPLAY_SCHEMA_V1:
             raise ValueError(f"unknown replay schema {d.get('schema')!r}")

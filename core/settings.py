@@ -137,7 +137,7 @@ class Settings(BaseSettings):
         return v
 
     @model_validator(mode="after")
-    def _timeouts_consistent(self) -> "Settings":
+    def _timeouts_consistent(self) -> Settings:
         d = self.dispatch
         if d.connect_timeout_s > d.total_timeout_s:
             raise ValueError("dispatch.connect_timeout_s must not exceed dispatch.total_timeout_s")
