@@ -26,8 +26,9 @@ from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.auth import Authenticator
 from control_plane.deliveries import DeliveryDeps, DeliveryService
+from control_plane.errors import Unavailable
 from control_plane.publication import ConfigPublication
-from control_plane.publisher import KafkaPublisher, Publisher
+from control_plane.publisher import KafkaPublisher, Publisher, PublishError
 from control_plane.service import Deps, EndpointService
 from control_plane.servicer import AdminServicer, ControlPlaneServicer
 from control_plane.store import CassandraStore
@@ -61,6 +62,8 @@ class Loop:
         while not self._stop.wait(self._interval_s):
             try:
                 self._step()
+            except (PublishError, Unavailable) as exc:  # expected while Kafka/Cassandra is down
+                log.warning("%s: %s; next tick retries", self._thread.name, exc)
             except Exception:  # noqa: BLE001 -- the next tick retries; the loop must not die
                 log.exception("%s step failed", self._thread.name)
 

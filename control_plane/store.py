@@ -9,6 +9,7 @@ Driver failures surface as :class:`errors.Unavailable` so no driver type leaks u
 from __future__ import annotations
 
 import calendar
+import functools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
@@ -195,6 +196,7 @@ R = TypeVar("R")
 
 
 def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
@@ -203,8 +205,6 @@ def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
             # check (or the idempotency key) makes the retry safe.
             raise Unavailable(f"storage unavailable ({type(exc).__name__}); retry") from exc
 
-    wrapper.__name__ = fn.__name__
-    wrapper.__doc__ = fn.__doc__
     return wrapper
 
 

@@ -26,15 +26,15 @@ from core.settings import CassandraSettings
 
 
 def _ts(ms: int | None) -> dt.datetime | None:
-    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
+    return None if ms is None else dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
 
 
 def _day(ms: int) -> dt.date:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).date()
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).date()
 
 
 def _hour(ms: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ms // 3_600_000 * 3600, tz=dt.timezone.utc)
+    return dt.datetime.fromtimestamp(ms // 3_600_000 * 3600, tz=dt.UTC)
 
 
 class CassandraHistory:
@@ -169,7 +169,7 @@ def _ms(value: dt.datetime | None) -> int:
     if value is None:
         return 0
     if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.timezone.utc)
+        value = value.replace(tzinfo=dt.UTC)
     return int(value.timestamp() * 1000)
 
 
