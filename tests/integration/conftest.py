@@ -160,8 +160,24 @@ def delivery_job(settings: Settings, job_env: dict[str, str], kafka_bootstrap: s
     assert job_id
     _wait_all_running(job_id)
     yield job_id
-    with contextlib.suppress(OSError):  # the cluster may already be going down
-        _rest(f"/jobs/{job_id}?mode=cancel", method="PATCH")
+    # Fault tests stop/restore the job, so cancel whatever incarnation of it runs now.
+    current = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "id"], env=env, capture_output=True,
+                             text=True).stdout.strip()
+    for jid in {job_id, current} - {""}:
+        with contextlib.suppress(OSError):  # the cluster may already be going down
+            _rest(f"/jobs/{jid}?mode=cancel", method="PATCH")
+
+
+def job_script(job_env: dict[str, str], action: str, timeout: float = 300) -> str:
+    """Run stack/job.sh for this session's job; returns its stdout."""
+    out = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), action], env={**os.environ, **job_env},
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"job.sh {action} failed:\n{out.stdout}\n{out.stderr}"
+    return out.stdout
+
+
+def wait_all_running(job_id: str, timeout: float = 120) -> None:
+    _wait_all_running(job_id, timeout)
 
 
 def _wait_all_running(job_id: str, timeout: float = 120) -> None:
