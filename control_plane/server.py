@@ -31,6 +31,7 @@ from control_plane.publication import ConfigPublication
 from control_plane.publisher import KafkaPublisher, Publisher, PublishError
 from control_plane.service import Deps, EndpointService
 from control_plane.servicer import AdminServicer, ControlPlaneServicer
+from control_plane.signals import SignalConsumer
 from control_plane.store import CassandraStore
 from control_plane.validation import DestinationValidator, Resolver, system_resolver
 from core.egress import EgressPolicy
@@ -83,6 +84,7 @@ class ControlPlaneServer:
     publisher: Publisher
     loops: tuple[Loop, ...]
     health: health.HealthServicer
+    signals: SignalConsumer
 
     def start(self) -> None:
         self.server.start()
@@ -98,6 +100,7 @@ class ControlPlaneServer:
         self.server.stop(grace_s).wait()
         for loop in self.loops:
             loop.stop()
+        self.signals.close()
         self.publisher.close()
 
 
@@ -148,11 +151,14 @@ def build(
     bound = server.add_insecure_port(f"{cp.host}:{cp.port if port is None else port}")
     if bound == 0:
         raise RuntimeError(f"could not bind {cp.host}:{cp.port}")
+    signals = SignalConsumer(settings.kafka, endpoints)
     loops = (
         Loop("republisher", cp.republish_interval_s, publication.republish_pending),
         Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
+        # The dispatcher's 410 Gone signals become audited disables.
+        Loop("endpoint-signals", 0.2, signals.poll_once),
     )
-    return ControlPlaneServer(server, bound, publication, publisher, loops, health_servicer)
+    return ControlPlaneServer(server, bound, publication, publisher, loops, health_servicer, signals)
 
 
 def connect_cassandra(settings: Settings) -> tuple[Cluster, Session]:

@@ -46,13 +46,15 @@ from control_plane.errors import (
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import Publisher, PublishError
 from control_plane.store import EndpointStore
-from core.records import EndpointStatus, EventRecord, delivery_id_for
+from core.records import EndpointSignal, EndpointStatus, EventRecord, delivery_id_for
 from core.secrets import NONCE_BYTES, decrypt_secret, encrypt_secret
 from core.signing import SECRET_BYTES, generate_secret
 
 log = logging.getLogger(__name__)
 
 PING_EVENT_TYPE = "webhook.ping"
+# Who the audit trail names for changes the platform makes itself (410 Gone -> disabled).
+DISPATCHER_ACTOR = "dispatcher"
 PING_SCHEMA_VERSION = "2026-01-01"
 UPDATABLE_FIELDS = frozenset(
     {"url", "description", "event_types", "rate_limit_per_s", "max_in_flight", "metadata"}
@@ -262,6 +264,22 @@ class EndpointService:
             return self._next(current, principal, "enable" if enabled else "disable", status=target)
 
         return self._change(principal, endpoint_id, apply)
+
+    def disable_gone(self, signal: EndpointSignal) -> Endpoint | None:
+        """The receiver answered 410 Gone under config ``signal.config_version``: disable the
+        endpoint (a new, audited config version by the dispatcher). A signal about an older
+        version is stale -- a person changed or re-enabled the endpoint since -- and is ignored."""
+        principal = Principal(tenant_id=signal.tenant_id, key_id=DISPATCHER_ACTOR, read_only=False)
+
+        def apply(current: Endpoint) -> Endpoint | None:
+            if current.status is not EndpointStatus.ACTIVE or current.config_version != signal.config_version:
+                return None
+            return self._next(current, principal, f"disable: {signal.detail}", status=EndpointStatus.DISABLED)
+
+        try:
+            return self._change(principal, signal.endpoint_id, apply)
+        except NotFound:
+            return None  # deleted since: nothing to disable
 
     def delete(self, principal: Principal, endpoint_id: str) -> Endpoint:
         """Marks the endpoint deleted; the job learns it from a config with status deleted."""

@@ -19,7 +19,10 @@ Topics and their records (all JSON, UTF-8):
   config of each endpoint, plus :class:`ConfigClock` heartbeats under the key ``__clock__``.
   Deletion is a config with status ``deleted`` (see :class:`EndpointStatus`).
 * ``webhooks.replays`` (key: delivery_id) -- :class:`ReplayRequest`, a manual re-send.
-* ``webhooks.events.dlq`` (key: original key) -- :class:`DeadLetter`, a record the job refused.
+* ``webhooks.events.dlq`` -- :class:`DeadLetter`, a record the job refused (value only: the job
+  reads values, so the original key is not carried).
+* ``webhooks.endpoint-signals`` (key: endpoint_id) -- :class:`EndpointSignal`, what the dispatcher
+  learned about an endpoint that the control plane must act on (a 410 Gone disables it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ ENDPOINT_SCHEMA_V1 = "webhooks.endpoint/v1"
 CLOCK_SCHEMA_V1 = "webhooks.clock/v1"
 REPLAY_SCHEMA_V1 = "webhooks.replay/v1"
 DLQ_SCHEMA_V1 = "webhooks.dlq/v1"
+SIGNAL_SCHEMA_V1 = "webhooks.endpoint-signal/v1"
 CLOCK_KEY = "__clock__"
 
 
@@ -162,9 +166,18 @@ class ConfigClock:
         return json.dumps({"schema": CLOCK_SCHEMA_V1, "published_at_ms": self.published_at_ms}).encode()
 
 
+def _json_object(raw: bytes | str) -> dict[str, Any]:
+    # A JSON array or scalar would fail later with AttributeError, which the operators do not
+    # expect: refuse it here with the ValueError they skip.
+    d = json.loads(raw)
+    if not isinstance(d, dict):
+        raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+    return d
+
+
 def parse_endpoint_topic_value(raw: bytes | str) -> EndpointConfig | ConfigClock:
     """Parse a value from the endpoints topic. Raises ValueError on anything unknown."""
-    d = json.loads(raw)
+    d = _json_object(raw)
     schema = d.get("schema")
     if schema == CLOCK_SCHEMA_V1:
         return ConfigClock(published_at_ms=int(d["published_at_ms"]))
@@ -191,7 +204,7 @@ class ReplayRequest:
 
     @staticmethod
     def from_json(raw: bytes | str) -> ReplayRequest:
-        d = json.loads(raw)
+        d = _json_object(raw)
         if d.get("schema") != REPLAY_SCHEMA_V1:
             raise ValueError(f"unknown replay schema {d.get('schema')!r}")
         return ReplayRequest(
@@ -219,3 +232,35 @@ class DeadLetter:
         d = asdict(self)
         d["schema"] = DLQ_SCHEMA_V1
         return json.dumps(d, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class EndpointSignal:
+    """The dispatcher saw something that changes the endpoint's config, which only the control
+    plane may change. ``signal`` is ``gone`` (the receiver answered 410 under ``config_version``)."""
+
+    endpoint_id: str
+    tenant_id: str
+    config_version: int
+    signal: str
+    detail: str
+    at_ms: int
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["schema"] = SIGNAL_SCHEMA_V1
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_json(raw: bytes | str) -> EndpointSignal:
+        d = json.loads(raw)
+        if d.get("schema") != SIGNAL_SCHEMA_V1:
+            raise ValueError(f"unknown endpoint-signal schema {d.get('schema')!r}")
+        return EndpointSignal(
+            endpoint_id=str(d["endpoint_id"]),
+            tenant_id=str(d["tenant_id"]),
+            config_version=int(d["config_version"]),
+            signal=str(d["signal"]),
+            detail=str(d["detail"]),
+            at_ms=int(d["at_ms"]),
+        )

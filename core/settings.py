@@ -24,6 +24,7 @@ class KafkaSettings(BaseModel):
     endpoints_topic: str = "webhooks.endpoints"
     replays_topic: str = "webhooks.replays"
     dlq_topic: str = "webhooks.events.dlq"
+    signals_topic: str = "webhooks.endpoint-signals"
     consumer_group: str = "webhooks-delivery-job"
     # Partitions for the event topics when the scripts create them; a real cluster sets its own.
     partitions: int = Field(default=4, ge=1)

@@ -51,6 +51,16 @@ def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bo
             .build())
 
 
+def _string_sink(settings: Settings, topic: str) -> KafkaSink:
+    # At-least-once: flushed on every checkpoint, so nothing acknowledged by a checkpoint is lost.
+    return (KafkaSink.builder()
+            .set_bootstrap_servers(settings.kafka.bootstrap_servers)
+            .set_record_serializer(KafkaRecordSerializationSchema.builder()
+                                   .set_topic(topic).set_value_serialization_schema(RAW).build())
+            .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
+            .build())
+
+
 def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
     k = settings.kafka
     no_wm = WatermarkStrategy.no_watermarks()
@@ -72,14 +82,8 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
     parsed = (events.process(ParseEvents(settings.ingest.max_payload_bytes, k.events_topic),
                              Types.PICKLED_BYTE_ARRAY())
               .uid(uids.PARSE_EVENTS).name("parse events"))
-    dlq_sink = (KafkaSink.builder()
-                .set_bootstrap_servers(k.bootstrap_servers)
-                .set_record_serializer(KafkaRecordSerializationSchema.builder()
-                                       .set_topic(k.dlq_topic).set_value_serialization_schema(RAW).build())
-                .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
-                .build())
     (parsed.get_side_output(DEAD_LETTERS)
-     .sink_to(dlq_sink).uid(uids.DEAD_LETTER_SINK).name("Kafka: " + k.dlq_topic))
+     .sink_to(_string_sink(settings, k.dlq_topic)).uid(uids.DEAD_LETTER_SINK).name("Kafka: " + k.dlq_topic))
 
     deliveries = (parsed.key_by(lambda r: r[0], Types.STRING())
                   .connect(endpoint_records.broadcast(ENDPOINT_CONFIGS))
@@ -89,11 +93,12 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
 
     configs_only = (endpoint_records.filter(lambda r: hasattr(r, "endpoint_id"))
                     .uid(uids.DISPATCH_CONFIGS).name("endpoint configs for dispatch"))
-    (deliveries.union(replays)
-     .key_by(lambda r: r[0], Types.STRING())
-     .connect(configs_only.broadcast(ENDPOINT_CONFIGS))
-     .process(Dispatcher(settings), Types.PICKLED_BYTE_ARRAY())
-     .uid(uids.DISPATCH).name("dispatch (per endpoint)"))
+    signals = (deliveries.union(replays)
+               .key_by(lambda r: r[0], Types.STRING())
+               .connect(configs_only.broadcast(ENDPOINT_CONFIGS))
+               .process(Dispatcher(settings), Types.STRING())
+               .uid(uids.DISPATCH).name("dispatch (per endpoint)"))
+    signals.sink_to(_string_sink(settings, k.signals_topic)).uid(uids.SIGNALS_SINK).name("Kafka: " + k.signals_topic)
 
 
 def make_env(settings: Settings) -> StreamExecutionEnvironment:

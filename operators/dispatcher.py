@@ -6,6 +6,8 @@ instance (memory, rebuilt after a restore): a background asyncio loop with the H
 the Cassandra history writer, the futures of I/O in progress, and the fair scheduler that shares
 the instance's pool of in-flight requests between tenants.
 
+Output: :class:`core.records.EndpointSignal` JSON for the control plane (a 410 Gone).
+
 Work is driven from two places only: ``process_element`` (a new delivery or a replay for this
 endpoint) and ``on_timer`` (a retry is due, or it is time to harvest finished I/O). Flink state is
 therefore only ever touched from the task thread, in the right key's context. Timers are
@@ -34,7 +36,7 @@ from core.egress import EgressPolicy
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
 from core.outcomes import ErrorClass, HttpResult
-from core.records import EndpointConfig, EndpointStatus, ReplayRequest
+from core.records import EndpointConfig, EndpointSignal, EndpointStatus, ReplayRequest
 from core.retry import RetrySchedule
 from core.secrets import decrypt_secret, redact
 from core.settings import Settings
@@ -134,7 +136,9 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         io = self._io.setdefault(endpoint_id, {})
         breaker = self._breaker.value() or brk.BreakerState()
 
-        breaker = self._harvest(io, breaker, now)
+        breaker, signals = self._harvest(io, breaker, now)
+        for signal in signals:
+            yield signal.to_json().decode()
         self._start_replay_loads(io)
 
         pendings: list[logic.Pending] = []
@@ -202,11 +206,11 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         if io:
             wake = _earliest(wake, now + self._poll_interval_ms(io, now))
         self._schedule_wake(ctx, wake, now)
-        return
-        yield  # a generator, as PyFlink expects from process_element/on_timer
 
     def _harvest(self, io: dict[str, tuple[str, concurrent.futures.Future[Any]]],
-                 breaker: brk.BreakerState, now: int) -> brk.BreakerState:
+                 breaker: brk.BreakerState, now: int) -> tuple[brk.BreakerState, list[EndpointSignal]]:
+        """Apply every finished I/O of this endpoint; returns signals for the control plane."""
+        signals: list[EndpointSignal] = []
         for did, (kind, fut) in list(io.items()):
             if not fut.done():
                 continue
@@ -232,8 +236,13 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                 assert p.record is not None
                 self._count(p.record)
                 if p.record.disable_endpoint:
+                    # Stop sending at once; the control plane makes it a real, audited disable.
                     self._gone.update(report.endpoint_config_version)
                     self._m["endpoints_disabled"].inc()
+                    signals.append(EndpointSignal(
+                        endpoint_id=p.delivery.endpoint_id, tenant_id=p.delivery.tenant_id,
+                        config_version=report.endpoint_config_version, signal="gone",
+                        detail=f"receiver answered 410 Gone for delivery {did}", at_ms=now))
                 self._pending.put(did, p)
             elif kind == "record":
                 if exc:
@@ -246,7 +255,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                         self._pending.remove(did)
                     else:
                         self._pending.put(did, q)
-        return breaker
+        return breaker, signals
 
     def _count(self, r: logic.AttemptRecord) -> None:
         name = {"succeeded": "succeeded", "retry": "retried", "failed": "failed", "expired": "expired"}[r.outcome]

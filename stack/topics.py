@@ -28,6 +28,7 @@ def topic_specs(partitions: int) -> list[NewTopic]:
                     "segment.ms": "3600000"},
         ),
         NewTopic(s.replays_topic, num_partitions=partitions, replication_factor=1),
+        NewTopic(s.signals_topic, num_partitions=1, replication_factor=1),
         NewTopic(s.dlq_topic, num_partitions=1, replication_factor=1,
                  config={"retention.ms": str(30 * 24 * 3600 * 1000)}),
     ]

@@ -64,6 +64,7 @@ def job_env(receiver: Receiver, certs: Path) -> dict[str, str]:
         "WEBHOOKS_KAFKA__ENDPOINTS_TOPIC": f"webhooks.endpoints.{sfx}",
         "WEBHOOKS_KAFKA__REPLAYS_TOPIC": f"webhooks.replays.{sfx}",
         "WEBHOOKS_KAFKA__DLQ_TOPIC": f"webhooks.events.dlq.{sfx}",
+        "WEBHOOKS_KAFKA__SIGNALS_TOPIC": f"webhooks.endpoint-signals.{sfx}",
         "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-test-{sfx}",
         "WEBHOOKS_KAFKA__PARTITIONS": "2",
         "WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS": '["127.0.0.1/32"]',
@@ -102,6 +103,7 @@ def kafka_bootstrap(settings: Settings) -> str:
     assert admin.list_topics(timeout=10).brokers, "Kafka is not answering on " + settings.kafka.bootstrap_servers
     k = settings.kafka
     topics = [NewTopic(k.events_topic, 2, 1), NewTopic(k.replays_topic, 2, 1), NewTopic(k.dlq_topic, 1, 1),
+              NewTopic(k.signals_topic, 1, 1),
               NewTopic(k.endpoints_topic, 1, 1, config={"cleanup.policy": "compact"})]
     for fut in admin.create_topics(topics).values():
         fut.result()

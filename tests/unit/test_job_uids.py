@@ -17,6 +17,7 @@ PINNED = {
     "FAN_OUT": "fan-out",
     "DISPATCH": "dispatch",
     "DISPATCH_CONFIGS": "dispatch-endpoint-configs",
+    "SIGNALS_SINK": "endpoint-signals-sink",
 }
 
 

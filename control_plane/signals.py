@@ -1,0 +1,59 @@
+"""Consume the dispatcher's endpoint signals (webhooks.endpoint-signals) and act on them.
+
+At-least-once: offsets are committed after the batch is applied, and applying a signal twice is
+harmless (the disable is conditional on the config version the 410 was seen under).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import Consumer, KafkaException
+
+from control_plane.errors import Unavailable
+from control_plane.service import EndpointService
+from core.records import EndpointSignal
+from core.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+class SignalConsumer:
+    def __init__(self, settings: KafkaSettings, endpoints: EndpointService, batch: int = 100) -> None:
+        self._consumer = Consumer({
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"{settings.consumer_group}.control-plane-signals",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        })
+        self._consumer.subscribe([settings.signals_topic])
+        self._endpoints = endpoints
+        self._batch = batch
+
+    def poll_once(self) -> int:
+        """Apply what is waiting; returns how many signals were applied."""
+        try:
+            messages = self._consumer.consume(num_messages=self._batch, timeout=0.1)
+        except KafkaException as exc:
+            raise Unavailable(f"cannot read endpoint signals: {exc}") from exc
+        applied = 0
+        for m in messages:
+            if m.error() is not None:
+                log.warning("endpoint-signal consumer: %s", m.error())
+                continue
+            try:
+                signal = EndpointSignal.from_json(m.value() or b"")
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("unreadable endpoint signal skipped: %s", exc)
+                continue
+            if signal.signal == "gone":
+                changed = self._endpoints.disable_gone(signal)
+                if changed is not None:
+                    log.warning("endpoint %s disabled: %s", signal.endpoint_id, signal.detail)
+            applied += 1
+        if messages:
+            self._consumer.commit(asynchronous=False)
+        return applied
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,170 @@
+"""The response policy on the real stack (short schedule from conftest: base 0.5 s, cap 2 s,
+max 4 attempts): retry on 5xx with the same webhook-id and body, Retry-After honoured on 429,
+4xx and 3xx permanent (redirects never followed), 410 disables the endpoint, and an endpoint that
+always fails ends visibly as failed after max_attempts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from control_plane.api import pb, rpc
+from core.records import delivery_id_for
+from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+
+pytestmark = pytest.mark.integration
+
+QUIET_S = 5
+FINAL = (pb.DELIVERY_STATUS_SUCCEEDED, pb.DELIVERY_STATUS_FAILED, pb.DELIVERY_STATUS_EXPIRED)
+
+
+class Setup:
+    def __init__(self, settings, grpc_channel, receiver, behaviour: str | None, name: str,
+                 event_types: tuple[str, ...] = ("invoice.*",)) -> None:
+        self.settings, self.receiver = settings, receiver
+        self.tenant_id, self.api_key = new_tenant(grpc_channel, settings)
+        self.cp = rpc.ControlPlaneStub(grpc_channel)
+        self.path = f"/ep/{self.tenant_id}/{name}"
+        if behaviour is not None:
+            receiver.set_behaviour(self.path, behaviour)
+        created = self.cp.CreateEndpoint(
+            pb.CreateEndpointRequest(url=receiver.base_url + self.path, event_types=list(event_types)),
+            metadata=auth(self.api_key))
+        self.endpoint_id = created.endpoint.endpoint_id
+
+    def send(self, body: bytes = b'{"id":"inv_1"}') -> str:
+        ev = event(self.tenant_id, "invoice.paid", body)
+        produce(self.settings, [ev.to_json()], keys=[ev.event_id])
+        return delivery_id_for(ev.event_id, self.endpoint_id)
+
+    def get(self, delivery_id: str):
+        return self.cp.GetDelivery(pb.GetDeliveryRequest(delivery_id=delivery_id), metadata=auth(self.api_key))
+
+    def final(self, delivery_id: str, attempts: int, timeout: float = 90):
+        """The delivery once it is final and all ``attempts`` attempt rows are visible."""
+        def done():
+            try:
+                d = self.get(delivery_id)
+            except Exception:  # not written yet (NOT_FOUND)
+                return None
+            if d.delivery.status in FINAL and len(d.attempts) >= attempts:
+                return d
+            return None
+        return eventually(done, timeout=timeout, what=f"{delivery_id} final with {attempts} attempts")
+
+
+def _table(detail) -> list[tuple[int, int, str]]:
+    return [(a.attempt_number, a.http_status, a.outcome) for a in detail.attempts]
+
+
+def test_500_then_200_retries_with_same_id_and_body(settings, grpc_channel, receiver, delivery_job,
+                                                    cassandra_session):
+    s = Setup(settings, grpc_channel, receiver, "500 then 200", "retry5xx")
+    body = b'{"id":"inv_5xx", "exact": "bytes"}'
+    did = s.send(body)
+
+    first, second = receiver.wait_for(s.path, 2, timeout=90)
+    d = s.final(did, 2)
+    assert d.delivery.status == pb.DELIVERY_STATUS_SUCCEEDED
+    assert d.delivery.attempt_count == 2
+    assert _table(d) == [(1, 500, "retry"), (2, 200, "succeeded")]
+    assert d.auto_retry_active is False
+    rows = [(r.attempt_number, r.http_status, r.outcome) for r in cassandra_session.execute(
+        "SELECT attempt_number, http_status, outcome FROM attempts WHERE delivery_id=%s", (did,))]
+    assert rows == [(1, 500, "retry"), (2, 200, "succeeded")]
+
+    assert first.headers["webhook-id"] == second.headers["webhook-id"] == did
+    assert first.body == second.body == body
+    assert first.headers["webhook-timestamp"] != second.headers["webhook-timestamp"]
+    assert int(second.headers["webhook-timestamp"]) > int(first.headers["webhook-timestamp"])
+    time.sleep(2)
+    assert len(receiver.requests(s.path)) == 2, "no try after success"
+
+
+@pytest.mark.parametrize("seconds", [1, 3])
+def test_429_retry_after_is_honoured(settings, grpc_channel, receiver, delivery_job, seconds):
+    # 3 s is above the backoff cap (2 s): only honouring the header can explain such a wait.
+    s = Setup(settings, grpc_channel, receiver, f"retry_after 429 {seconds} then 200", f"ra{seconds}")
+    did = s.send()
+
+    first, second = receiver.wait_for(s.path, 2, timeout=90)
+    waited = second.received_monotonic - first.received_monotonic
+    assert waited >= seconds - 0.15, f"retried {waited:.2f}s after a 429 asking for {seconds}s"
+    d = s.final(did, 2)
+    assert d.delivery.status == pb.DELIVERY_STATUS_SUCCEEDED
+    assert _table(d) == [(1, 429, "retry"), (2, 200, "succeeded")]
+
+
+def test_404_is_permanent(settings, grpc_channel, receiver, delivery_job):
+    s = Setup(settings, grpc_channel, receiver, "404", "notfound")
+    did = s.send()
+
+    receiver.wait_for(s.path, 1, timeout=90)
+    d = s.final(did, 1)
+    assert d.delivery.status == pb.DELIVERY_STATUS_FAILED
+    assert _table(d) == [(1, 404, "failed")]
+    assert d.auto_retry_active is False
+    time.sleep(QUIET_S)
+    assert len(receiver.requests(s.path)) == 1, "a 404 must not be retried"
+    assert len(s.get(did).attempts) == 1
+
+
+def test_301_is_not_followed_and_fails(settings, grpc_channel, receiver, delivery_job):
+    s = Setup(settings, grpc_channel, receiver, None, "moved")
+    target = f"/ep/{s.tenant_id}/moved-to"
+    receiver.set_behaviour(s.path, f"redirect 301 {receiver.base_url}{target}")
+    did = s.send()
+
+    (rec,) = receiver.wait_for(s.path, 1, timeout=90)
+    d = s.final(did, 1)
+    assert d.delivery.status == pb.DELIVERY_STATUS_FAILED
+    assert _table(d) == [(1, 301, "failed")]
+    time.sleep(QUIET_S)
+    assert receiver.requests(target) == [], "the redirect must not be followed"
+    assert len(receiver.requests(s.path)) == 1
+
+
+def test_410_fails_and_disables_the_endpoint(settings, grpc_channel, receiver, delivery_job):
+    s = Setup(settings, grpc_channel, receiver, "gone", "gone")
+    did = s.send()
+
+    receiver.wait_for(s.path, 1, timeout=90)
+    d = s.final(did, 1)
+    assert d.delivery.status == pb.DELIVERY_STATUS_FAILED
+    assert _table(d) == [(1, 410, "failed")]
+
+    # The control plane turns the dispatcher's signal into a real, audited disable.
+    def disabled():
+        ep = s.cp.GetEndpoint(pb.GetEndpointRequest(endpoint_id=s.endpoint_id), metadata=auth(s.api_key))
+        return ep if ep.status == pb.ENDPOINT_STATUS_DISABLED else None
+
+    eventually(disabled, timeout=30, what="endpoint disabled after 410")
+    versions = s.cp.ListEndpointVersions(pb.GetEndpointRequest(endpoint_id=s.endpoint_id),
+                                         metadata=auth(s.api_key)).versions
+    assert versions[0].status == pb.ENDPOINT_STATUS_DISABLED and versions[0].changed_by == "dispatcher"
+
+    receiver.set_behaviour(s.path, "200")  # would succeed, if anything were still sent
+    later = s.send(b'{"id":"after_gone"}')
+    time.sleep(QUIET_S)
+    assert len(receiver.requests(s.path)) == 1, "no delivery may be attempted to an endpoint that said 410"
+    try:
+        attempts = list(s.get(later).attempts)
+    except Exception:  # not even recorded: certainly not attempted
+        attempts = []
+    assert [a for a in attempts if a.http_status] == []
+
+
+def test_always_500_stops_after_max_attempts(settings, grpc_channel, receiver, delivery_job):
+    s = Setup(settings, grpc_channel, receiver, "500", "always500")
+    did = s.send()
+    max_attempts = settings.dispatch.max_attempts
+    assert max_attempts == 4
+
+    d = s.final(did, max_attempts)
+    assert d.delivery.status == pb.DELIVERY_STATUS_FAILED
+    assert d.delivery.attempt_count == max_attempts
+    assert _table(d) == [(1, 500, "retry"), (2, 500, "retry"), (3, 500, "retry"), (4, 500, "failed")]
+    assert d.auto_retry_active is False
+    time.sleep(QUIET_S)
+    assert len(receiver.requests(s.path)) == max_attempts, "no try after max_attempts"

@@ -1,0 +1,134 @@
+"""Ingest on the real stack: every kind of unreadable record on the CDC topic lands on the DLQ
+topic as a ``webhooks.dlq/v1`` letter with the right reason and the exact original bytes, the job
+keeps running (a valid event produced after them is delivered), and a Debezium outbox envelope is
+accepted as an event."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer
+
+from control_plane.api import pb, rpc
+from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+
+pytestmark = pytest.mark.integration
+
+
+def _dlq_letters(settings, wanted: dict[bytes, str], timeout: float = 90) -> dict[bytes, dict]:
+    """Read the DLQ topic from the start until a letter for every original in ``wanted`` is seen."""
+    c = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers,
+                  "group.id": f"dlq-test-{uuid.uuid4().hex}", "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.subscribe([settings.kafka.dlq_topic])
+    found: dict[bytes, dict] = {}
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline and len(found) < len(wanted):
+            msg = c.poll(1.0)
+            if msg is None or msg.error():
+                continue
+            letter = json.loads(msg.value())
+            original = base64.b64decode(letter["original_base64"])
+            if original in wanted:
+                found[original] = letter
+    finally:
+        c.close()
+    missing = [wanted[k] for k in wanted if k not in found]
+    assert not missing, f"no dead letter within {timeout}s for: {missing}"
+    return found
+
+
+def _endpoint(grpc_channel, api_key: str, url: str, event_types: list[str]) -> str:
+    cp = rpc.ControlPlaneStub(grpc_channel)
+    created = cp.CreateEndpoint(pb.CreateEndpointRequest(url=url, event_types=event_types), metadata=auth(api_key))
+    return created.endpoint.endpoint_id
+
+
+def _valid_fields(tenant_id: str) -> dict:
+    return {"schema": "webhooks.event/v1", "event_id": f"evt_{uuid.uuid4().hex}", "tenant_id": tenant_id,
+            "event_type": "invoice.paid", "schema_version": "2026-01-01", "object_id": "inv_1",
+            "object_version": 1, "occurred_at": "2026-01-01T00:00:00Z", "payload": '{"id":"inv_1"}'}
+
+
+def _enc(d: dict) -> bytes:
+    return json.dumps(d, separators=(",", ":")).encode()
+
+
+def test_bad_records_are_dead_lettered_and_the_job_keeps_delivering(settings, grpc_channel, receiver,
+                                                                  delivery_job):
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    path = f"/ep/{tenant_id}/dlq"
+    _endpoint(grpc_channel, api_key, receiver.base_url + path, ["invoice.*"])
+
+    marker = uuid.uuid4().hex  # makes every bad record unique to this run
+    missing = _valid_fields(tenant_id)
+    del missing["event_type"]
+    wrong_type = _valid_fields(tenant_id)
+    wrong_type["object_version"] = "seven"
+    too_big = _valid_fields(tenant_id)
+    too_big["payload"] = "x" * (settings.ingest.max_payload_bytes + 1)
+    future = _valid_fields(tenant_id)
+    future["schema"] = "webhooks.event/v2"
+    cases: dict[bytes, str] = {
+        b"\x80\x81\xfe garbage \xc3\x28 " + marker.encode() + b" \xff": "not_utf8",
+        _enc(_valid_fields(tenant_id))[:-25] + marker.encode(): "malformed_json",
+        _enc({**missing, "marker": marker}): "missing_field",
+        _enc({**wrong_type, "marker": marker}): "wrong_type",
+        _enc({**too_big, "marker": marker}): "payload_too_large",
+        _enc({**future, "marker": marker}): "unknown_schema",
+    }
+    assert len(cases) == 6
+    produce(settings, list(cases))
+
+    # A valid event produced after every bad one is still delivered: the job did not stop.
+    body = b'{"after":"the bad ones"}'
+    good = event(tenant_id, "invoice.paid", body)
+    produce(settings, [good.to_json()], keys=[good.event_id])
+
+    letters = _dlq_letters(settings, {raw: reason for raw, reason in cases.items()})
+    for raw, reason in cases.items():
+        letter = letters[raw]
+        assert letter["schema"] == "webhooks.dlq/v1"
+        assert letter["reason"] == reason, (reason, letter["detail"])
+        assert base64.b64decode(letter["original_base64"]) == raw  # exact bytes, garbage included
+        assert letter["source_topic"] == settings.kafka.events_topic
+        assert letter["detail"]
+
+    (rec,) = receiver.wait_for(path, 1, timeout=90)
+    assert rec.body == body
+    assert rec.headers["webhook-event-id"] == good.event_id
+
+
+def test_debezium_outbox_envelope_is_delivered(settings, grpc_channel, receiver, delivery_job,
+                                               cassandra_session):
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    path = f"/ep/{tenant_id}/debezium"
+    _endpoint(grpc_channel, api_key, receiver.base_url + path, ["order.created"])
+
+    event_id = f"evt_{uuid.uuid4().hex}"
+    body = '{"id":"ord_7",  "total": 12}'
+    envelope = {
+        "schema": {"type": "struct", "name": "outbox.Envelope", "optional": False, "fields": []},
+        "payload": {
+            "op": "c", "before": None, "ts_ms": int(time.time() * 1000),
+            "source": {"connector": "postgresql", "table": "outbox", "db": "shop"},
+            "after": {"event_id": event_id, "tenant_id": tenant_id, "event_type": "order.created",
+                      "schema_version": "2026-01-01", "object_id": "ord_7", "object_version": 2,
+                      "occurred_at": int(time.time() * 1000), "payload": body},
+        },
+    }
+    produce(settings, [json.dumps(envelope).encode()], keys=[event_id])
+
+    (rec,) = receiver.wait_for(path, 1, timeout=90)
+    assert rec.body == body.encode()
+    assert rec.headers["webhook-event-id"] == event_id
+    assert rec.headers["webhook-event-type"] == "order.created"
+    row = eventually(lambda: cassandra_session.execute(
+        "SELECT tenant_id, object_version FROM events WHERE event_id=%s", (event_id,)).one(),
+        timeout=60, what="event row")
+    assert row.tenant_id == tenant_id and row.object_version == 2
