@@ -111,8 +111,10 @@ def adopt_orphans(p: Pending, incarnation: str, now_ms: int) -> Pending:
     if p.owner == incarnation or p.stage is Stage.READY:
         return p
     if p.stage is Stage.SENDING:
-        # The request may or may not have reached the endpoint: send again (at-least-once).
-        return replace(p, stage=Stage.READY, owner="", next_attempt_at_ms=now_ms,
+        # The request may or may not have reached the endpoint: send again (at-least-once). A
+        # manual send is owed again as a manual request; it must not move the automatic schedule.
+        return replace(p, stage=Stage.READY, owner="",
+                       next_attempt_at_ms=p.next_attempt_at_ms if p.sending_manual else now_ms,
                        manual_requests=p.manual_requests + (1 if p.sending_manual else 0),
                        sending_manual=False)
     return replace(p, owner="")  # PERSIST / RECORDING: redo the idempotent write
@@ -162,8 +164,11 @@ def plan(
             out.wanting_slots += 1
             continue
         manual = p.manual_requests > 0
+        # Commit the breaker's new state only if the request really goes: a half-open probe slot
+        # spent on a request the token bucket then holds back would wait a whole period for nothing.
+        after_allow = breaker
         if not (manual and limits.manual_bypasses_breaker):
-            allowed, breaker = brk.allow(breaker, now_ms)
+            allowed, after_allow = brk.allow(breaker, now_ms)
             if not allowed:
                 probe_at = brk.next_probe_at_ms(breaker)
                 out.wake(probe_at if probe_at is not None else now_ms + 1000)
@@ -173,6 +178,7 @@ def plan(
             if not ok:
                 out.wake(now_ms + max(1, wait_ms))
                 break
+        breaker = after_allow
         out.send.append(p.delivery.delivery_id)
     return out, breaker, bucket
 
@@ -230,18 +236,18 @@ def apply_result(
     disable = False
     if isinstance(outcome, Succeeded):
         status, result_word, auto_active = "succeeded", "succeeded", False
+    elif manual and isinstance(outcome, Retry | GaveUp):
+        # A manual replay is a contract of its own: its failure never restarts, moves or ends the
+        # automatic schedule (nor brings back its 24 h deadline, so it is never "expired").
+        result_word = "failed"
+        if p.auto_retry_active:
+            status, next_at = "pending", p.next_attempt_at_ms  # automatic schedule carries on
+        else:
+            status = "failed"
     elif isinstance(outcome, Retry):
-        if manual and not p.auto_retry_active:
-            # A manual replay never restarts the automatic schedule (nor its 24 h deadline).
-            status, result_word = "failed", "failed"
-        else:
-            status, result_word, next_at = "pending", "retry", outcome.at_ms
+        status, result_word, next_at = "pending", "retry", outcome.at_ms
     elif isinstance(outcome, GaveUp):
-        if manual and p.auto_retry_active:
-            status, result_word = "pending", "failed"  # automatic schedule carries on untouched
-            next_at = p.next_attempt_at_ms
-        else:
-            status, result_word, auto_active = outcome.final_status, outcome.final_status, False
+        status, result_word, auto_active = outcome.final_status, outcome.final_status, False
     else:
         assert isinstance(outcome, DisableEndpoint)
         status, result_word, auto_active, disable = "failed", "failed", False, True

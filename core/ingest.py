@@ -43,9 +43,13 @@ class IngestError(Exception):
 
 def parse_event(raw: bytes, max_payload_bytes: int) -> EventRecord:
     try:
-        doc = json.loads(raw)
+        # Decode explicitly: json.loads(bytes) would also accept UTF-16 and UTF-32 records.
+        # "utf-8-sig" still tolerates a UTF-8 byte order mark, as json.loads(bytes) did.
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise IngestError("not_utf8", f"record is not UTF-8: {exc}") from exc
+    try:
+        doc = json.loads(text)
     except ValueError as exc:
         raise IngestError("malformed_json", f"record is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):

@@ -1,0 +1,157 @@
+"""core/fanout.py: filter matching, endpoint selection, config versions, the clock, new deliveries."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from core.fanout import NewDelivery, clock_passed, deliveries_for, filter_accepts, newer, select_endpoints
+from core.records import EndpointConfig, EndpointStatus, EventRecord, delivery_id_for
+
+NOW = 1_700_000_000_000
+DAY_MS = 24 * 3600 * 1000
+
+EVENT = EventRecord(
+    event_id="evt_1", tenant_id="t_1", event_type="invoice.paid", schema_version="2026-01-01",
+    object_id="inv_9", object_version=3, occurred_at_ms=NOW - 5000, payload=b"{}",
+)
+
+
+def endpoint(
+    endpoint_id: str,
+    event_types: tuple[str, ...] = ("*",),
+    tenant_id: str = "t_1",
+    status: EndpointStatus = EndpointStatus.ACTIVE,
+    config_version: int = 1,
+) -> EndpointConfig:
+    return EndpointConfig(
+        endpoint_id=endpoint_id, tenant_id=tenant_id, config_version=config_version,
+        url=f"https://example.com/{endpoint_id}", status=status, event_types=event_types,
+        signing_keys=(), published_at_ms=NOW,
+    )
+
+
+# -- filters -------------------------------------------------------------------------------------
+
+FILTER_TABLE = [
+    # filters                          event type              accepted
+    (["invoice.paid"], "invoice.paid", True),
+    (["invoice.paid"], "invoice.paid.late", False),
+    (["invoice.paid"], "invoice.pai", False),
+    (["invoice.paid"], "Invoice.paid", False),  # case matters
+    (["invoice.*"], "invoice.paid", True),
+    (["invoice.*"], "invoice.line.added", True),
+    (["invoice.*"], "invoice", False),  # the wildcard needs a segment after the dot
+    (["invoice.*"], "invoice.", False),
+    (["invoice.*"], "invoicex.paid", False),
+    (["invoice.*"], "customer.invoice.paid", False),
+    (["invoice.line.*"], "invoice.line.added", True),
+    (["invoice.line.*"], "invoice.paid", False),
+    (["*"], "invoice.paid", True),
+    (["*"], "webhook.ping", True),
+    (["customer.created", "invoice.*"], "invoice.paid", True),  # any entry may accept
+    (["customer.created", "invoice.*"], "customer.deleted", False),
+    ([], "invoice.paid", False),  # no subscriptions, no events
+    (["invoice*"], "invoice.paid", False),  # only ".*" is a wildcard
+]
+
+
+@pytest.mark.parametrize(("filters", "event_type", "accepted"), FILTER_TABLE)
+def test_filter_accepts(filters: list[str], event_type: str, accepted: bool) -> None:
+    assert filter_accepts(filters, event_type) is accepted
+
+
+def test_filter_accepts_any_iterable() -> None:
+    assert filter_accepts(iter(("x", "invoice.*")), "invoice.paid")
+
+
+# -- which endpoints an event goes to ------------------------------------------------------------
+
+SELECT_TABLE = [
+    # endpoints                                                          event        -> chosen ids
+    ([endpoint("ep_1")], EVENT, ["ep_1"]),
+    ([endpoint("ep_1", tenant_id="t_2")], EVENT, []),  # another tenant's endpoint
+    ([endpoint("ep_1", status=EndpointStatus.DISABLED)], EVENT, []),
+    ([endpoint("ep_1", status=EndpointStatus.DELETED)], EVENT, []),
+    ([endpoint("ep_1", ("customer.*",))], EVENT, []),  # filter does not match
+    ([endpoint("ep_1", ("invoice.*",)), endpoint("ep_2", ("invoice.paid",)), endpoint("ep_3", ("x",))],
+     EVENT, ["ep_1", "ep_2"]),
+    # a test event targets one endpoint whatever its filter, and only it
+    ([endpoint("ep_1", ("x",)), endpoint("ep_2")], replace(EVENT, target_endpoint_id="ep_1"), ["ep_1"]),
+    ([endpoint("ep_1", ())], replace(EVENT, target_endpoint_id="ep_1"), ["ep_1"]),
+    # ...but still only an active endpoint of the event's own tenant
+    ([endpoint("ep_1", tenant_id="t_2")], replace(EVENT, target_endpoint_id="ep_1"), []),
+    ([endpoint("ep_1", status=EndpointStatus.DISABLED)], replace(EVENT, target_endpoint_id="ep_1"), []),
+    ([endpoint("ep_2")], replace(EVENT, target_endpoint_id="ep_1"), []),
+    ([], EVENT, []),
+]
+
+
+@pytest.mark.parametrize(("configs", "event", "chosen"), SELECT_TABLE)
+def test_select_endpoints(configs: list[EndpointConfig], event: EventRecord, chosen: list[str]) -> None:
+    assert [c.endpoint_id for c in select_endpoints(event, configs)] == chosen
+
+
+def test_select_endpoints_order_is_stable_whatever_the_input_order() -> None:
+    configs = [endpoint(f"ep_{i}") for i in (3, 1, 4, 10, 5, 9, 2)]
+    expected = sorted(c.endpoint_id for c in configs)
+    assert [c.endpoint_id for c in select_endpoints(EVENT, configs)] == expected
+    assert [c.endpoint_id for c in select_endpoints(EVENT, reversed(configs))] == expected
+
+
+# -- config versions and the config clock --------------------------------------------------------
+
+NEWER_TABLE = [
+    # current version   incoming version   -> replace
+    (None, 1, True),
+    (1, 2, True),
+    (2, 2, True),  # a re-publish of the same version is harmless
+    (3, 2, False),  # an old version replayed from the topic never wins
+]
+
+
+@pytest.mark.parametrize(("current", "incoming", "replace_it"), NEWER_TABLE)
+def test_newer_keeps_the_highest_config_version(current: int | None, incoming: int, replace_it: bool) -> None:
+    current_cfg = None if current is None else endpoint("ep_1", config_version=current)
+    assert newer(current_cfg, endpoint("ep_1", config_version=incoming)) is replace_it
+
+
+CLOCK_TABLE = [
+    # clock           arrival  -> decided
+    (None, NOW, False),  # no clock read yet: hold the event
+    (NOW - 1, NOW, False),
+    (NOW, NOW, True),
+    (NOW + 1, NOW, True),
+]
+
+
+@pytest.mark.parametrize(("clock_ms", "arrived_ms", "passed"), CLOCK_TABLE)
+def test_clock_passed(clock_ms: int | None, arrived_ms: int, passed: bool) -> None:
+    assert clock_passed(clock_ms, arrived_ms) is passed
+
+
+# -- new deliveries ------------------------------------------------------------------------------
+
+
+def test_deliveries_for() -> None:
+    endpoints = [endpoint("ep_1", config_version=4), endpoint("ep_2", config_version=9)]
+    assert deliveries_for(EVENT, endpoints, created_at_ms=NOW, deadline_ms=DAY_MS) == [
+        NewDelivery(delivery_id=delivery_id_for("evt_1", "ep_1"), event=EVENT, endpoint_id="ep_1",
+                    tenant_id="t_1", endpoint_config_version=4, created_at_ms=NOW, expires_at_ms=NOW + DAY_MS),
+        NewDelivery(delivery_id=delivery_id_for("evt_1", "ep_2"), event=EVENT, endpoint_id="ep_2",
+                    tenant_id="t_1", endpoint_config_version=9, created_at_ms=NOW, expires_at_ms=NOW + DAY_MS),
+    ]
+
+
+def test_reprocessing_an_event_yields_identical_deliveries() -> None:
+    # Same event, same arrival time, configs read back in another order (e.g. after a restore).
+    configs = [endpoint("ep_2"), endpoint("ep_1"), endpoint("ep_3", ("customer.*",))]
+    first = deliveries_for(EVENT, select_endpoints(EVENT, configs), created_at_ms=NOW, deadline_ms=DAY_MS)
+    again = deliveries_for(EVENT, select_endpoints(EVENT, configs[::-1]), created_at_ms=NOW, deadline_ms=DAY_MS)
+    assert first == again
+    assert [d.endpoint_id for d in first] == ["ep_1", "ep_2"]
+
+
+def test_no_endpoints_no_deliveries() -> None:
+    assert deliveries_for(EVENT, [], created_at_ms=NOW, deadline_ms=DAY_MS) == []

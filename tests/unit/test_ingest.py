@@ -1,0 +1,223 @@
+"""core/ingest.py: the plain form, the Debezium outbox envelope, and every refusal reason."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from core.ingest import IngestError, parse_event
+from core.records import EventRecord
+
+LIMIT = 1024
+OCCURRED_ISO = "2026-11-29T19:00:00Z"
+OCCURRED_MS = 1_795_978_800_000
+
+PLAIN: dict[str, Any] = {
+    "schema": "webhooks.event/v1",
+    "event_id": "evt_1",
+    "tenant_id": "t_1",
+    "event_type": "invoice.paid",
+    "schema_version": "2026-01-01",
+    "object_id": "inv_9",
+    "object_version": 3,
+    "occurred_at": OCCURRED_ISO,
+    "payload": '{"id":"inv_9"}',
+}
+
+EXPECTED = EventRecord(
+    event_id="evt_1",
+    tenant_id="t_1",
+    event_type="invoice.paid",
+    schema_version="2026-01-01",
+    object_id="inv_9",
+    object_version=3,
+    occurred_at_ms=OCCURRED_MS,
+    payload=b'{"id":"inv_9"}',
+)
+
+
+def plain(**changes: Any) -> dict[str, Any]:
+    """The plain record with fields changed; a value of ``...`` removes the field."""
+    doc = {**PLAIN, **changes}
+    return {k: v for k, v in doc.items() if v is not ...}
+
+
+def outbox_row(**changes: Any) -> dict[str, Any]:
+    row = {k: v for k, v in plain(**changes).items() if k != "schema"}
+    return row
+
+
+def debezium(op: str = "c", wrapped: bool = True, **changes: Any) -> dict[str, Any]:
+    envelope = {
+        "op": op,
+        "before": None,
+        "after": outbox_row(**changes),
+        "source": {"connector": "postgresql", "table": "outbox"},
+        "ts_ms": OCCURRED_MS + 5,
+    }
+    if op == "d":
+        envelope["before"], envelope["after"] = envelope["after"], None
+    if wrapped:
+        return {"schema": {"type": "struct", "name": "outbox.Envelope"}, "payload": envelope}
+    return envelope
+
+
+def encode(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def parse(doc: dict[str, Any], limit: int = LIMIT) -> EventRecord:
+    return parse_event(encode(doc), limit)
+
+
+# -- accepted records ----------------------------------------------------------------------------
+
+
+def test_plain_v1() -> None:
+    assert parse(PLAIN) == EXPECTED
+
+
+def test_optional_fields_default() -> None:
+    record = parse(plain(object_id=..., object_version=..., target_endpoint_id="ep_7"))
+    assert (record.object_id, record.object_version, record.target_endpoint_id) == ("", 0, "ep_7")
+
+
+PAYLOAD_STRINGS = [
+    # payload as the producer wrote it   -> the exact bytes every attempt sends
+    ('{"id":"inv_9"}', b'{"id":"inv_9"}'),
+    ('{ "id" :\t"inv_9" }\r\n', b'{ "id" :\t"inv_9" }\r\n'),  # odd whitespace survives
+    ('{"b":1,"a":2}', b'{"b":1,"a":2}'),  # key order survives
+    ('{"n":1.0e0}', b'{"n":1.0e0}'),  # number spelling survives
+    ('{"name":"Zoë ✓"}', '{"name":"Zoë ✓"}'.encode()),  # non-ASCII as UTF-8
+    ("", b""),
+]
+
+
+@pytest.mark.parametrize(("payload", "body"), PAYLOAD_STRINGS)
+def test_payload_string_bytes_are_preserved(payload: str, body: bytes) -> None:
+    assert parse(plain(payload=payload)).payload == body
+
+
+PAYLOAD_BYTES = [
+    b'{"id":"inv_9"}',
+    b'  {"a" : 1}\n\n',
+    b"\xff\xfe\x00not utf-8\x80",  # only expressible through payload_base64
+    bytes(range(256)),
+    b"",
+]
+
+
+@pytest.mark.parametrize("body", PAYLOAD_BYTES)
+def test_payload_base64_bytes_are_preserved(body: bytes) -> None:
+    doc = plain(payload=..., payload_base64=base64.b64encode(body).decode())
+    assert parse(doc).payload == body
+
+
+def test_event_record_json_parses_back() -> None:
+    record = EventRecord(**{**EXPECTED.__dict__, "payload": b"\x00\xff", "target_endpoint_id": "ep_1"})
+    assert parse_event(record.to_json(), LIMIT) == record
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["with schema wrapper", "bare envelope"])
+@pytest.mark.parametrize("op", ["c", "r"])
+def test_debezium_inserts_and_snapshot_reads_are_events(op: str, wrapped: bool) -> None:
+    assert parse(debezium(op, wrapped)) == EXPECTED
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["with schema wrapper", "bare envelope"])
+def test_debezium_epoch_millis_timestamp_and_envelope_version(wrapped: bool) -> None:
+    doc = debezium("c", wrapped, occurred_at=OCCURRED_MS, envelope_version=1)
+    assert parse(doc) == EXPECTED
+
+
+OCCURRED_AT = [
+    # value                               -> unix ms
+    ("2026-11-29T19:00:00Z", OCCURRED_MS),
+    ("2026-11-29T19:00:00.123Z", OCCURRED_MS + 123),
+    ("2026-11-29T20:00:00+01:00", OCCURRED_MS),
+    ("2026-11-29T19:00:00.999+00:00", OCCURRED_MS + 999),
+    (OCCURRED_MS, OCCURRED_MS),
+    (0, 0),
+]
+
+
+@pytest.mark.parametrize(("value", "expected_ms"), OCCURRED_AT)
+def test_occurred_at_forms(value: str | int, expected_ms: int) -> None:
+    assert parse(plain(occurred_at=value)).occurred_at_ms == expected_ms
+
+
+# -- refusals: every reason ----------------------------------------------------------------------
+
+TOO_LARGE = "x" * (LIMIT + 1)
+
+REFUSALS: list[tuple[str, bytes, str]] = [
+    # id                              raw record                                          reason
+    ("garbage bytes", b"\x80\x81\xfe{}", "not_utf8"),
+    ("latin-1 text", '{"event_id": "café"}'.encode("latin-1"), "not_utf8"),
+    ("utf-16 json", json.dumps(PLAIN).encode("utf-16"), "not_utf8"),
+    ("truncated", encode(PLAIN)[:-10], "malformed_json"),
+    ("empty", b"", "malformed_json"),
+    ("array", b"[1, 2]", "malformed_json"),
+    ("string", b'"evt_1"', "malformed_json"),
+    ("future schema", encode(plain(schema="webhooks.event/v2")), "unknown_schema"),
+    ("no schema", encode(plain(schema=...)), "unknown_schema"),
+    ("unrelated object", b'{"hello": "world"}', "unknown_schema"),
+    ("envelope_version 2", encode(debezium(envelope_version=2)), "unknown_schema"),
+    ("envelope_version text", encode(debezium(wrapped=False, envelope_version="1")), "unknown_schema"),
+    ("debezium update", encode(debezium("u")), "not_an_insert"),
+    ("debezium delete", encode(debezium("d")), "not_an_insert"),
+    ("bare debezium update", encode(debezium("u", wrapped=False)), "not_an_insert"),
+    ("bare debezium delete", encode(debezium("d", wrapped=False)), "not_an_insert"),
+    ("debezium insert without after", encode({"op": "c", "before": None}), "missing_field"),
+    ("no event_id", encode(plain(event_id=...)), "missing_field"),
+    ("null tenant_id", encode(plain(tenant_id=None)), "missing_field"),
+    ("no event_type", encode(plain(event_type=...)), "missing_field"),
+    ("no schema_version", encode(plain(schema_version=...)), "missing_field"),
+    ("no occurred_at", encode(plain(occurred_at=...)), "missing_field"),
+    ("no payload", encode(plain(payload=...)), "missing_field"),
+    ("debezium row without event_id", encode(debezium(event_id=...)), "missing_field"),
+    ("object_version as text", encode(plain(object_version="3")), "wrong_type"),
+    ("object_version as float", encode(plain(object_version=3.0)), "wrong_type"),
+    ("object_version as bool", encode(plain(object_version=True)), "wrong_type"),
+    ("payload as object", encode(plain(payload={"id": "inv_9"})), "wrong_type"),
+    ("payload as null", encode(plain(payload=None)), "wrong_type"),
+    ("payload_base64 not base64", encode(plain(payload=..., payload_base64="%%%")), "wrong_type"),
+    ("payload_base64 as bytes list", encode(plain(payload=..., payload_base64=[1, 2])), "wrong_type"),
+    ("bool timestamp", encode(plain(occurred_at=True)), "wrong_type"),
+    ("float timestamp", encode(plain(occurred_at=1.5)), "wrong_type"),
+    ("naive timestamp", encode(plain(occurred_at="2026-11-29T19:00:00")), "wrong_type"),
+    ("not a timestamp", encode(plain(occurred_at="yesterday")), "wrong_type"),
+    ("event_id as number", encode(plain(event_id=1)), "wrong_type"),
+    ("empty event_id", encode(plain(event_id="")), "wrong_type"),
+    ("overlong tenant_id", encode(plain(tenant_id="t" * 201)), "wrong_type"),
+    ("object_id as number", encode(plain(object_id=9)), "wrong_type"),
+    ("payload over the limit", encode(plain(payload=TOO_LARGE)), "payload_too_large"),
+    (
+        "base64 payload over the limit",
+        encode(plain(payload=..., payload_base64=base64.b64encode(b"\x00" * (LIMIT + 1)).decode())),
+        "payload_too_large",
+    ),
+    ("multi-byte payload over the limit", encode(plain(payload="é" * (LIMIT // 2 + 1))), "payload_too_large"),
+    ("debezium payload over the limit", encode(debezium(payload=TOO_LARGE)), "payload_too_large"),
+]
+
+
+@pytest.mark.parametrize(("raw", "reason"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_refusals(raw: bytes, reason: str) -> None:
+    with pytest.raises(IngestError) as info:
+        parse_event(raw, LIMIT)
+    assert info.value.reason == reason
+    assert info.value.detail
+
+
+def test_payload_at_the_limit_is_accepted() -> None:
+    assert len(parse(plain(payload="x" * LIMIT)).payload) == LIMIT
+    at_limit_b64 = base64.b64encode(b"\xff" * LIMIT).decode()
+    assert parse(plain(payload=..., payload_base64=at_limit_b64)).payload == b"\xff" * LIMIT
+
+
+def test_a_utf8_byte_order_mark_is_tolerated() -> None:
+    assert parse_event(b"\xef\xbb\xbf" + encode(PLAIN), LIMIT) == EXPECTED

@@ -1,0 +1,148 @@
+"""The record schemas of core/records.py: delivery identity, JSON round trips, the endpoints topic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.records import (
+    CLOCK_SCHEMA_V1,
+    ConfigClock,
+    EndpointConfig,
+    EndpointStatus,
+    ReplayRequest,
+    SigningKey,
+    delivery_id_for,
+    parse_endpoint_topic_value,
+)
+
+NOW = 1_700_000_000_000
+
+# -- delivery identity ---------------------------------------------------------------------------
+
+
+def test_delivery_id_is_deterministic_and_shaped() -> None:
+    first = delivery_id_for("evt_1", "ep_1")
+    assert first == delivery_id_for("evt_1", "ep_1")
+    assert first.startswith("dlv_") and len(first) == 4 + 32
+    int(first[4:], 16)  # hex
+
+
+DISTINCT_PAIRS = [
+    # two (event_id, endpoint_id) pairs that must name different deliveries
+    (("evt_1", "ep_1"), ("evt_2", "ep_1")),  # other event
+    (("evt_1", "ep_1"), ("evt_1", "ep_2")),  # other endpoint
+    (("evt_1", "ep_1"), ("ep_1", "evt_1")),  # swapped
+    (("a:b", "c"), ("a", "b:c")),  # the separator moved from one field to the other
+    (("1:a", "b"), ("1", "a:b")),  # ...even when it looks like the length prefix
+    (("", "a:b"), ("a", "b")),
+    (("a", ""), ("", "a")),
+]
+
+
+@pytest.mark.parametrize(("one", "other"), DISTINCT_PAIRS)
+def test_delivery_ids_differ_for_different_pairs(one: tuple[str, str], other: tuple[str, str]) -> None:
+    assert delivery_id_for(*one) != delivery_id_for(*other)
+
+
+@given(st.tuples(st.text(), st.text()), st.tuples(st.text(), st.text()))
+def test_delivery_ids_differ_whenever_the_pairs_do(one: tuple[str, str], other: tuple[str, str]) -> None:
+    if one != other:
+        assert delivery_id_for(*one) != delivery_id_for(*other)
+
+
+# -- endpoint configs and replays: JSON round trips ----------------------------------------------
+
+CONFIGS = [
+    EndpointConfig(
+        endpoint_id="ep_1", tenant_id="t_1", config_version=1, url="https://example.com/hook",
+        status=EndpointStatus.ACTIVE, event_types=("*",), signing_keys=(), published_at_ms=NOW,
+    ),
+    EndpointConfig(
+        endpoint_id="ep_2", tenant_id="t_1", config_version=7, url="https://example.com/h?x=1",
+        status=EndpointStatus.DISABLED, event_types=("invoice.*", "customer.created"),
+        signing_keys=(
+            SigningKey(version=1, ciphertext_b64="AAAA", not_after_ms=NOW + 1000),
+            SigningKey(version=2, ciphertext_b64="BBBB"),
+        ),
+        published_at_ms=NOW, rate_limit_per_s=2.5, max_in_flight=3,
+    ),
+    EndpointConfig(
+        endpoint_id="ep_3", tenant_id="t_2", config_version=2, url="https://example.com/",
+        status=EndpointStatus.DELETED, event_types=(), signing_keys=(), published_at_ms=NOW,
+        rate_limit_per_s=10.0,
+    ),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.endpoint_id)
+def test_endpoint_config_round_trips_through_the_topic(config: EndpointConfig) -> None:
+    assert parse_endpoint_topic_value(config.to_json()) == config
+    assert parse_endpoint_topic_value(config.to_json().decode()) == config
+
+
+def test_endpoint_config_json_is_documented_shape() -> None:
+    doc = json.loads(CONFIGS[1].to_json())
+    assert doc["schema"] == "webhooks.endpoint/v1"
+    assert doc["status"] == "disabled"
+    assert doc["event_types"] == ["invoice.*", "customer.created"]
+    assert doc["signing_keys"][0] == {"version": 1, "ciphertext_b64": "AAAA", "not_after_ms": NOW + 1000}
+
+
+REPLAYS = [
+    ReplayRequest(delivery_id="dlv_1", tenant_id="t_1", endpoint_id="ep_1", requested_by="alice",
+                  requested_at_ms=NOW, request_id="req_1"),
+    ReplayRequest(delivery_id="dlv_2", tenant_id="t_1", endpoint_id="ep_1", requested_by="bob",
+                  requested_at_ms=NOW),
+]
+
+
+@pytest.mark.parametrize("replay", REPLAYS, ids=lambda r: r.delivery_id)
+def test_replay_request_round_trips(replay: ReplayRequest) -> None:
+    assert ReplayRequest.from_json(replay.to_json()) == replay
+
+
+REPLAY_REFUSALS = [
+    b'{"schema": "webhooks.replay/v2", "delivery_id": "d"}',
+    b'{"delivery_id": "d"}',
+    b"[]",
+    b"null",
+]
+
+
+@pytest.mark.parametrize("raw", REPLAY_REFUSALS)
+def test_replay_request_refuses_unknown_records(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        ReplayRequest.from_json(raw)
+
+
+# -- the endpoints topic: configs and clock ticks ------------------------------------------------
+
+
+def test_config_clock_round_trips() -> None:
+    clock = ConfigClock(published_at_ms=NOW)
+    assert json.loads(clock.to_json())["schema"] == CLOCK_SCHEMA_V1
+    assert parse_endpoint_topic_value(clock.to_json()) == clock
+
+
+ENDPOINT_TOPIC_REFUSALS = [
+    # raw value                                                  why it is refused
+    (b'{"schema": "webhooks.endpoint/v2", "endpoint_id": "e"}', "future endpoint schema"),
+    (b'{"schema": "webhooks.clock/v2", "published_at_ms": 1}', "future clock schema"),
+    (b'{"published_at_ms": 1}', "no schema at all"),
+    (b'{"schema": 1}', "schema is not a string"),
+    (b"[]", "not an object"),
+    (b"null", "not an object"),
+    (b'"webhooks.clock/v1"', "not an object"),
+    (b"{", "not JSON"),
+]
+
+
+@pytest.mark.parametrize(("raw", "why"), ENDPOINT_TOPIC_REFUSALS)
+def test_endpoints_topic_refuses_unknown_records(raw: bytes, why: str) -> None:
+    # ValueError is what the endpoint-config operator skips; anything else would fail the job.
+    with pytest.raises(ValueError):
+        parse_endpoint_topic_value(raw)
