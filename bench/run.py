@@ -1,0 +1,575 @@
+"""End-to-end delivery benchmark on the local stack, measured against the raw HTTP ceiling.
+
+    python -m bench.run [--events 2000 --endpoints 10 --tenants 1 --raw-duration 5 ...]
+
+One run, loopback only, bounded in count and time:
+
+1. a standalone receiver (`tests.support.receiver`, count mode) on OS-chosen ports;
+2. the raw aiohttp POST rate to that receiver (`bench.raw_http`), the ceiling on this box now;
+3. unique topics, the in-process control plane, T tenants x M endpoints, and a bench job
+   (`stack/job.sh submit`, job name `webhooks-bench-<id>`) on the running Flink cluster;
+4. N events produced at full speed (each matching all M endpoints of its tenant); deliveries/s
+   and first-attempt latency (produce call -> request received) from the receiver's recordings;
+5. CPU and RSS of the TaskManager (with children) sampled from /proc meanwhile;
+6. optional phases: paced at half the sustained rate, and fairness (hanging tenant vs healthy);
+7. the job is cancelled, the receiver stopped by pid, the control plane stopped, topics deleted.
+
+The last line is the comparable summary:
+
+    bench: deliveries_per_s=N raw_http_per_s=N ratio=R p50_first_attempt_ms=N p99_first_attempt_ms=N
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from cassandra.cluster import Cluster
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench import raw_http
+from bench.raw_http import percentile
+from control_plane.api import pb, rpc
+from core.records import EventRecord, delivery_id_for
+from core.settings import REPO_ROOT, Settings
+from tests.support.receiver import ReceiverControl
+
+RUN = REPO_ROOT / ".run"
+CERTS = RUN / "certs"
+PY = str(REPO_ROOT / ".venv/bin/python")
+EVENT_TYPE = "bench.event"
+FLINK_REST = "http://127.0.0.1:8081"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+# ---- receiver subprocess ------------------------------------------------------------------------
+
+@dataclass
+class ReceiverProc:
+    proc: subprocess.Popen[str]
+    base_url: str
+    control: ReceiverControl
+
+
+@contextmanager
+def receiver_process() -> Iterator[ReceiverProc]:
+    """The standalone receiver in count mode; ports 0 so the OS picks free ones (no races)."""
+    cmd = [PY, "-m", "tests.support.receiver", "--port", "0", "--control-port", "0", "--record", "count",
+           "--cert", str(CERTS / "server.pem"), "--key", str(CERTS / "server.key")]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "receiver url=https://127.0.0.1:P control=http://127.0.0.1:Q"
+        fields = dict(part.split("=", 1) for part in line.split()[1:])
+        if "url" not in fields:
+            raise RuntimeError(f"receiver did not start: {line!r}")
+        yield ReceiverProc(proc, fields["url"], ReceiverControl(fields["control"], timeout=60))
+    finally:
+        proc.send_signal(signal.SIGTERM)  # by its pid: it shuts down cleanly on SIGTERM
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ---- TaskManager resource sampling ----------------------------------------------------------------
+
+def _descendants(root: int) -> list[int]:
+    """root and every process below it (PyFlink may start Python workers as children)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def _cpu_ticks_and_rss_kb(pids: list[int]) -> tuple[int, int]:
+    ticks = rss = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited between listing and reading
+        ticks += int(fields[11]) + int(fields[12])  # utime + stime
+        rss += int(fields[21]) * PAGE_KB
+    return ticks, rss
+
+
+@dataclass
+class ResourceStats:
+    cpu_pct: list[float] = field(default_factory=list)  # 100 = one core busy
+    rss_mb: list[float] = field(default_factory=list)
+
+    def summary(self) -> str:
+        if not self.cpu_pct:
+            return "no samples"
+        avg = sum(self.cpu_pct) / len(self.cpu_pct)
+        return (f"cpu avg={avg:.0f}% max={max(self.cpu_pct):.0f}% (100%=1 core)  "
+                f"rss max={max(self.rss_mb):.0f} MB last={self.rss_mb[-1]:.0f} MB samples={len(self.cpu_pct)}")
+
+
+class TaskManagerSampler:
+    """Samples the TaskManager's CPU and RSS (with children) every `interval_s` in a thread."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.stats = ResourceStats()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tm-sampler", daemon=True)
+
+    def __enter__(self) -> TaskManagerSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        # Read the pid each time: the pid file is the truth if the TaskManager is restarted.
+        last: tuple[float, int] | None = None
+        while not self._stop.wait(self.interval_s):
+            try:
+                root = int((RUN / "flink-tm/pid").read_text().strip())
+            except (OSError, ValueError):
+                continue
+            ticks, rss_kb = _cpu_ticks_and_rss_kb(_descendants(root))
+            now = time.monotonic()
+            if last is not None and now > last[0] and ticks >= last[1]:
+                self.stats.cpu_pct.append(100.0 * (ticks - last[1]) / CLK_TCK / (now - last[0]))
+                self.stats.rss_mb.append(rss_kb / 1024)
+            last = (now, ticks)
+
+
+# ---- settings, topics, control plane, job ---------------------------------------------------------
+
+def bench_env(run_id: str, receiver_port: int, partitions: int) -> dict[str, str]:
+    """WEBHOOKS_* for this run's job and control plane: own topics, loopback egress allowance."""
+    sfx = f"b{run_id}"
+    return {
+        "WEBHOOKS_KAFKA__EVENTS_TOPIC": f"webhooks.events.{sfx}",
+        "WEBHOOKS_KAFKA__ENDPOINTS_TOPIC": f"webhooks.endpoints.{sfx}",
+        "WEBHOOKS_KAFKA__REPLAYS_TOPIC": f"webhooks.replays.{sfx}",
+        "WEBHOOKS_KAFKA__DLQ_TOPIC": f"webhooks.events.dlq.{sfx}",
+        "WEBHOOKS_KAFKA__SIGNALS_TOPIC": f"webhooks.endpoint-signals.{sfx}",
+        "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-bench-{sfx}",
+        "WEBHOOKS_KAFKA__PARTITIONS": str(partitions),
+        "WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS": '["127.0.0.1/32"]',
+        "WEBHOOKS_EGRESS__ALLOWED_PORTS": json.dumps([receiver_port]),
+        "WEBHOOKS_DISPATCH__CA_BUNDLE": str(CERTS / "ca.pem"),
+        # Hanging endpoints in the fairness phase must give up within the run.
+        "WEBHOOKS_DISPATCH__CONNECT_TIMEOUT_S": "2",
+        "WEBHOOKS_DISPATCH__TOTAL_TIMEOUT_S": "5",
+        "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-bench-{run_id}",
+        "WEBHOOKS_CONTROL_PLANE__CONFIG_CLOCK_INTERVAL_MS": "100",
+    }
+
+
+@contextmanager
+def bench_settings(env: dict[str, str]) -> Iterator[Settings]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield Settings()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def topics(settings: Settings) -> Iterator[None]:
+    k = settings.kafka
+    admin = AdminClient({"bootstrap.servers": k.bootstrap_servers})
+    names = [k.events_topic, k.replays_topic, k.dlq_topic, k.endpoints_topic, k.signals_topic]
+    new = [NewTopic(k.events_topic, k.partitions, 1), NewTopic(k.replays_topic, k.partitions, 1),
+           NewTopic(k.dlq_topic, 1, 1), NewTopic(k.endpoints_topic, 1, 1, config={"cleanup.policy": "compact"}),
+           NewTopic(k.signals_topic, 1, 1)]
+    for fut in admin.create_topics(new).values():
+        fut.result()
+    try:
+        yield
+    finally:
+        for fut in admin.delete_topics(names).values():
+            try:
+                fut.result()
+            except Exception as e:  # cleanup is best effort; report and go on
+                say(f"deleting a topic failed: {e}")
+
+
+@contextmanager
+def control_plane(settings: Settings) -> Iterator[grpc.Channel]:
+    from control_plane.server import build
+
+    c = settings.cassandra
+    cluster = Cluster(c.contact_points, port=c.port)
+    server = None
+    try:
+        server = build(settings, cluster.connect(c.keyspace), port=0)
+        server.start()
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        grpc.channel_ready_future(channel).result(timeout=10)
+        yield channel
+        channel.close()
+    finally:
+        if server is not None:
+            server.stop(grace_s=2)
+        cluster.shutdown()
+
+
+def _rest(path: str, method: str = "GET") -> dict:
+    req = urllib.request.Request(FLINK_REST + path, method=method)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+    return json.loads(body) if body else {}
+
+
+@contextmanager
+def bench_job(env: dict[str, str], timeout_s: float = 180) -> Iterator[str]:
+    """Submit the job with this run's env, wait until every vertex runs, cancel it at the end."""
+    full_env = {**os.environ, **env}
+    out = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "submit"], env=full_env,
+                         capture_output=True, text=True, timeout=timeout_s)
+    if out.returncode != 0:
+        raise RuntimeError(f"job submission failed:\n{out.stdout}\n{out.stderr}")
+    job_id = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "id"], env=full_env,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        _wait_all_running(job_id, timeout_s)
+        yield job_id
+    finally:
+        try:
+            _rest(f"/jobs/{job_id}?mode=cancel", method="PATCH")
+            say(f"cancelled job {job_id}")
+        except OSError as e:
+            say(f"cancelling job {job_id} failed: {e}")
+
+
+def _wait_all_running(job_id: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        d = _rest(f"/jobs/{job_id}")
+        if d["state"] == "RUNNING" and all(v["status"] == "RUNNING" for v in d["vertices"]):
+            return
+        if d["state"] in ("FAILED", "CANCELED", "FINISHED"):
+            break
+        time.sleep(0.5)
+    raise RuntimeError(f"job {job_id} not running: {json.dumps(_rest(f'/jobs/{job_id}/exceptions'))[:2000]}")
+
+
+# ---- tenants and endpoints ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tenant:
+    tenant_id: str
+    endpoints: list[tuple[str, str]]  # (endpoint_id, receiver path)
+
+
+def _auth(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")]
+
+
+def create_tenant(channel: grpc.Channel, settings: Settings, base_url: str, n_endpoints: int,
+                  label: str) -> Tenant:
+    admin = rpc.AdminStub(channel)
+    md = _auth(settings.control_plane.admin_token.get_secret_value())
+    tenant_id = f"ten_bench_{label}_{uuid.uuid4().hex[:8]}"
+    admin.CreateTenant(pb.CreateTenantRequest(tenant_id=tenant_id, name=f"bench {label}"), metadata=md)
+    key = admin.CreateApiKey(pb.CreateApiKeyRequest(tenant_id=tenant_id, description="bench"), metadata=md)
+    cp = rpc.ControlPlaneStub(channel)
+    endpoints = []
+    for i in range(n_endpoints):
+        path = f"/bench/{tenant_id}/{i}"
+        created = cp.CreateEndpoint(
+            pb.CreateEndpointRequest(url=base_url + path, description=f"bench {i}", event_types=["bench.*"]),
+            metadata=_auth(key.api_key))
+        endpoints.append((created.endpoint.endpoint_id, path))
+    return Tenant(tenant_id, endpoints)
+
+
+# ---- producing and measuring ----------------------------------------------------------------------
+
+@dataclass
+class Sent:
+    """Expected deliveries of one phase: webhook-id -> (produce time, tenant, path), and the paths."""
+    produced_at: dict[str, tuple[float, str, str]] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)
+    first_produce: float = 0.0
+    last_produce: float = 0.0
+
+
+def _event(tenant_id: str, body: bytes) -> EventRecord:
+    return EventRecord(event_id=f"evt_{uuid.uuid4().hex}", tenant_id=tenant_id, event_type=EVENT_TYPE,
+                       schema_version="2026-01-01", object_id="obj_bench", object_version=1,
+                       occurred_at_ms=int(time.time() * 1000), payload=body)
+
+
+def produce(settings: Settings, tenants: list[Tenant], n_events: int, body: bytes,
+            rate_per_s: float | None = None) -> Sent:
+    """n_events round-robin over tenants, at full speed or paced; the produce-call time is the
+    start of each delivery's latency (it includes the producer's few ms of batching)."""
+    p = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers, "enable.idempotence": True,
+                  "linger.ms": 2})
+    sent = Sent(paths=[path for t in tenants for _, path in t.endpoints])
+    begin = time.time()
+    for i in range(n_events):
+        if rate_per_s:
+            delay = begin + i / rate_per_s - time.time()
+            if delay > 0:
+                time.sleep(delay)
+        t = tenants[i % len(tenants)]
+        ev = _event(t.tenant_id, body)
+        now = time.time()
+        p.produce(settings.kafka.events_topic, value=ev.to_json(), key=ev.event_id)
+        p.poll(0)
+        for endpoint_id, path in t.endpoints:
+            sent.produced_at[delivery_id_for(ev.event_id, endpoint_id)] = (now, t.tenant_id, path)
+    if p.flush(60) != 0:
+        raise RuntimeError("Kafka did not acknowledge every event")
+    sent.first_produce, sent.last_produce = begin, time.time()
+    return sent
+
+
+@dataclass
+class PhaseResult:
+    expected: int
+    delivered: int  # distinct expected webhook-ids seen
+    duplicates: int  # requests beyond the first per webhook-id (retries, re-sends)
+    latencies_s: list[float]  # first attempt, sorted
+    arrivals: list[float]  # first attempt times, sorted
+    produce_s: float
+    latencies_by_tenant: dict[str, list[float]]
+
+    def p(self, q: float, tenant: str | None = None) -> float:
+        lat = self.latencies_s if tenant is None else sorted(self.latencies_by_tenant.get(tenant, []))
+        return percentile(lat, q) * 1000
+
+    @property
+    def end_to_end_per_s(self) -> float:
+        """Deliveries over first produce -> last arrival."""
+        if not self.arrivals or not self.latencies_s:
+            return 0.0
+        span = self.arrivals[-1] - (self.arrivals[0] - self.latencies_s[0])
+        return self.delivered / span if span > 0 else 0.0
+
+    @property
+    def sustained_per_s(self) -> float:
+        """Rate over the middle 80% of arrivals: leaves out ramp-up and the tail."""
+        n = len(self.arrivals)
+        if n < 10:
+            return 0.0
+        lo, hi = int(n * 0.1), int(n * 0.9) - 1
+        span = self.arrivals[hi] - self.arrivals[lo]
+        return (hi - lo) / span if span > 0 else 0.0
+
+
+def wait_and_measure(rx: ReceiverControl, sent: Sent, timeout_s: float,
+                     wait_paths: list[str] | None = None) -> PhaseResult:
+    """Wait until the expected count arrived on `wait_paths` (default: all), then read recordings."""
+    paths = wait_paths or sent.paths
+    wanted = set(paths)
+    expected_on_wait = sum(1 for _, _, path in sent.produced_at.values() if path in wanted)
+    deadline = time.monotonic() + timeout_s
+    seen, last_report = 0, 0.0
+    while time.monotonic() < deadline:
+        counts = rx.counts()
+        seen = sum(counts.get(p, 0) for p in paths)
+        if seen >= expected_on_wait:
+            break
+        if time.monotonic() - last_report > 5:
+            say(f"  ... {seen}/{expected_on_wait} requests received")
+            last_report = time.monotonic()
+        time.sleep(0.25)
+    else:
+        say(f"  timed out after {timeout_s:.0f}s with {seen}/{expected_on_wait}: measuring what arrived")
+    return measure(rx, sent, paths, expected_on_wait)
+
+
+def measure(rx: ReceiverControl, sent: Sent, paths: list[str], expected: int) -> PhaseResult:
+    first: dict[str, float] = {}
+    requests = 0
+    for path in paths:
+        for rec in rx.requests(path):
+            requests += 1
+            wid = rec.webhook_id
+            if wid in sent.produced_at and (wid not in first or rec.received_at < first[wid]):
+                first[wid] = rec.received_at
+    by_tenant: dict[str, list[float]] = {}
+    latencies = []
+    for wid, arrived in first.items():
+        produced, tenant, _ = sent.produced_at[wid]
+        latencies.append(arrived - produced)
+        by_tenant.setdefault(tenant, []).append(arrived - produced)
+    return PhaseResult(expected=expected, delivered=len(first), duplicates=requests - len(first),
+                       latencies_s=sorted(latencies), arrivals=sorted(first.values()),
+                       produce_s=sent.last_produce - sent.first_produce, latencies_by_tenant=by_tenant)
+
+
+def report(name: str, r: PhaseResult, stats: ResourceStats) -> None:
+    say(f"{name}: delivered {r.delivered}/{r.expected} (+{r.duplicates} repeats), "
+        f"produced in {r.produce_s:.2f}s")
+    say(f"{name}: sustained {r.sustained_per_s:.0f} deliveries/s (middle 80%), "
+        f"end-to-end {r.end_to_end_per_s:.0f}/s")
+    say(f"{name}: first attempt latency p50={r.p(50):.0f} ms p90={r.p(90):.0f} ms p99={r.p(99):.0f} ms "
+        f"max={r.p(100):.0f} ms")
+    say(f"{name}: TaskManager {stats.summary()}")
+
+
+def warm_up(settings: Settings, rx: ReceiverControl, tenants: list[Tenant], body: bytes,
+            timeout_s: float) -> None:
+    """One event per tenant until every endpoint answered: configs are broadcast, the job is warm."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sent = produce(settings, tenants, len(tenants), body)
+        r = wait_and_measure(rx, sent, timeout_s=min(30.0, max(1.0, deadline - time.monotonic())))
+        if r.delivered == len(sent.produced_at):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"warm-up: {r.delivered}/{len(sent.produced_at)} delivered")
+    rx.clear()
+
+
+def raw_ceiling(base_url: str, concurrency: int, duration_s: float, body: bytes) -> raw_http.Result:
+    ctx = ssl.create_default_context(cafile=str(CERTS / "ca.pem"))
+    return asyncio.run(raw_http.run(base_url + "/raw", ctx, concurrency, duration_s, 1_000_000, body))
+
+
+# ---- phases ---------------------------------------------------------------------------------------
+
+def phase(name: str, settings: Settings, rx: ReceiverControl, tenants: list[Tenant], n_events: int,
+          body: bytes, timeout_s: float, rate: float | None = None,
+          wait_paths: list[str] | None = None) -> tuple[PhaseResult, Sent]:
+    rx.clear()
+    with TaskManagerSampler() as sampler:
+        sent = produce(settings, tenants, n_events, body, rate)
+        r = wait_and_measure(rx, sent, timeout_s, wait_paths)
+    report(name, r, sampler.stats)
+    return r, sent
+
+
+def fairness(settings: Settings, rx: ReceiverControl, channel: grpc.Channel, base_url: str,
+             healthy: Tenant, args: argparse.Namespace, body: bytes, rate: float) -> None:
+    """Tenant A: many hanging endpoints; tenant B (healthy): its p99 alone vs alongside A."""
+    hanging = create_tenant(channel, settings, base_url, args.fair_hanging_endpoints, "hang")
+    for _, path in hanging.endpoints:
+        rx.set_behaviour(path, "hang")
+    n_b = max(10, int(rate * args.fair_seconds))
+    base, _ = phase("fair-baseline", settings, rx, [healthy], n_b, body, args.timeout, rate)
+    # A's events interleaved with B's at the same event rate: each A event holds A's endpoints.
+    loaded, _ = phase("fair-loaded", settings, rx, [healthy, hanging], 2 * n_b, body, args.timeout,
+                      2 * rate, wait_paths=[p for _, p in healthy.endpoints])
+    b = healthy.tenant_id
+    say(f"fairness: tenant B p99 alone={base.p(99, b):.0f} ms, with hanging tenant A "
+        f"({args.fair_hanging_endpoints} endpoints)={loaded.p(99, b):.0f} ms; "
+        f"B p50 {base.p(50, b):.0f} -> {loaded.p(50, b):.0f} ms")
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    body = raw_http.make_body(args.body_bytes)
+    run_id = uuid.uuid4().hex[:8]
+    subprocess.run([PY, "-m", "stack.certs", "--out", str(CERTS)], check=True, capture_output=True)
+    with ExitStack() as stack:
+        rxp = stack.enter_context(receiver_process())
+        rx = rxp.control
+        say(f"receiver {rxp.base_url} (pid {rxp.proc.pid})")
+
+        raw = raw_ceiling(rxp.base_url, args.raw_concurrency, args.raw_duration, body)
+        say(f"raw aiohttp ceiling: {raw.per_second:.0f} req/s ({raw.ok} ok, {raw.errors} errors, "
+            f"concurrency {args.raw_concurrency}, {args.body_bytes} B bodies) | " + " ".join(raw.lines()[2:]))
+        rx.clear()
+
+        port = int(rxp.base_url.rsplit(":", 1)[1])
+        env = bench_env(run_id, port, args.partitions)
+        settings = stack.enter_context(bench_settings(env))
+        stack.enter_context(topics(settings))
+        channel = stack.enter_context(control_plane(settings))
+        tenants = [create_tenant(channel, settings, rxp.base_url, args.endpoints, str(i))
+                   for i in range(args.tenants)]
+        say(f"{args.tenants} tenant(s) x {args.endpoints} endpoints; submitting {env['WEBHOOKS_FLINK__JOB_NAME']}")
+        t0 = time.monotonic()
+        job_id = stack.enter_context(bench_job(env))
+        say(f"job {job_id} running after {time.monotonic() - t0:.1f}s")
+        warm_up(settings, rx, tenants, body, timeout_s=120)
+        say(f"warm: configs broadcast, one event per tenant delivered ({time.monotonic() - started:.0f}s in)")
+
+        full, _ = phase("max", settings, rx, tenants, args.events, body, args.timeout)
+        sustained = full.sustained_per_s
+        if args.half_load and sustained > 0:
+            # Deliveries/s -> events/s: each event fans out to every endpoint of its tenant.
+            rate = sustained / 2 / args.endpoints
+            n = max(10, min(args.events, int(rate * args.half_seconds)))
+            say(f"half load: {rate:.1f} events/s ({rate * args.endpoints:.0f} deliveries/s) for {n} events")
+            phase("half", settings, rx, tenants, n, body, args.timeout, rate)
+        if args.fairness and sustained > 0:
+            fairness(settings, rx, channel, rxp.base_url, tenants[0], args, body,
+                     rate=sustained / 4 / args.endpoints)
+
+    say(f"total run time {time.monotonic() - started:.0f}s")
+    ratio = full.sustained_per_s / raw.per_second if raw.per_second else 0.0
+    print(f"bench: deliveries_per_s={full.sustained_per_s:.0f} raw_http_per_s={raw.per_second:.0f} "
+          f"ratio={ratio:.3f} p50_first_attempt_ms={full.p(50):.0f} p99_first_attempt_ms={full.p(99):.0f}",
+          flush=True)
+    return 0 if full.delivered == full.expected else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=2000, help="events in the full-speed phase")
+    ap.add_argument("--endpoints", type=int, default=10, help="endpoints per tenant (each event matches all)")
+    ap.add_argument("--tenants", type=int, default=1)
+    ap.add_argument("--partitions", type=int, default=2, help="partitions of the bench events topic")
+    ap.add_argument("--body-bytes", type=int, default=raw_http.DEFAULT_BODY_BYTES)
+    ap.add_argument("--raw-concurrency", type=int, default=64)
+    ap.add_argument("--raw-duration", type=float, default=5.0, help="seconds of raw HTTP measurement")
+    ap.add_argument("--timeout", type=float, default=90.0, help="max seconds to wait for one phase's deliveries")
+    ap.add_argument("--half-load", action=argparse.BooleanOptionalAction, default=True,
+                    help="paced phase at half the sustained rate")
+    ap.add_argument("--half-seconds", type=float, default=15.0)
+    ap.add_argument("--fairness", action=argparse.BooleanOptionalAction, default=False,
+                    help="hanging tenant A vs healthy tenant B")
+    ap.add_argument("--fair-hanging-endpoints", type=int, default=20)
+    ap.add_argument("--fair-seconds", type=float, default=10.0)
+    args = ap.parse_args(argv)
+    if min(args.events, args.endpoints, args.tenants, args.partitions) < 1:
+        ap.error("--events, --endpoints, --tenants and --partitions must be >= 1")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
