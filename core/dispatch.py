@@ -18,8 +18,10 @@ RECORDING work is redone (both are idempotent upserts).
 from __future__ import annotations
 
 import enum
+import heapq
 import random
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from core import breaker as brk
 from core import ratelimit
@@ -328,3 +330,92 @@ def after_record_failed(p: Pending, now_ms: int) -> Pending:
 def after_persist_failed(p: Pending, now_ms: int) -> Pending:
     delay = min(60_000, 500 * (2 ** min(p.write_failures, 7)))
     return replace(p, owner="", write_failures=p.write_failures + 1, write_retry_at_ms=now_ms + delay)
+
+
+class EndpointQueue:
+    """In-memory index of one endpoint's pending deliveries.
+
+    Keyed state stays the source of truth (it is what checkpoints hold); this index lets a timer
+    or a new delivery find what needs action in O(log n) instead of unpickling every pending
+    delivery of the endpoint on every call, which made the dispatcher quadratic in its backlog.
+    It is rebuilt from keyed state once per endpoint after a restore.
+    """
+
+    def __init__(self) -> None:
+        self.items: dict[str, Pending] = {}
+        # READY deliveries by next attempt time; entries that no longer match items[] are stale
+        # and skipped when popped (cheaper than deleting from the middle of a heap).
+        self._heap: list[tuple[int, int, str]] = []
+        self._seq = 0
+        self._writes: set[str] = set()  # PERSIST / RECORDING work with no owner
+        self._manual: set[str] = set()  # READY with a manual replay waiting
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def put(self, p: Pending) -> None:
+        did = p.delivery.delivery_id
+        self.items[did] = p
+        self._writes.discard(did)
+        self._manual.discard(did)
+        if p.stage in (Stage.PERSIST, Stage.RECORDING) and not p.owner:
+            self._writes.add(did)
+        elif p.stage is Stage.READY:
+            if p.manual_requests > 0:
+                self._manual.add(did)
+            elif p.auto_retry_active:
+                self._seq += 1
+                heapq.heappush(self._heap, (p.next_attempt_at_ms, self._seq, did))
+
+    def remove(self, did: str) -> None:
+        self.items.pop(did, None)
+        self._writes.discard(did)
+        self._manual.discard(did)
+
+    def _valid(self, entry: tuple[int, int, str]) -> Pending | None:
+        at, _, did = entry
+        p = self.items.get(did)
+        if (p is None or p.stage is not Stage.READY or p.manual_requests > 0 or not p.auto_retry_active
+                or p.next_attempt_at_ms != at):
+            return None
+        return p
+
+    def _top(self) -> Pending | None:
+        """The earliest READY delivery, dropping stale heap entries on the way."""
+        while self._heap:
+            p = self._valid(self._heap[0])
+            if p is not None:
+                return p
+            heapq.heappop(self._heap)
+        return None
+
+    def has_due(self, now_ms: int) -> bool:
+        top = self._top()
+        return bool(self._manual) or (top is not None and top.next_attempt_at_ms <= now_ms)
+
+    def oldest_due(self, now_ms: int) -> int:
+        top = self._top()
+        return top.next_attempt_at_ms if top is not None and top.next_attempt_at_ms <= now_ms else now_ms
+
+    def due_kind(self, now_ms: int) -> Literal["new", "retry"]:
+        """First attempts are "new" work for the fair scheduler; everything else is a retry."""
+        top = self._top()
+        return "new" if self._manual or (top is not None and top.attempt_count == 0) else "retry"
+
+    def candidates(self, now_ms: int, limit: int) -> tuple[list[Pending], int | None]:
+        """What may need action now -- unowned writes, manual replays, and up to ``limit`` due
+        READY deliveries, oldest first -- plus the next time a READY delivery becomes due.
+        Due deliveries returned here are taken off the heap: put() them back if not sent."""
+        out = [self.items[d] for d in self._writes] + [self.items[d] for d in self._manual]
+        taken: set[str] = set()
+        while len(taken) < limit:
+            p = self._top()
+            if p is None or p.next_attempt_at_ms > now_ms:
+                break
+            heapq.heappop(self._heap)
+            if p.delivery.delivery_id in taken:
+                continue  # a duplicate heap entry of one already taken
+            taken.add(p.delivery.delivery_id)
+            out.append(p)
+        top = self._top()
+        return out, (top.next_attempt_at_ms if top is not None else None)

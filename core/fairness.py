@@ -158,6 +158,21 @@ class FairScheduler:
         """Key ``ticket_key`` has ``kind`` work waiting since ``ready_since_ms``. Idempotent."""
         self._waiting[kind].add(ticket_key, tenant, ready_since_ms)
 
+    def acquire_uncontended(self, tenant: str, n: int) -> int:
+        """Work-conserving fast path: when no ticket of any tenant is waiting, fairness has
+        nothing to arbitrate, so take up to ``n`` free slots at once (within the pool and the
+        tenant's quota) without a ticket. Returns the slots taken (0 when others are waiting);
+        the caller then files a ticket like everyone else."""
+        if n <= 0 or self.waiting_count() > 0:
+            return 0
+        held = self._in_flight.get(tenant, 0)
+        take = min(n, self._pool_size - self._in_flight_total, self._quota - held)
+        if take <= 0:
+            return 0
+        self._in_flight[tenant] = held + take
+        self._in_flight_total += take
+        return take
+
     def grant(self, now_ms: int) -> list[str]:
         """Hand out free slots; returns the granted keys in order (a key appears once per slot)."""
         granted = self._grant_urgent(now_ms - self._urgent_after_ms)

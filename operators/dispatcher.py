@@ -22,6 +22,7 @@ import logging
 import random
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -60,6 +61,8 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         s = self._settings
         self._pending = runtime_context.get_map_state(
             MapStateDescriptor("pending", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
+        self._payloads = runtime_context.get_map_state(
+            MapStateDescriptor("payloads", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
         self._replays = runtime_context.get_map_state(
             MapStateDescriptor("replays-loading", Types.STRING(), Types.PICKLED_BYTE_ARRAY()))
         self._breaker = runtime_context.get_state(ValueStateDescriptor("breaker", Types.PICKLED_BYTE_ARRAY()))
@@ -88,6 +91,8 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         self._keys: dict[tuple[str, int], bytes] = {}
         # endpoint_id -> delivery_id -> (kind, future); kinds: persist, send, record, load
         self._io: dict[str, dict[str, tuple[str, concurrent.futures.Future[Any]]]] = {}
+        self._queues: dict[str, logic.EndpointQueue] = {}
+        self._events_written: OrderedDict[str, None] = OrderedDict()
         self._started: dict[str, int] = {}  # delivery_id -> when its current I/O was submitted
         self._fair = FairScheduler(pool_size=s.dispatch.max_in_flight,
                                    tenant_quota=s.dispatch.tenant_max_in_flight)
@@ -109,17 +114,19 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             state.put(cfg.endpoint_id, cfg)
 
     def process_element(self, value: Any, ctx: KeyedBroadcastProcessFunction.ReadOnlyContext):  # type: ignore[override]
-        kind, item = value[1]
+        endpoint_id, (kind, item) = value
+        q = self._queue(endpoint_id, ctx.timer_service().current_processing_time())
         if kind == NEW:
             d: NewDelivery = item
-            if not self._pending.contains(d.delivery_id):
-                self._pending.put(d.delivery_id, logic.Pending(delivery=d, next_attempt_at_ms=d.created_at_ms))
+            if d.delivery_id not in q.items:
+                self._payloads.put(d.delivery_id, d.event.payload)
+                self._save(q, logic.Pending(delivery=_light(d), next_attempt_at_ms=d.created_at_ms))
         elif kind == REPLAY:
             r: ReplayRequest = item
             self._m["replays"].inc()
-            existing = self._pending.get(r.delivery_id)
+            existing = q.items.get(r.delivery_id)
             if existing is not None:
-                self._pending.put(r.delivery_id, replace(existing, manual_requests=existing.manual_requests + 1))
+                self._save(q, replace(existing, manual_requests=existing.manual_requests + 1))
             else:
                 self._replays.put(r.delivery_id, r)
         yield from self._drive(ctx)
@@ -129,88 +136,138 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             self._wake.clear()
         yield from self._drive(ctx)
 
+    # -- keyed state, mirrored by the in-memory index ----------------------------------------------
+    def _queue(self, endpoint_id: str, now: int) -> logic.EndpointQueue:
+        """This endpoint's index; built from keyed state the first time this incarnation sees
+        the endpoint, which is also when work an older incarnation left half-done is adopted."""
+        q = self._queues.get(endpoint_id)
+        if q is None:
+            q = logic.EndpointQueue()
+            for did, p in list(self._pending.items()):
+                adopted = logic.adopt_orphans(p, self._incarnation, now)
+                if adopted is not p:
+                    if p.stage is logic.Stage.SENDING:
+                        self._m["resent_after_restore"].inc()
+                    self._pending.put(did, adopted)
+                q.put(adopted)
+            self._queues[endpoint_id] = q
+        return q
+
+    def _save(self, q: logic.EndpointQueue, p: logic.Pending) -> None:
+        q.put(p)
+        self._pending.put(p.delivery.delivery_id, p)
+
+    def _drop(self, q: logic.EndpointQueue, did: str) -> None:
+        q.remove(did)
+        self._pending.remove(did)
+        self._payloads.remove(did)
+
+    def _full(self, p: logic.Pending) -> NewDelivery:
+        """The delivery with its payload bytes, which live in their own state entry."""
+        d = p.delivery
+        return replace(d, event=replace(d.event, payload=self._payloads.get(d.delivery_id) or b""))
+
     # -- the loop body ---------------------------------------------------------------------------
     def _drive(self, ctx: Any):
         endpoint_id: str = ctx.get_current_key()
         now = ctx.timer_service().current_processing_time()
         cfg: EndpointConfig | None = ctx.get_broadcast_state(ENDPOINT_CONFIGS).get(endpoint_id)
         io = self._io.setdefault(endpoint_id, {})
+        q = self._queue(endpoint_id, now)
         breaker = self._breaker.value() or brk.BreakerState()
 
-        breaker, signals = self._harvest(io, breaker, now)
+        breaker, signals = self._harvest(q, io, breaker, now)
         for signal in signals:
             yield signal.to_json().decode()
         self._start_replay_loads(io)
 
-        pendings: list[logic.Pending] = []
-        for did, p in list(self._pending.items()):
-            q = logic.adopt_orphans(p, self._incarnation, now)
-            if q is not p and p.stage is logic.Stage.SENDING:
-                self._m["resent_after_restore"].inc()
-            q = logic.expire_if_past_deadline(q, now)
-            if q is not p:
-                self._pending.put(did, q)
-            pendings.append(q)
-
-        wake: int | None = None
         sendable, why_not = self._sendable(cfg)
         if cfg is not None and cfg.status is EndpointStatus.DELETED:
-            self._fail_all_ready(pendings, now, "endpoint deleted")
+            self._fail_all_ready(q, now, "endpoint deleted")
         in_flight = sum(1 for kind, _ in io.values() if kind == "send")
         limits = logic.Limits(max_in_flight=(cfg.max_in_flight if cfg and cfg.max_in_flight
                                              else self._settings.dispatch.default_max_in_flight))
-        due = [p for p in pendings if logic.is_due(p, now)] if sendable else []
         granted = 0
-        if due and cfg is not None:
-            want = min(len(due), max(0, limits.max_in_flight - in_flight))
-            if want:
-                kind = "new" if any(p.attempt_count == 0 for p in due) else "retry"
-                self._fair.request(endpoint_id, cfg.tenant_id, kind, min(p.next_attempt_at_ms for p in due))
+        free = max(0, limits.max_in_flight - in_flight)
+        if sendable and cfg is not None and free and q.has_due(now):
+            granted = self._fair.acquire_uncontended(cfg.tenant_id, free)
+            if not granted:
+                self._fair.request(endpoint_id, cfg.tenant_id, q.due_kind(now), q.oldest_due(now))
                 self._fair.grant(now)
                 granted = self._fair.take_grant(endpoint_id)
+        # While not sendable, look at many due deliveries so expiry stays visible.
+        cands, next_ready = q.candidates(now, granted + 1 if sendable else 1000)
+        for i, p in enumerate(cands):
+            expired = logic.expire_if_past_deadline(p, now)
+            if expired is not p:
+                self._save(q, expired)
+                cands[i] = expired
         bucket = self._bucket_for(cfg, now)
         plan, breaker, bucket = logic.plan(
-            pendings if sendable else [p for p in pendings if p.stage is not logic.Stage.READY],
+            cands if sendable else [p for p in cands if p.stage is not logic.Stage.READY],
             in_flight, limits, breaker, bucket, now, granted)
         if granted > len(plan.send) and cfg is not None:
             self._fair.release(cfg.tenant_id, granted - len(plan.send))
-        if due and len(plan.send) < len(due) and plan.wanting_slots:
-            wake = now + 5  # waiting for a slot from the shared pool
-        elif not due:
+        if not q.has_due(now) and not plan.wanting_slots:
             self._fair.cancel(endpoint_id)
 
-        by_id = {p.delivery.delivery_id: p for p in pendings}
+        by_id = {p.delivery.delivery_id: p for p in cands}
+        sending = set(plan.send)
+        for p in cands:  # due but not sent this time: back onto the heap
+            if p.stage is logic.Stage.READY and p.delivery.delivery_id not in sending:
+                q.put(p)
         for did in (*plan.persist, *plan.record, *plan.send):
             self._started[did] = now
         for did in plan.persist:
-            self._pending.put(did, replace(by_id[did], owner=self._incarnation))
-            io[did] = ("persist", self._rt.submit(self._history.persist(by_id[did].delivery)))
+            p = by_id[did]
+            self._save(q, replace(p, owner=self._incarnation))
+            full = self._full(p)
+            write_event = self._claim_event_row(full.event.event_id)
+            io[did] = ("persist", self._rt.submit(self._history.persist(full, write_event)))
         for did in plan.record:
             p = by_id[did]
-            self._pending.put(did, replace(p, owner=self._incarnation))
+            self._save(q, replace(p, owner=self._incarnation))
             assert p.record is not None
             io[did] = ("record", self._rt.submit(self._history.record(p.delivery, p.record, p.attempt_count)))
         for did in plan.send:
             assert cfg is not None
             p = logic.start_sending(by_id[did], self._incarnation)
-            self._pending.put(did, p)
-            io[did] = ("send", self._rt.submit(self._send(p, cfg, self._live_keys(cfg, now))))
+            self._save(q, p)
+            io[did] = ("send", self._rt.submit(self._send(replace(p, delivery=self._full(p)), cfg,
+                                                                self._live_keys(cfg, now))))
             self._m["attempts"].inc()
 
         self._breaker.update(breaker)
         if bucket is not None:
             self._bucket.update(bucket)
-        if not sendable and why_not == "disabled" and any(p.stage is logic.Stage.READY for p in pendings):
+        wake = _earliest(plan.wake_at_ms, next_ready)
+        if plan.wanting_slots:
+            wake = _earliest(wake, now + 5)  # waiting for a slot from the shared pool
+        if not sendable and why_not == "disabled":
             # Held while disabled; wake for the earliest deadline so expiry stays visible.
-            wake = _earliest(wake, min(p.delivery.expires_at_ms for p in pendings))
-        if cfg is None and pendings:
+            held = [p.delivery.expires_at_ms for p in cands if p.stage is logic.Stage.READY]
+            wake = _earliest(wake, min(held) if held else None)
+        if cfg is None and q.items:
             wake = _earliest(wake, now + 100)  # the config broadcast has not reached us yet
-        wake = _earliest(wake, plan.wake_at_ms)
         if io:
             wake = _earliest(wake, now + self._poll_interval_ms(io, now))
         self._schedule_wake(ctx, wake, now)
+        if not q.items and not io:
+            del self._queues[endpoint_id]  # nothing pending: free the index
 
-    def _harvest(self, io: dict[str, tuple[str, concurrent.futures.Future[Any]]],
+    def _claim_event_row(self, event_id: str) -> bool:
+        """Write each event's payload row once per incarnation, not once per delivery. A failed
+        persist un-claims it, and that delivery stays PERSIST (in state) until the row is written,
+        so the row is never missing for good."""
+        if event_id in self._events_written:
+            self._events_written.move_to_end(event_id)
+            return False
+        self._events_written[event_id] = None
+        if len(self._events_written) > 100_000:
+            self._events_written.popitem(last=False)
+        return True
+
+    def _harvest(self, q: logic.EndpointQueue, io: dict[str, tuple[str, concurrent.futures.Future[Any]]],
                  breaker: brk.BreakerState, now: int) -> tuple[brk.BreakerState, list[EndpointSignal]]:
         """Apply every finished I/O of this endpoint; returns signals for the control plane."""
         signals: list[EndpointSignal] = []
@@ -220,19 +277,20 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             del io[did]
             self._started.pop(did, None)
             if kind == "load":
-                self._finish_replay_load(did, fut)
+                self._finish_replay_load(q, did, fut)
                 continue
-            p = self._pending.get(did)
+            p = q.items.get(did)
             if p is None:
                 continue
             exc = fut.exception()
             if kind == "persist":
-                p = logic.after_persist_failed(p, now) if exc else replace(
-                    p, stage=logic.Stage.READY, owner="", write_failures=0)
                 if exc:
                     self._m["history_write_failures"].inc()
+                    self._events_written.pop(p.delivery.event.event_id, None)
                     log.warning("persisting %s failed, will retry: %s", did, redact(str(exc)))
-                self._pending.put(did, p)
+                    self._save(q, logic.after_persist_failed(p, now))
+                else:
+                    self._save(q, replace(p, stage=logic.Stage.READY, owner="", write_failures=0))
             elif kind == "send":
                 self._fair.release(p.delivery.tenant_id)
                 report = fut.result() if exc is None else _internal_error_report(p, exc, now)
@@ -247,18 +305,18 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                         endpoint_id=p.delivery.endpoint_id, tenant_id=p.delivery.tenant_id,
                         config_version=report.endpoint_config_version, signal="gone",
                         detail=f"receiver answered 410 Gone for delivery {did}", at_ms=now))
-                self._pending.put(did, p)
+                self._save(q, p)
             elif kind == "record":
                 if exc:
                     self._m["history_write_failures"].inc()
                     log.warning("writing history of %s failed, will retry: %s", did, redact(str(exc)))
-                    self._pending.put(did, logic.after_record_failed(p, now))
+                    self._save(q, logic.after_record_failed(p, now))
                 else:
-                    q = logic.after_record_written(p)
-                    if q is None:
-                        self._pending.remove(did)
+                    nxt = logic.after_record_written(p)
+                    if nxt is None:
+                        self._drop(q, did)
                     else:
-                        self._pending.put(did, q)
+                        self._save(q, nxt)
         return breaker, signals
 
     def _count(self, r: logic.AttemptRecord) -> None:
@@ -272,7 +330,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                 self._started[did] = int(time.time() * 1000)
                 io[did] = ("load", self._rt.submit(self._history.load_for_replay(did)))
 
-    def _finish_replay_load(self, did: str, fut: concurrent.futures.Future[Any]) -> None:
+    def _finish_replay_load(self, q: logic.EndpointQueue, did: str, fut: concurrent.futures.Future[Any]) -> None:
         if fut.exception() is not None:
             return  # the marker stays; the next drive loads again
         self._replays.remove(did)
@@ -282,12 +340,13 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             log.warning("replay of unknown or expired delivery %s ignored", did)
             return
         d, attempt_count, auto_active = loaded
-        existing = self._pending.get(did)
+        existing = q.items.get(did)
         if existing is not None:
-            self._pending.put(did, replace(existing, manual_requests=existing.manual_requests + 1))
+            self._save(q, replace(existing, manual_requests=existing.manual_requests + 1))
         else:
-            self._pending.put(did, logic.Pending(
-                delivery=d, stage=logic.Stage.READY, attempt_count=attempt_count,
+            self._payloads.put(did, d.event.payload)
+            self._save(q, logic.Pending(
+                delivery=_light(d), stage=logic.Stage.READY, attempt_count=attempt_count,
                 next_attempt_at_ms=d.created_at_ms, auto_retry_active=auto_active, manual_requests=1))
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -303,18 +362,16 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             self._gone.clear()  # a person re-enabled or changed the endpoint after the 410
         return True, ""
 
-    def _fail_all_ready(self, pendings: list[logic.Pending], now: int, reason: str) -> None:
-        for i, p in enumerate(pendings):
+    def _fail_all_ready(self, q: logic.EndpointQueue, now: int, reason: str) -> None:
+        for p in list(q.items.values()):
             if p.stage is not logic.Stage.READY:
                 continue
             record = logic.AttemptRecord(
                 attempt_number=0, started_at_ms=now, finished_at_ms=now, http_status=None, outcome="failed",
                 error_class=None, detail=reason, manual=False, delivery_status="failed",
                 next_attempt_at_ms=None, auto_retry_active=False)
-            q = replace(p, stage=logic.Stage.RECORDING, owner="", auto_retry_active=False,
-                        manual_requests=0, record=record)
-            self._pending.put(p.delivery.delivery_id, q)
-            pendings[i] = q
+            self._save(q, replace(p, stage=logic.Stage.RECORDING, owner="", auto_retry_active=False,
+                                  manual_requests=0, record=record))
 
     def _bucket_for(self, cfg: EndpointConfig | None, now: int) -> ratelimit.TokenBucket | None:
         if cfg is None or not cfg.rate_limit_per_s:
@@ -374,6 +431,12 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             return  # an earlier timer is already set; it will re-plan
         ctx.timer_service().register_processing_time_timer(wake)
         self._wake.update(wake)
+
+
+def _light(d: NewDelivery) -> NewDelivery:
+    """The delivery without its payload: the bytes sit once in their own state entry, so the
+    small record rewritten at every stage change stays small."""
+    return replace(d, event=replace(d.event, payload=b""))
 
 
 def _earliest(a: int | None, b: int | None) -> int | None:

@@ -35,6 +35,10 @@ class FanOut(KeyedBroadcastProcessFunction):
             .build())
         self._seen = runtime_context.get_state(seen)
         self._held = runtime_context.get_state(ValueStateDescriptor("held", Types.PICKLED_BYTE_ARRAY()))
+        # In-memory mirror of the broadcast state, by tenant, so matching an event reads only its
+        # tenant's endpoints. Rebuilt from the broadcast state on first use after a (re)start.
+        self._by_tenant: dict[str, dict[str, EndpointConfig]] | None = None
+        self._clock: int | None = None
         m = runtime_context.get_metrics_group()
         self._duplicates = m.counter("duplicate_events_dropped")
         self._deliveries = m.counter("deliveries_created")
@@ -46,8 +50,25 @@ class FanOut(KeyedBroadcastProcessFunction):
             current = state.get(CLOCK_KEY)
             if current is None or value.published_at_ms > current:
                 state.put(CLOCK_KEY, value.published_at_ms)
+                self._clock = value.published_at_ms
         elif isinstance(value, EndpointConfig) and fanout.newer(state.get(value.endpoint_id), value):
             state.put(value.endpoint_id, value)
+            if self._by_tenant is not None:
+                self._by_tenant.setdefault(value.tenant_id, {})[value.endpoint_id] = value
+
+    def _tenant_configs(self, state, tenant_id: str) -> list[EndpointConfig]:
+        if self._by_tenant is None:
+            index: dict[str, dict[str, EndpointConfig]] = {}
+            for key, cfg in state.items():
+                if key != CLOCK_KEY:
+                    index.setdefault(cfg.tenant_id, {})[key] = cfg
+            self._by_tenant = index
+        return list(self._by_tenant.get(tenant_id, {}).values())
+
+    def _config_clock(self, state) -> int | None:
+        if self._clock is None:
+            self._clock = state.get(CLOCK_KEY)
+        return self._clock
 
     def process_element(self, value, ctx):  # type: ignore[override]
         _, (event, arrived_ms) = value
@@ -66,13 +87,12 @@ class FanOut(KeyedBroadcastProcessFunction):
 
     def _release_or_hold(self, event: EventRecord, arrived_ms: int, ctx):
         state = ctx.get_broadcast_state(ENDPOINT_CONFIGS)
-        if not fanout.clock_passed(state.get(CLOCK_KEY), arrived_ms):
+        if not fanout.clock_passed(self._config_clock(state), arrived_ms):
             self._held.update((event, arrived_ms))
             now = ctx.timer_service().current_processing_time()
             ctx.timer_service().register_processing_time_timer(now + _HOLD_RECHECK_MS)
             return
-        configs = [v for k, v in state.items() if k != CLOCK_KEY]
-        chosen = fanout.select_endpoints(event, configs)
+        chosen = fanout.select_endpoints(event, self._tenant_configs(state, event.tenant_id))
         if not chosen:
             self._unmatched.inc()
         for d in fanout.deliveries_for(event, chosen, arrived_ms, self._deadline_ms):

@@ -17,7 +17,6 @@ from typing import Any
 
 from cassandra.cluster import Cluster, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-from cassandra.query import BatchStatement, BatchType
 
 from core.dispatch import AttemptRecord
 from core.fanout import NewDelivery
@@ -101,42 +100,48 @@ class CassandraHistory:
         async with self._sem:
             return await _await(self._session.execute_async(stmt, params))
 
-    async def persist(self, d: NewDelivery) -> None:
-        """Payload and delivery rows, durable before the first attempt."""
+    async def persist(self, d: NewDelivery, write_event: bool = True) -> None:
+        """Payload and delivery rows, durable before the first attempt. The writes are
+        independent idempotent upserts run concurrently: if any fails the whole persist is
+        retried, so no atomic batch is needed (and none of its batchlog cost is paid)."""
         e = d.event
         wts = d.created_at_ms * 1000
         created = _ts(d.created_at_ms)
-        batch = BatchStatement(batch_type=BatchType.LOGGED)
-        # A logged batch: the delivery row and its two index rows land together or not at all.
-        batch.add(self._insert_delivery, (d.delivery_id, e.event_id, d.tenant_id, d.endpoint_id,
-                                          d.endpoint_config_version, e.event_type, created,
-                                          _ts(d.expires_at_ms), created, wts))
-        batch.add(self._insert_by_event, (e.event_id, d.endpoint_id, d.delivery_id, d.tenant_id,
-                                          d.endpoint_config_version, created, wts))
-        batch.add(self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), created,
-                                             d.delivery_id, e.event_id, e.event_type, wts))
-        await self._run(self._insert_event, (e.event_id, e.tenant_id, e.event_type, e.schema_version,
-                                             e.object_id, e.object_version, _ts(e.occurred_at_ms), e.payload,
-                                             e.payload_sha256, created, wts))
-        await self._run(batch, None)
+        writes = [
+            self._run(self._insert_delivery, (d.delivery_id, e.event_id, d.tenant_id, d.endpoint_id,
+                                              d.endpoint_config_version, e.event_type, created,
+                                              _ts(d.expires_at_ms), created, wts)),
+            self._run(self._insert_by_event, (e.event_id, d.endpoint_id, d.delivery_id, d.tenant_id,
+                                              d.endpoint_config_version, created, wts)),
+            self._run(self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), created,
+                                                 d.delivery_id, e.event_id, e.event_type, wts)),
+        ]
+        if write_event:
+            writes.append(self._run(self._insert_event, (
+                e.event_id, e.tenant_id, e.event_type, e.schema_version, e.object_id, e.object_version,
+                _ts(e.occurred_at_ms), e.payload, e.payload_sha256, created, wts)))
+        await asyncio.gather(*writes)
 
     async def record(self, d: NewDelivery, r: AttemptRecord, attempt_count: int) -> None:
         now = _ts(r.finished_at_ms)
+        writes = [
+            self._run(self._update_delivery, (
+                r.delivery_status, attempt_count, _ts(r.next_attempt_at_ms), r.http_status, r.error_class,
+                r.auto_retry_active, now, d.delivery_id)),
+            self._run(self._update_by_endpoint, (
+                r.delivery_status, attempt_count, r.http_status, now, d.tenant_id, d.endpoint_id,
+                _day(d.created_at_ms), _ts(d.created_at_ms), d.delivery_id)),
+        ]
         if r.attempt_number > 0:
-            await self._run(self._insert_attempt, (
+            writes.append(self._run(self._insert_attempt, (
                 d.delivery_id, r.attempt_number, f"{d.delivery_id}/{r.attempt_number}", d.endpoint_id,
                 r.endpoint_config_version, r.url, _ts(r.started_at_ms), now, r.http_status, r.latency_ms,
                 r.outcome, r.error_class, r.response_sha256, r.response_prefix,
-                list(r.signing_key_versions), r.manual))
-            await self._run(self._insert_attempt_by_endpoint, (
+                list(r.signing_key_versions), r.manual)))
+            writes.append(self._run(self._insert_attempt_by_endpoint, (
                 d.endpoint_id, _hour(r.started_at_ms), _ts(r.started_at_ms), d.delivery_id, r.attempt_number,
-                d.tenant_id, r.outcome, r.http_status, r.error_class, r.latency_ms, r.manual))
-        await self._run(self._update_delivery, (
-            r.delivery_status, attempt_count, _ts(r.next_attempt_at_ms), r.http_status, r.error_class,
-            r.auto_retry_active, now, d.delivery_id))
-        await self._run(self._update_by_endpoint, (
-            r.delivery_status, attempt_count, r.http_status, now, d.tenant_id, d.endpoint_id,
-            _day(d.created_at_ms), _ts(d.created_at_ms), d.delivery_id))
+                d.tenant_id, r.outcome, r.http_status, r.error_class, r.latency_ms, r.manual)))
+        await asyncio.gather(*writes)
 
     async def load_for_replay(self, delivery_id: str) -> tuple[NewDelivery, int, bool] | None:
         """The stored delivery (with its immutable payload), its attempt count and whether automatic

@@ -14,7 +14,11 @@ mkdir -p "$RUN/tmp"
 say()  { printf '\033[1m[stack]\033[0m %s\n' "$*"; }
 fail() { printf '\033[31m[stack] %s\033[0m\n' "$*" >&2; exit 1; }
 
-pid_alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+# A killed server whose parent is gone can stay a zombie where nothing reaps orphans; a zombie is
+# not alive (kill -0 alone would say it is).
+pid_alive() {
+  [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != "Z" ]
+}
 
 # running <part>: true when the pid we recorded for <part> is alive.
 running() {

@@ -95,12 +95,24 @@ def test_taskmanager_killed_mid_fanout_every_delivery_accounted_for(settings, jo
     eventually(lambda: len([r for r in receiver.requests() if r.path.startswith(f"/ep/crash-{tenant_id}")]) >= 50
                or None, timeout=60, interval=0.05, what="fan-out under way")
     tm_pid = int((RUN / "flink-tm" / "pid").read_text())
+    killed_at_ms = int(time.time() * 1000)
     os.killpg(tm_pid, signal.SIGKILL)
     time.sleep(1)
-    subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "start"], check=True, capture_output=True)
+    started = subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "start"], check=True,
+                             capture_output=True, text=True)
+    assert "starting flink taskmanager" in started.stdout, started.stdout
 
+    # Flink notices the lost TaskManager, then redeploys every task on the new one from the last
+    # checkpoint: wait for tasks started after the kill, not for the stale RUNNING status.
     job_id = job_script(job_env, "id").strip() or delivery_job
-    wait_all_running(job_id, timeout=180)
+
+    def redeployed():
+        d = _rest(f"/jobs/{job_id}")
+        return d["state"] == "RUNNING" and all(
+            v["status"] == "RUNNING" and v["start-time"] > killed_at_ms for v in d["vertices"]) or None
+
+    eventually(redeployed, timeout=180, interval=1, what="job restored on the new TaskManager")
+    wait_all_running(job_id, timeout=60)
     dups = _assert_all_delivered(cassandra_session, receiver, events, endpoint_ids, timeout=180)
     # Duplicates are the at-least-once cost of the crash; they must carry the same webhook-id,
     # which _assert_all_delivered matched on. Report them for the record.

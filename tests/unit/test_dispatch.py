@@ -14,6 +14,7 @@ import pytest
 from core import breaker as brk
 from core import ratelimit
 from core.dispatch import (
+    EndpointQueue,
     Limits,
     Pending,
     SendReport,
@@ -510,3 +511,60 @@ def test_a_new_result_resets_the_write_backoff() -> None:
     p = replace(sending(), write_failures=6, write_retry_at_ms=NOW + 30_000)
     after, _ = apply_result(p, report(HttpResult(500)), brk.CLOSED, BREAKER_CFG, SCHEDULE, HALF)
     assert (after.write_failures, after.write_retry_at_ms) == (0, 0)
+
+
+# -- EndpointQueue: the in-memory index over one endpoint's pending deliveries -----------------
+
+
+def _ids(ps: list[Pending]) -> list[str]:
+    return [p.delivery.delivery_id for p in ps]
+
+
+def test_queue_hands_out_due_deliveries_oldest_first_up_to_the_limit():
+    q = EndpointQueue()
+    for i, at in enumerate([NOW + 50, NOW - 10, NOW - 30, NOW]):
+        q.put(pending(f"d{i}", stage=Stage.READY, next_attempt_at_ms=at))
+    got, next_at = q.candidates(NOW, limit=2)
+    assert _ids(got) == ["d2", "d1"]
+    assert next_at == NOW  # d3 is due now and was left for the next call
+    got, next_at = q.candidates(NOW, limit=5)
+    assert _ids(got) == ["d3"] and next_at == NOW + 50
+
+
+def test_queue_skips_stale_entries_and_never_returns_a_delivery_twice():
+    q = EndpointQueue()
+    q.put(pending("a", stage=Stage.READY, next_attempt_at_ms=NOW - 5))
+    q.put(pending("a", stage=Stage.READY, next_attempt_at_ms=NOW - 5))  # same entry twice
+    q.put(pending("b", stage=Stage.READY, next_attempt_at_ms=NOW - 9))
+    q.put(pending("b", stage=Stage.SENDING, owner="me"))  # b moved on: its heap entry is stale
+    got, _ = q.candidates(NOW, limit=10)
+    assert _ids(got) == ["a"]
+
+
+def test_queue_lists_unowned_writes_and_manual_replays_regardless_of_time():
+    q = EndpointQueue()
+    q.put(pending("w", stage=Stage.PERSIST))
+    q.put(pending("owned", stage=Stage.PERSIST, owner="me"))
+    q.put(pending("m", stage=Stage.READY, next_attempt_at_ms=NOW + 10_000, manual_requests=1,
+                  auto_retry_active=False))
+    q.put(pending("later", stage=Stage.READY, next_attempt_at_ms=NOW + 10_000))
+    got, next_at = q.candidates(NOW, limit=0)
+    assert sorted(_ids(got)) == ["m", "w"]
+    assert next_at == NOW + 10_000
+    assert q.has_due(NOW) and q.due_kind(NOW) == "new"
+
+
+def test_queue_put_back_makes_an_unsent_delivery_due_again():
+    q = EndpointQueue()
+    q.put(pending("a", stage=Stage.READY, next_attempt_at_ms=NOW, attempt_count=2))
+    (p,), _ = q.candidates(NOW, limit=1)
+    assert not q.has_due(NOW)
+    q.put(p)
+    assert q.has_due(NOW) and q.due_kind(NOW) == "retry" and q.oldest_due(NOW) == NOW
+
+
+def test_queue_remove_forgets_the_delivery():
+    q = EndpointQueue()
+    q.put(pending("a", stage=Stage.READY, next_attempt_at_ms=NOW))
+    q.remove("a")
+    assert len(q) == 0 and q.candidates(NOW, 5) == ([], None)

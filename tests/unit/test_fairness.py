@@ -261,3 +261,17 @@ def test_pool_and_quotas_are_never_exceeded(
         assert all(s.in_flight(t) <= quota for t in TENANTS)
         assert s.in_flight_total() == sum(s.in_flight(t) for t in TENANTS)
         assert all(s.in_flight(t) >= owned[t] for t in TENANTS)
+
+
+def test_uncontended_fast_path_takes_many_slots_but_never_past_quota_or_pool():
+    s = FairScheduler(pool_size=10, tenant_quota=6)
+    assert s.acquire_uncontended("a", 8) == 6  # the tenant quota caps it
+    assert s.acquire_uncontended("b", 8) == 4  # then the pool does
+    assert s.in_flight_total() == 10
+    assert s.acquire_uncontended("c", 1) == 0
+
+
+def test_uncontended_fast_path_yields_to_waiting_tickets():
+    s = FairScheduler(pool_size=10, tenant_quota=10)
+    s.request("k1", "a", "new", 0)
+    assert s.acquire_uncontended("b", 3) == 0  # someone is waiting: take a turn instead
