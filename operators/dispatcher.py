@@ -92,6 +92,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         # endpoint_id -> delivery_id -> (kind, future); kinds: persist, send, record, load
         self._io: dict[str, dict[str, tuple[str, concurrent.futures.Future[Any]]]] = {}
         self._queues: dict[str, logic.EndpointQueue] = {}
+        self._writes_in_flight = 0
         self._events_written: OrderedDict[str, None] = OrderedDict()
         self._started: dict[str, int] = {}  # delivery_id -> when its current I/O was submitted
         self._fair = FairScheduler(pool_size=s.dispatch.max_in_flight,
@@ -216,19 +217,26 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         for p in cands:  # due but not sent this time: back onto the heap
             if p.stage is logic.Stage.READY and p.delivery.delivery_id not in sending:
                 q.put(p)
-        for did in (*plan.persist, *plan.record, *plan.send):
+        # History writes in flight are bounded for the whole instance; what does not fit stays
+        # unowned in the index and goes at the next call. Records first: they finish deliveries.
+        budget = max(0, self._settings.cassandra.max_concurrent_writes - self._writes_in_flight)
+        records = plan.record[:budget]
+        persists = plan.persist[:max(0, budget - len(records))]
+        if len(records) + len(persists) < len(plan.record) + len(plan.persist):
+            plan.wake(now + 5)
+        for did in (*persists, *records, *plan.send):
             self._started[did] = now
-        for did in plan.persist:
+        for did in persists:
             p = by_id[did]
             self._save(q, replace(p, owner=self._incarnation))
             full = self._full(p)
-            write_event = self._claim_event_row(full.event.event_id)
-            io[did] = ("persist", self._rt.submit(self._history.persist(full, write_event)))
-        for did in plan.record:
+            io[did] = ("persist", self._history.persist(full, self._claim_event_row(full.event.event_id)))
+        for did in records:
             p = by_id[did]
             self._save(q, replace(p, owner=self._incarnation))
             assert p.record is not None
-            io[did] = ("record", self._rt.submit(self._history.record(p.delivery, p.record, p.attempt_count)))
+            io[did] = ("record", self._history.record(p.delivery, p.record, p.attempt_count))
+        self._writes_in_flight += len(persists) + len(records)
         for did in plan.send:
             assert cfg is not None
             p = logic.start_sending(by_id[did], self._incarnation)
@@ -276,6 +284,8 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                 continue
             del io[did]
             self._started.pop(did, None)
+            if kind in ("persist", "record"):
+                self._writes_in_flight -= 1
             if kind == "load":
                 self._finish_replay_load(q, did, fut)
                 continue
