@@ -121,7 +121,16 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             d: NewDelivery = item
             if d.delivery_id not in q.items:
                 self._payloads.put(d.delivery_id, d.event.payload)
-                self._save(q, logic.Pending(delivery=_light(d), next_attempt_at_ms=d.created_at_ms))
+                p = logic.Pending(delivery=_light(d), next_attempt_at_ms=d.created_at_ms)
+                self._save(q, p)
+                # The fast path for a burst of new deliveries: start making this one durable now
+                # and let the endpoint's timer do the rest, instead of a full pass per element.
+                if self._writes_in_flight < self._settings.cassandra.max_concurrent_writes:
+                    now = ctx.timer_service().current_processing_time()
+                    io = self._io.setdefault(endpoint_id, {})
+                    self._start_persist(q, io, p, d, now)
+                    self._schedule_wake(ctx, now + self._settings.dispatch.harvest_interval_ms, now)
+                    return
         elif kind == REPLAY:
             r: ReplayRequest = item
             self._m["replays"].inc()
@@ -158,6 +167,21 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         q.put(p)
         self._pending.put(p.delivery.delivery_id, p)
 
+    @staticmethod
+    def _mark(q: logic.EndpointQueue, p: logic.Pending) -> None:
+        """Record in memory only that this incarnation owns a write. Keyed state keeps the
+        unowned version, which a restore treats exactly the same (the write is redone), so the
+        state write is saved."""
+        q.put(p)
+
+    def _start_persist(self, q: logic.EndpointQueue, io: dict[str, tuple[str, concurrent.futures.Future[Any]]],
+                       p: logic.Pending, full: NewDelivery, now: int) -> None:
+        did = p.delivery.delivery_id
+        self._mark(q, replace(p, owner=self._incarnation))
+        io[did] = ("persist", self._history.persist(full, self._claim_event_row(full.event.event_id)))
+        self._started[did] = now
+        self._writes_in_flight += 1
+
     def _drop(self, q: logic.EndpointQueue, did: str) -> None:
         q.remove(did)
         self._pending.remove(did)
@@ -175,9 +199,9 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         cfg: EndpointConfig | None = ctx.get_broadcast_state(ENDPOINT_CONFIGS).get(endpoint_id)
         io = self._io.setdefault(endpoint_id, {})
         q = self._queue(endpoint_id, now)
-        breaker = self._breaker.value() or brk.BreakerState()
+        breaker_before = self._breaker.value() or brk.BreakerState()
 
-        breaker, signals = self._harvest(q, io, breaker, now)
+        breaker, signals = self._harvest(q, io, breaker_before, now)
         for signal in signals:
             yield signal.to_json().decode()
         self._start_replay_loads(io)
@@ -224,28 +248,31 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         persists = plan.persist[:max(0, budget - len(records))]
         if len(records) + len(persists) < len(plan.record) + len(plan.persist):
             plan.wake(now + 5)
-        for did in (*persists, *records, *plan.send):
-            self._started[did] = now
         for did in persists:
-            p = by_id[did]
-            self._save(q, replace(p, owner=self._incarnation))
-            full = self._full(p)
-            io[did] = ("persist", self._history.persist(full, self._claim_event_row(full.event.event_id)))
+            self._start_persist(q, io, by_id[did], self._full(by_id[did]), now)
         for did in records:
             p = by_id[did]
-            self._save(q, replace(p, owner=self._incarnation))
+            self._mark(q, replace(p, owner=self._incarnation))
             assert p.record is not None
             io[did] = ("record", self._history.record(p.delivery, p.record, p.attempt_count))
-        self._writes_in_flight += len(persists) + len(records)
-        for did in plan.send:
+            self._started[did] = now
+        self._writes_in_flight += len(records)
+        if plan.send:
             assert cfg is not None
-            p = logic.start_sending(by_id[did], self._incarnation)
-            self._save(q, p)
-            io[did] = ("send", self._rt.submit(self._send(replace(p, delivery=self._full(p)), cfg,
-                                                                self._live_keys(cfg, now))))
-            self._m["attempts"].inc()
+            keys = self._live_keys(cfg, now)
+            sends = []
+            for did in plan.send:
+                p = logic.start_sending(by_id[did], self._incarnation)
+                self._save(q, p)
+                sends.append(self._send(replace(p, delivery=self._full(p)), cfg, keys))
+                self._started[did] = now
+            # One wake-up of the I/O loop for the whole batch, not one per request.
+            for did, fut in zip(plan.send, self._rt.submit_all(sends), strict=True):
+                io[did] = ("send", fut)
+            self._m["attempts"].inc(len(plan.send))
 
-        self._breaker.update(breaker)
+        if breaker != breaker_before:
+            self._breaker.update(breaker)
         if bucket is not None:
             self._bucket.update(bucket)
         wake = _earliest(plan.wake_at_ms, next_ready)
