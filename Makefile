@@ -28,8 +28,9 @@ status:
 bench: setup up ## end-to-end benchmark; last line is the comparable summary
 	@$(PY) -m bench.run
 
-lint:
+lint: ## ruff and mypy over the whole tree (make test runs it first)
 	@$(PY) -m ruff check .
+	@$(PY) -m mypy
 
 proto:
 	@$(PY) -m control_plane.codegen

@@ -17,6 +17,7 @@ Rules that hold for every method:
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import logging
@@ -139,7 +140,8 @@ class EndpointService:
         items = items[:limit]
         return Page(tuple(items), cursor.encode("endpoints", after=items[-1].endpoint_id))
 
-    def versions(self, principal: Principal, endpoint_id: str) -> list[EndpointVersion]:
+    # `builtins.list`: this class defines a method named `list`, which shadows the builtin here.
+    def versions(self, principal: Principal, endpoint_id: str) -> builtins.list[EndpointVersion]:
         endpoint = self._load(principal, endpoint_id, include_deleted=True)
         stored = {v.config_version: v for v in self._d.store.list_versions(
             principal.tenant_id, endpoint.endpoint_id)}

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+from cassandra import ConsistencyLevel, DriverException
 from cassandra.cluster import NoHostAvailable, Session
 from cassandra.query import PreparedStatement
 
-from cassandra import ConsistencyLevel, DriverException
 from control_plane.domain import (
     ApiKey,
     Attempt,

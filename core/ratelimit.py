@@ -62,10 +62,11 @@ def try_take(bucket: TokenBucket, now_ms: int) -> tuple[bool, TokenBucket, int]:
     ``wait_ms`` is 0 when taken, else how long until one token will be there, rounded up so a
     retry after exactly ``wait_ms`` succeeds (the dispatcher sets a timer for it).
     """
-    if bucket.rate_per_s is None:
+    rate = bucket.rate_per_s
+    if rate is None:
         return True, bucket, 0
     bucket = _refilled(bucket, now_ms)
     if bucket.tokens >= 1 - _ROUNDING:
         return True, replace(bucket, tokens=max(0.0, bucket.tokens - 1)), 0
-    wait_ms = math.ceil((1 - bucket.tokens) * 1000 / bucket.rate_per_s)
+    wait_ms = math.ceil((1 - bucket.tokens) * 1000 / rate)
     return False, bucket, max(1, wait_ms)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -37,7 +38,7 @@ class AsyncRuntime:
         def start() -> None:
             for coro, fut in zip(coros, futures, strict=True):
                 task = self.loop.create_task(coro)
-                task.add_done_callback(lambda t, f=fut: _copy_result(t, f))
+                task.add_done_callback(functools.partial(_copy_result, fut=fut))
 
         self.loop.call_soon_threadsafe(start)
         return futures
@@ -51,7 +52,7 @@ class AsyncRuntime:
         self._thread.join(timeout=5)
 
 
-def _copy_result(task: asyncio.Task[Any], fut: concurrent.futures.Future[Any]) -> None:
+def _copy_result(task: asyncio.Task[Any], *, fut: concurrent.futures.Future[Any]) -> None:
     if task.cancelled():
         fut.cancel()
     elif task.exception() is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import trustme
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
 SERVER_NAMES: tuple[str, ...] = ("localhost", "127.0.0.1", "::1", "receiver.test")
@@ -85,7 +86,7 @@ def _server_fits(paths: CertPaths) -> bool:
         if key.public_key() != leaf.public_key():
             return False
         sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (ValueError, TypeError, IndexError, x509.ExtensionNotFound, x509.InvalidSignature):
+    except (ValueError, TypeError, IndexError, x509.ExtensionNotFound, InvalidSignature):
         return False
     covered = {str(n) for n in sans.get_values_for_type(x509.DNSName)}
     covered |= {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}

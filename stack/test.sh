@@ -22,6 +22,9 @@ cleanup() {
   exit $rc
 }
 trap cleanup EXIT
+say "lint: ruff + mypy"
+"$PY" -m ruff check . || exit 1
+"$PY" -m mypy || exit 1
 bash "$REPO/stack/up.sh"
 set +e
 "$PY" -m pytest -q -p no:cacheprovider "$@"
