@@ -12,7 +12,7 @@ import logging
 from pyflink.common import Configuration, WatermarkStrategy
 from pyflink.common.serialization import SimpleStringSchema
 from pyflink.common.typeinfo import Types
-from pyflink.datastream import StreamExecutionEnvironment
+from pyflink.datastream import DataStream, StreamExecutionEnvironment
 from pyflink.datastream.checkpointing_mode import CheckpointingMode
 from pyflink.datastream.connectors.base import DeliveryGuarantee
 from pyflink.datastream.connectors.kafka import (
@@ -22,6 +22,7 @@ from pyflink.datastream.connectors.kafka import (
     KafkaSink,
     KafkaSource,
 )
+from pyflink.table import StreamTableEnvironment
 
 from core.settings import Settings, load_settings
 from jobs import uids
@@ -51,6 +52,30 @@ def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bo
             .build())
 
 
+def _endpoint_topic(env: StreamExecutionEnvironment, settings: Settings) -> DataStream:
+    """The compacted endpoints topic as a changelog: upsert-kafka reads it from the start, keeps the
+    latest value per key, and turns tombstones into DELETE rows (PyFlink's DataStream Kafka source
+    cannot see null values). Its uids come from the table planner (`table.exec.uid.generation`)."""
+    k = settings.kafka
+    t_env = StreamTableEnvironment.create(env)
+    t_env.get_config().set("table.exec.uid.generation", "ALWAYS")
+    t_env.execute_sql(f"""
+        CREATE TEMPORARY TABLE endpoint_topic (
+            endpoint_id STRING,
+            config STRING,
+            PRIMARY KEY (endpoint_id) NOT ENFORCED
+        ) WITH (
+            'connector' = 'upsert-kafka',
+            'topic' = '{k.endpoints_topic}',
+            'properties.bootstrap.servers' = '{k.bootstrap_servers}',
+            'properties.group.id' = '{k.consumer_group}.endpoints',
+            'key.format' = 'raw',
+            'value.format' = 'raw',
+            'value.fields-include' = 'EXCEPT_KEY'
+        )""")
+    return t_env.to_changelog_stream(t_env.from_path("endpoint_topic"))
+
+
 def _string_sink(settings: Settings, topic: str) -> KafkaSink:
     # At-least-once: flushed on every checkpoint, so nothing acknowledged by a checkpoint is lost.
     return (KafkaSink.builder()
@@ -67,11 +92,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
 
     events = (env.from_source(_source(settings, k.events_topic, "events", False), no_wm, "events")
               .uid(uids.EVENTS_SOURCE).name("Kafka: " + k.events_topic))
-    # The endpoints topic is compacted: read it whole on every start, so the broadcast state is
-    # complete whatever the checkpoint holds.
-    endpoint_records = (env.from_source(_source(settings, k.endpoints_topic, "endpoints", True), no_wm,
-                                        "endpoints")
-                        .uid(uids.ENDPOINTS_SOURCE).name("Kafka: " + k.endpoints_topic)
+    endpoint_records = (_endpoint_topic(env, settings)
                         .flat_map(ParseEndpointRecord(), Types.PICKLED_BYTE_ARRAY())
                         .uid(uids.PARSE_ENDPOINTS).name("parse endpoint configs"))
     replays = (env.from_source(_source(settings, k.replays_topic, "replays", False), no_wm, "replays")

@@ -1,8 +1,8 @@
 """Stable operator uids. Savepoints map state to operators by these strings: renaming one loses
-that operator's state on upgrade. tests/unit/test_job_uids.py pins them."""
+that operator's state on upgrade. tests/unit/test_job_uids.py pins them. The endpoints-topic
+source is a table source whose uids the planner derives (table.exec.uid.generation = ALWAYS)."""
 
 EVENTS_SOURCE = "events-source"
-ENDPOINTS_SOURCE = "endpoints-source"
 REPLAYS_SOURCE = "replays-source"
 PARSE_EVENTS = "parse-events"
 PARSE_ENDPOINTS = "parse-endpoint-configs"
@@ -13,5 +13,5 @@ DISPATCH = "dispatch"
 DISPATCH_CONFIGS = "dispatch-endpoint-configs"
 SIGNALS_SINK = "endpoint-signals-sink"
 
-ALL = (EVENTS_SOURCE, ENDPOINTS_SOURCE, REPLAYS_SOURCE, PARSE_EVENTS, PARSE_ENDPOINTS, PARSE_REPLAYS,
+ALL = (EVENTS_SOURCE, REPLAYS_SOURCE, PARSE_EVENTS, PARSE_ENDPOINTS, PARSE_REPLAYS,
        DEAD_LETTER_SINK, FAN_OUT, DISPATCH, DISPATCH_CONFIGS, SIGNALS_SINK)

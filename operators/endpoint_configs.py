@@ -1,14 +1,22 @@
-"""The endpoints topic as a broadcast stream: one shared state descriptor and its parser."""
+"""The endpoints topic as a broadcast stream: one shared state descriptor and its parser.
+
+The topic is read through Flink's upsert-kafka table source, which understands a compacted
+topic: the latest value per key, and a tombstone (null value) as a DELETE row that still carries
+the key and the last value. A tombstone is turned into that last config with status ``deleted``
+one version up, so downstream a tombstone and an explicit ``deleted`` config mean the same.
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
+from pyflink.common import Row, RowKind
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.functions import FlatMapFunction
 from pyflink.datastream.state import MapStateDescriptor
 
-from core.records import parse_endpoint_topic_value
+from core.records import EndpointConfig, EndpointStatus, parse_endpoint_topic_value
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +28,17 @@ class ParseEndpointRecord(FlatMapFunction):
     """Configs and clock ticks from the control plane. A record we cannot read is logged and
     skipped: the control plane is the only producer, and its republisher re-sends the config."""
 
-    def flat_map(self, value: str):  # type: ignore[override]
+    def flat_map(self, value: Row):  # type: ignore[override]
+        kind = value.get_row_kind()
+        if kind is RowKind.UPDATE_BEFORE or value[1] is None:
+            return  # the old side of an update; or a tombstone for a key never seen
         try:
-            yield parse_endpoint_topic_value(value.encode("latin-1"))
+            record = parse_endpoint_topic_value(value[1].encode("utf-8"))
         except (ValueError, KeyError, TypeError) as exc:
-            log.error("unreadable endpoints-topic record skipped: %s", exc)
+            log.error("unreadable endpoints-topic record for key %r skipped: %s", value[0], exc)
+            return
+        if kind is RowKind.DELETE:
+            if isinstance(record, EndpointConfig):
+                yield replace(record, status=EndpointStatus.DELETED, config_version=record.config_version + 1)
+            return
+        yield record

@@ -8,7 +8,6 @@ from jobs import uids
 
 PINNED = {
     "EVENTS_SOURCE": "events-source",
-    "ENDPOINTS_SOURCE": "endpoints-source",
     "REPLAYS_SOURCE": "replays-source",
     "PARSE_EVENTS": "parse-events",
     "PARSE_ENDPOINTS": "parse-endpoint-configs",
