@@ -93,6 +93,13 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         self._io: dict[str, dict[str, tuple[str, concurrent.futures.Future[Any]]]] = {}
         self._queues: dict[str, logic.EndpointQueue] = {}
         self._writes_in_flight = 0
+        # Mirrors of per-endpoint values read on every pass; keyed state stays the source of truth
+        # (written on change), and a new incarnation starts empty and fills them on first use.
+        self._configs: dict[str, EndpointConfig | None] = {}
+        self._breakers: dict[str, brk.BreakerState] = {}
+        self._wakes: dict[str, int | None] = {}
+        self._replay_keys: set[str] = set()
+        self._replays_checked: set[str] = set()
         self._events_written: OrderedDict[str, None] = OrderedDict()
         self._started: dict[str, int] = {}  # delivery_id -> when its current I/O was submitted
         self._fair = FairScheduler(pool_size=s.dispatch.max_in_flight,
@@ -113,6 +120,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         current = state.get(cfg.endpoint_id)
         if current is None or cfg.config_version >= current.config_version:
             state.put(cfg.endpoint_id, cfg)
+            self._configs[cfg.endpoint_id] = cfg
 
     def process_element(self, value: Any, ctx: KeyedBroadcastProcessFunction.ReadOnlyContext):  # type: ignore[override]
         endpoint_id, (kind, item) = value
@@ -139,11 +147,14 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                 self._save(q, replace(existing, manual_requests=existing.manual_requests + 1))
             else:
                 self._replays.put(r.delivery_id, r)
+                self._replay_keys.add(endpoint_id)
         yield from self._drive(ctx)
 
     def on_timer(self, timestamp: int, ctx: KeyedBroadcastProcessFunction.OnTimerContext):  # type: ignore[override]
-        if self._wake.value() == timestamp:
+        key = ctx.get_current_key()
+        if self._wake_at(key) == timestamp:
             self._wake.clear()
+            self._wakes[key] = None
         yield from self._drive(ctx)
 
     # -- keyed state, mirrored by the in-memory index ----------------------------------------------
@@ -196,15 +207,17 @@ class Dispatcher(KeyedBroadcastProcessFunction):
     def _drive(self, ctx: Any):
         endpoint_id: str = ctx.get_current_key()
         now = ctx.timer_service().current_processing_time()
-        cfg: EndpointConfig | None = ctx.get_broadcast_state(ENDPOINT_CONFIGS).get(endpoint_id)
+        cfg = self._config(ctx, endpoint_id)
         io = self._io.setdefault(endpoint_id, {})
         q = self._queue(endpoint_id, now)
-        breaker_before = self._breaker.value() or brk.BreakerState()
+        breaker_before = self._breakers.get(endpoint_id)
+        if breaker_before is None:
+            breaker_before = self._breaker.value() or brk.BreakerState()
 
         breaker, signals = self._harvest(q, io, breaker_before, now)
         for signal in signals:
             yield signal.to_json().decode()
-        self._start_replay_loads(io)
+        self._start_replay_loads(endpoint_id, io)
 
         sendable, why_not = self._sendable(cfg)
         if cfg is not None and cfg.status is EndpointStatus.DELETED:
@@ -273,6 +286,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
 
         if breaker != breaker_before:
             self._breaker.update(breaker)
+        self._breakers[endpoint_id] = breaker
         if bucket is not None:
             self._bucket.update(bucket)
         wake = _earliest(plan.wake_at_ms, next_ready)
@@ -288,7 +302,21 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             wake = _earliest(wake, now + self._poll_interval_ms(io, now))
         self._schedule_wake(ctx, wake, now)
         if not q.items and not io:
-            del self._queues[endpoint_id]  # nothing pending: free the index
+            # Nothing pending: free the index and mirrors (state keeps the breaker).
+            del self._queues[endpoint_id]
+            self._breakers.pop(endpoint_id, None)
+            self._wakes.pop(endpoint_id, None)
+
+    # -- in-memory mirrors: read every pass, so kept off the state backend's round trips ---------
+    def _config(self, ctx: Any, endpoint_id: str) -> EndpointConfig | None:
+        if endpoint_id not in self._configs:
+            self._configs[endpoint_id] = ctx.get_broadcast_state(ENDPOINT_CONFIGS).get(endpoint_id)
+        return self._configs[endpoint_id]
+
+    def _wake_at(self, endpoint_id: str) -> int | None:
+        if endpoint_id not in self._wakes:
+            self._wakes[endpoint_id] = self._wake.value()
+        return self._wakes[endpoint_id]
 
     def _claim_event_row(self, event_id: str) -> bool:
         """Write each event's payload row once per incarnation, not once per delivery. A failed
@@ -361,8 +389,15 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         self._m[name].inc()
 
     # -- replays ---------------------------------------------------------------------------------
-    def _start_replay_loads(self, io: dict[str, tuple[str, concurrent.futures.Future[Any]]]) -> None:
+    def _start_replay_loads(self, endpoint_id: str, io: dict[str, tuple[str, concurrent.futures.Future[Any]]]) -> None:
+        # Replays are rare: only look at the state of endpoints known to have some (after a
+        # restore every endpoint is looked at once, since the marker set is in memory).
+        if endpoint_id in self._replays_checked and endpoint_id not in self._replay_keys:
+            return
+        self._replays_checked.add(endpoint_id)
+        self._replay_keys.discard(endpoint_id)
         for did, _r in list(self._replays.items()):
+            self._replay_keys.add(endpoint_id)
             if did not in io:
                 self._started[did] = int(time.time() * 1000)
                 io[did] = ("load", self._rt.submit(self._history.load_for_replay(did)))
@@ -463,11 +498,12 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         if wake is None:
             return
         wake = max(wake, now + 1)
-        current = self._wake.value()
+        current = self._wake_at(ctx.get_current_key())
         if current is not None and now < current <= wake:
             return  # an earlier timer is already set; it will re-plan
         ctx.timer_service().register_processing_time_timer(wake)
         self._wake.update(wake)
+        self._wakes[ctx.get_current_key()] = wake
 
 
 def _light(d: NewDelivery) -> NewDelivery:
