@@ -68,7 +68,6 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         self._breaker = runtime_context.get_state(ValueStateDescriptor("breaker", Types.PICKLED_BYTE_ARRAY()))
         self._bucket = runtime_context.get_state(ValueStateDescriptor("bucket", Types.PICKLED_BYTE_ARRAY()))
         self._gone = runtime_context.get_state(ValueStateDescriptor("gone-at-version", Types.LONG()))
-        self._wake = runtime_context.get_state(ValueStateDescriptor("wake-at", Types.LONG()))
         metrics = runtime_context.get_metrics_group()
         self._m = {name: metrics.counter(name) for name in (
             "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled",
@@ -98,6 +97,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         self._configs: dict[str, EndpointConfig | None] = {}
         self._breakers: dict[str, brk.BreakerState] = {}
         self._wakes: dict[str, int | None] = {}
+        self._gones: dict[str, int | None] = {}
         self._replay_keys: set[str] = set()
         self._replays_checked: set[str] = set()
         self._slot_waits: dict[str, int] = {}  # consecutive passes an endpoint waited for a slot
@@ -138,7 +138,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                     now = ctx.timer_service().current_processing_time()
                     io = self._io.setdefault(endpoint_id, {})
                     self._start_persist(q, io, p, d, now)
-                    self._schedule_wake(ctx, now + self._settings.dispatch.harvest_interval_ms, now)
+                    self._schedule_wake(ctx, endpoint_id, now + self._settings.dispatch.harvest_interval_ms, now)
                     return
         elif kind == REPLAY:
             r: ReplayRequest = item
@@ -153,8 +153,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
 
     def on_timer(self, timestamp: int, ctx: KeyedBroadcastProcessFunction.OnTimerContext):  # type: ignore[override]
         key = ctx.get_current_key()
-        if self._wake_at(key) == timestamp:
-            self._wake.clear()
+        if self._wakes.get(key) == timestamp:
             self._wakes[key] = None
         yield from self._drive(ctx)
 
@@ -308,12 +307,11 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             wake = _earliest(wake, now + 100)  # the config broadcast has not reached us yet
         if io:
             wake = _earliest(wake, now + self._poll_interval_ms(io, now))
-        self._schedule_wake(ctx, wake, now)
+        self._schedule_wake(ctx, endpoint_id, wake, now)
         if not q.items and not io:
             # Nothing pending: free the index and mirrors (state keeps the breaker).
             del self._queues[endpoint_id]
             self._breakers.pop(endpoint_id, None)
-            self._wakes.pop(endpoint_id, None)
             self._slot_waits.pop(endpoint_id, None)
 
     # -- in-memory mirrors: read every pass, so kept off the state backend's round trips ---------
@@ -322,10 +320,10 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             self._configs[endpoint_id] = ctx.get_broadcast_state(ENDPOINT_CONFIGS).get(endpoint_id)
         return self._configs[endpoint_id]
 
-    def _wake_at(self, endpoint_id: str) -> int | None:
-        if endpoint_id not in self._wakes:
-            self._wakes[endpoint_id] = self._wake.value()
-        return self._wakes[endpoint_id]
+    def _gone_at(self, endpoint_id: str) -> int | None:
+        if endpoint_id not in self._gones:
+            self._gones[endpoint_id] = self._gone.value()
+        return self._gones[endpoint_id]
 
     def _claim_event_row(self, event_id: str) -> bool:
         """Write each event's payload row once per incarnation, not once per delivery. A failed
@@ -374,6 +372,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                 if p.record.disable_endpoint:
                     # Stop sending at once; the control plane makes it a real, audited disable.
                     self._gone.update(report.endpoint_config_version)
+                    self._gones[p.delivery.endpoint_id] = report.endpoint_config_version
                     self._m["endpoints_disabled"].inc()
                     signals.append(EndpointSignal(
                         endpoint_id=p.delivery.endpoint_id, tenant_id=p.delivery.tenant_id,
@@ -436,11 +435,12 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             return False, "unknown"
         if cfg.status is not EndpointStatus.ACTIVE:
             return False, "disabled"
-        gone_at = self._gone.value()
+        gone_at = self._gone_at(cfg.endpoint_id)
         if gone_at is not None:
             if cfg.config_version <= gone_at:
                 return False, "disabled"
             self._gone.clear()  # a person re-enabled or changed the endpoint after the 410
+            self._gones[cfg.endpoint_id] = None
         return True, ""
 
     def _fail_all_ready(self, q: logic.EndpointQueue, now: int, reason: str) -> None:
@@ -503,16 +503,18 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         youngest = max((self._started.get(did, now) for did in io), default=now)
         return max(base, min(1000, (now - youngest) // 4))
 
-    def _schedule_wake(self, ctx: Any, wake: int | None, now: int) -> None:
+    def _schedule_wake(self, ctx: Any, endpoint_id: str, wake: int | None, now: int) -> None:
+        """Register a timer unless an earlier one is already set. Which timers are set is known
+        in memory only: after a restore Flink re-fires the checkpointed timers, and the worst case
+        is one redundant timer, which just runs a pass that finds nothing to do."""
         if wake is None:
             return
         wake = max(wake, now + 1)
-        current = self._wake_at(ctx.get_current_key())
+        current = self._wakes.get(endpoint_id)
         if current is not None and now < current <= wake:
             return  # an earlier timer is already set; it will re-plan
         ctx.timer_service().register_processing_time_timer(wake)
-        self._wake.update(wake)
-        self._wakes[ctx.get_current_key()] = wake
+        self._wakes[endpoint_id] = wake
 
 
 def _light(d: NewDelivery) -> NewDelivery:
