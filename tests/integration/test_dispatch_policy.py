@@ -168,3 +168,35 @@ def test_always_500_stops_after_max_attempts(settings, grpc_channel, receiver, d
     assert d.auto_retry_active is False
     time.sleep(QUIET_S)
     assert len(receiver.requests(s.path)) == max_attempts, "no try after max_attempts"
+
+
+@pytest.mark.parametrize("first, error_class", [("hang", "timeout"), ("reset", "reset")])
+def test_transport_failure_then_200_is_retried(first, error_class, settings, grpc_channel, receiver, delivery_job):
+    """A hang past the total timeout, or a connection reset, is an unknown outcome: retried."""
+    s = Setup(settings, grpc_channel, receiver, f"{first} then 200", f"transport-{first}")
+    did = s.send()
+    d = s.final(did, 2)
+    assert d.delivery.status == pb.DELIVERY_STATUS_SUCCEEDED
+    first_try, second_try = d.attempts
+    assert (first_try.outcome, first_try.error_class, first_try.http_status) == ("retry", error_class, 0)
+    assert (second_try.outcome, second_try.http_status) == ("succeeded", 200)
+    if first == "hang":
+        # Cut at the job's total timeout (2 s in the test settings), not left hanging.
+        assert 1_500 <= first_try.latency_ms <= 4_000, first_try.latency_ms
+
+
+def test_repeated_failures_open_the_breaker_and_hold_the_backlog(settings, grpc_channel, receiver, delivery_job):
+    """20 deliveries to an endpoint that always fails: the breaker opens after the configured
+    consecutive failures, so most first attempts are held (visible as pending) instead of sent."""
+    s = Setup(settings, grpc_channel, receiver, "500", "breaker")
+    threshold = settings.dispatch.breaker_failure_threshold
+    in_flight = settings.dispatch.default_max_in_flight
+    dids = [s.send(f'{{"n":{i}}}'.encode()) for i in range(20)]
+    receiver.wait_for(s.path, threshold, timeout=90)
+    time.sleep(1.0)  # well inside the breaker's open period (2 s in the test settings)
+    sent = len(receiver.requests(s.path))
+    # Without a breaker all 20 first attempts would go out at once; with it at most the failures
+    # that opened it plus what was already in flight.
+    assert sent <= threshold + in_flight < 20, sent
+    pending = [s.get(d).delivery.status for d in dids[-5:]]
+    assert all(st == pb.DELIVERY_STATUS_PENDING for st in pending), pending
