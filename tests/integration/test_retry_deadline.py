@@ -1,0 +1,104 @@
+"""The absolute retry deadline on the real stack. The session job keeps the product's 24 h; this
+module submits a second job (own topics, own control plane) whose deadline is a few seconds, so a
+delivery to an endpoint that keeps failing visibly ends `expired` rather than retrying forever."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from control_plane.api import pb, rpc
+from core.settings import Settings
+from tests.integration.conftest import _rest, job_script, wait_all_running
+from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 5
+
+
+@pytest.fixture(scope="module")
+def deadline_stack(job_env: dict[str, str], cassandra_session) -> Iterator[tuple[Settings, str]]:
+    sfx = f"dl{uuid.uuid4().hex[:6]}"
+    env = {**job_env,
+           "WEBHOOKS_KAFKA__EVENTS_TOPIC": f"webhooks.events.{sfx}",
+           "WEBHOOKS_KAFKA__ENDPOINTS_TOPIC": f"webhooks.endpoints.{sfx}",
+           "WEBHOOKS_KAFKA__REPLAYS_TOPIC": f"webhooks.replays.{sfx}",
+           "WEBHOOKS_KAFKA__DLQ_TOPIC": f"webhooks.events.dlq.{sfx}",
+           "WEBHOOKS_KAFKA__SIGNALS_TOPIC": f"webhooks.endpoint-signals.{sfx}",
+           "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-test-{sfx}",
+           "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-test-{sfx}",
+           "WEBHOOKS_DISPATCH__RETRY_DEADLINE_S": str(DEADLINE_S),
+           "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "100",
+           "WEBHOOKS_DISPATCH__RETRY_CAP_S": "1",
+           "WEBHOOKS_DISPATCH__BREAKER_FAILURE_THRESHOLD": "100"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        settings = Settings()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    k = settings.kafka
+    admin = AdminClient({"bootstrap.servers": k.bootstrap_servers})
+    for fut in admin.create_topics([NewTopic(t, 1, 1) for t in (k.events_topic, k.replays_topic, k.dlq_topic,
+                                                                  k.signals_topic)]
+                                   + [NewTopic(k.endpoints_topic, 1, 1, config={"cleanup.policy": "compact"})]
+                                   ).values():
+        fut.result()
+    from control_plane.server import build
+
+    server = build(settings, cassandra_session, port=0)
+    server.start()
+    job_script(env, "submit")
+    job_id = job_script(env, "id").strip()
+    wait_all_running(job_id)
+    try:
+        yield settings, f"127.0.0.1:{server.port}"
+    finally:
+        with contextlib.suppress(OSError):
+            _rest(f"/jobs/{job_id}?mode=cancel", method="PATCH")
+        server.stop(grace_s=2)
+
+
+def test_failing_delivery_expires_at_the_deadline(deadline_stack, receiver, cassandra_session):
+    import grpc
+
+    settings, address = deadline_stack
+    with grpc.insecure_channel(address) as channel:
+        tenant_id, api_key = new_tenant(channel, settings)
+        path = f"/ep/deadline-{tenant_id}"
+        receiver.set_behaviour(path, "503")
+        endpoint_id = rpc.ControlPlaneStub(channel).CreateEndpoint(
+            pb.CreateEndpointRequest(url=receiver.base_url + path, event_types=["job.*"]),
+            metadata=auth(api_key)).endpoint.endpoint_id
+        ev = event(tenant_id, "job.failed", b'{"j":1}')
+        produce(settings, [ev.to_json()], keys=[ev.event_id])
+
+    from core.records import delivery_id_for
+
+    did = delivery_id_for(ev.event_id, endpoint_id)
+
+    def expired():
+        row = cassandra_session.execute(
+            "SELECT status, attempt_count, auto_retry_active, created_at, updated_at FROM deliveries "
+            "WHERE delivery_id=%s", (did,)).one()
+        return row if row is not None and row.status == "expired" else None
+
+    row = eventually(expired, timeout=60, what="delivery expired at its deadline")
+    assert row.auto_retry_active is False
+    assert row.attempt_count >= 2  # it was retried until the deadline, not given up early
+    requests = receiver.requests(path)
+    # No attempt starts after the deadline (a small margin for clock reads).
+    created_s = row.created_at.replace(tzinfo=datetime.UTC).timestamp()  # the driver returns naive UTC
+    assert all(r.received_at <= created_s + DEADLINE_S + 0.5 for r in requests), \
+        [round(r.received_at - created_s, 2) for r in requests]
