@@ -41,13 +41,15 @@ from pathlib import Path
 import grpc
 from cassandra.cluster import Cluster
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from bench import raw_http
 from bench.raw_http import percentile
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
+from stack.isolation import isolated_env, settings_with
+from stack.topics import create_topics
 from tests.support.receiver import ReceiverControl
 
 RUN = REPO_ROOT / ".run"
@@ -178,14 +180,8 @@ class TaskManagerSampler:
 
 def bench_env(run_id: str, receiver_port: int, partitions: int) -> dict[str, str]:
     """WEBHOOKS_* for this run's job and control plane: own topics, loopback egress allowance."""
-    sfx = f"b{run_id}"
     return {
-        "WEBHOOKS_KAFKA__EVENTS_TOPIC": f"webhooks.events.{sfx}",
-        "WEBHOOKS_KAFKA__ENDPOINTS_TOPIC": f"webhooks.endpoints.{sfx}",
-        "WEBHOOKS_KAFKA__REPLAYS_TOPIC": f"webhooks.replays.{sfx}",
-        "WEBHOOKS_KAFKA__DLQ_TOPIC": f"webhooks.events.dlq.{sfx}",
-        "WEBHOOKS_KAFKA__SIGNALS_TOPIC": f"webhooks.endpoint-signals.{sfx}",
-        "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-bench-{sfx}",
+        **isolated_env(f"bench-{run_id}"),
         "WEBHOOKS_KAFKA__PARTITIONS": str(partitions),
         "WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS": '["127.0.0.1/32"]',
         "WEBHOOKS_EGRESS__ALLOWED_PORTS": json.dumps([receiver_port]),
@@ -193,35 +189,15 @@ def bench_env(run_id: str, receiver_port: int, partitions: int) -> dict[str, str
         # Hanging endpoints in the fairness phase must give up within the run.
         "WEBHOOKS_DISPATCH__CONNECT_TIMEOUT_S": "2",
         "WEBHOOKS_DISPATCH__TOTAL_TIMEOUT_S": "5",
-        "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-bench-{run_id}",
         "WEBHOOKS_CONTROL_PLANE__CONFIG_CLOCK_INTERVAL_MS": "100",
     }
-
-
-@contextmanager
-def bench_settings(env: dict[str, str]) -> Iterator[Settings]:
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield Settings()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextmanager
 def topics(settings: Settings) -> Iterator[None]:
     k = settings.kafka
     admin = AdminClient({"bootstrap.servers": k.bootstrap_servers})
-    names = [k.events_topic, k.replays_topic, k.dlq_topic, k.endpoints_topic, k.signals_topic]
-    new = [NewTopic(k.events_topic, k.partitions, 1), NewTopic(k.replays_topic, k.partitions, 1),
-           NewTopic(k.dlq_topic, 1, 1), NewTopic(k.endpoints_topic, 1, 1, config={"cleanup.policy": "compact"}),
-           NewTopic(k.signals_topic, 1, 1)]
-    for fut in admin.create_topics(new).values():
-        fut.result()
+    names = create_topics(k)
     try:
         yield
     finally:
@@ -520,7 +496,7 @@ def run(args: argparse.Namespace) -> int:
 
         port = int(rxp.base_url.rsplit(":", 1)[1])
         env = bench_env(run_id, port, args.partitions)
-        settings = stack.enter_context(bench_settings(env))
+        settings = settings_with(env)
         stack.enter_context(topics(settings))
         channel = stack.enter_context(control_plane(settings))
         tenants = [create_tenant(channel, settings, rxp.base_url, args.endpoints, str(i))

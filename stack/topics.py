@@ -3,7 +3,7 @@
 `python -m stack.topics --check` exits 0 once the broker serves metadata; without --check it
 creates the topics named in the settings. webhooks.endpoints is compacted (latest config per
 endpoint) and single-partition, so the config clock heartbeat orders after every config
-published before it.
+published before it. Tests and the benchmark create their own per-run topics with the same specs.
 """
 
 from __future__ import annotations
@@ -13,25 +13,39 @@ import sys
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from core.settings import load_settings
+from core.settings import KafkaSettings, load_settings
 
 
-def topic_specs(partitions: int) -> list[NewTopic]:
-    s = load_settings().kafka
+def topic_specs(k: KafkaSettings) -> list[NewTopic]:
     return [
-        NewTopic(s.events_topic, num_partitions=partitions, replication_factor=1),
+        NewTopic(k.events_topic, num_partitions=k.partitions, replication_factor=1),
         NewTopic(
-            s.endpoints_topic,
+            k.endpoints_topic,
             num_partitions=1,
             replication_factor=1,
-            config={"cleanup.policy": "compact", "min.compaction.lag.ms": "60000",
-                    "segment.ms": "3600000"},
+            config={"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", "segment.ms": "3600000"},
         ),
-        NewTopic(s.replays_topic, num_partitions=partitions, replication_factor=1),
-        NewTopic(s.signals_topic, num_partitions=1, replication_factor=1),
-        NewTopic(s.dlq_topic, num_partitions=1, replication_factor=1,
+        NewTopic(k.replays_topic, num_partitions=k.partitions, replication_factor=1),
+        NewTopic(k.signals_topic, num_partitions=1, replication_factor=1),
+        NewTopic(k.dlq_topic, num_partitions=1, replication_factor=1,
                  config={"retention.ms": str(30 * 24 * 3600 * 1000)}),
     ]
+
+
+def create_topics(k: KafkaSettings) -> list[str]:
+    """Create whichever of the settings' topics are missing; returns the names created."""
+    admin = AdminClient({"bootstrap.servers": k.bootstrap_servers, "socket.timeout.ms": 3000})
+    existing = set(admin.list_topics(timeout=10).topics)
+    wanted = [t for t in topic_specs(k) if t.topic not in existing]
+    created = []
+    for topic, fut in (admin.create_topics(wanted, operation_timeout=30) if wanted else {}).items():
+        try:
+            fut.result()
+            created.append(topic)
+        except Exception as exc:  # created meanwhile by someone else is fine; anything else is not
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    return created
 
 
 def main() -> int:
@@ -39,20 +53,15 @@ def main() -> int:
     p.add_argument("--bootstrap", default=load_settings().kafka.bootstrap_servers)
     p.add_argument("--check", action="store_true")
     args = p.parse_args()
-    admin = AdminClient({"bootstrap.servers": args.bootstrap, "socket.timeout.ms": 3000})
-    md = admin.list_topics(timeout=3)
     if args.check:
-        return 0 if md.brokers else 1
-    existing = set(md.topics)
-    wanted = [t for t in topic_specs(load_settings().kafka.partitions) if t.topic not in existing]
-    for topic, fut in admin.create_topics(wanted, operation_timeout=30).items() if wanted else []:
-        try:
-            fut.result()
+        admin = AdminClient({"bootstrap.servers": args.bootstrap, "socket.timeout.ms": 3000})
+        return 0 if admin.list_topics(timeout=3).brokers else 1
+    try:
+        for topic in create_topics(load_settings().kafka):
             print(f"created topic {topic}")
-        except Exception as exc:  # already exists after a race is fine; anything else is not
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                print(f"could not create topic {topic}: {exc}", file=sys.stderr)
-                return 1
+    except Exception as exc:
+        print(f"could not create topics: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -21,9 +21,11 @@ from pathlib import Path
 import grpc
 import pytest
 from cassandra.cluster import Cluster, Session
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from core.settings import REPO_ROOT, Settings
+from stack.isolation import isolated_env, settings_with
+from stack.topics import create_topics
 from tests.support.receiver import Receiver
 
 RUN = REPO_ROOT / ".run"
@@ -58,14 +60,8 @@ def receiver(certs: Path) -> Iterator[Receiver]:
 def job_env(receiver: Receiver, certs: Path) -> dict[str, str]:
     """Environment (WEBHOOKS_*) of this session's delivery job and control plane."""
     port = int(receiver.base_url.rsplit(":", 1)[1])
-    sfx = f"t{RUN_ID}"
     return {
-        "WEBHOOKS_KAFKA__EVENTS_TOPIC": f"webhooks.events.{sfx}",
-        "WEBHOOKS_KAFKA__ENDPOINTS_TOPIC": f"webhooks.endpoints.{sfx}",
-        "WEBHOOKS_KAFKA__REPLAYS_TOPIC": f"webhooks.replays.{sfx}",
-        "WEBHOOKS_KAFKA__DLQ_TOPIC": f"webhooks.events.dlq.{sfx}",
-        "WEBHOOKS_KAFKA__SIGNALS_TOPIC": f"webhooks.endpoint-signals.{sfx}",
-        "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-test-{sfx}",
+        **isolated_env(f"test-t{RUN_ID}"),
         "WEBHOOKS_KAFKA__PARTITIONS": "2",
         "WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS": '["127.0.0.1/32"]',
         "WEBHOOKS_EGRESS__ALLOWED_PORTS": json.dumps([443, port]),
@@ -77,37 +73,22 @@ def job_env(receiver: Receiver, certs: Path) -> dict[str, str]:
         "WEBHOOKS_DISPATCH__CONNECT_TIMEOUT_S": "1",
         "WEBHOOKS_DISPATCH__TOTAL_TIMEOUT_S": "2",
         "WEBHOOKS_DISPATCH__BREAKER_OPEN_S": "2",
-        "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-test-{sfx}",
         "WEBHOOKS_FLINK__CHECKPOINT_INTERVAL_MS": "2000",
         "WEBHOOKS_CONTROL_PLANE__CONFIG_CLOCK_INTERVAL_MS": "100",
     }
 
 
 @pytest.fixture(scope="session")
-def settings(job_env: dict[str, str]) -> Iterator[Settings]:
-    saved = {k: os.environ.get(k) for k in job_env}
-    os.environ.update(job_env)
-    try:
-        yield Settings()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def settings(job_env: dict[str, str]) -> Settings:
+    return settings_with(job_env)
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(settings: Settings) -> str:
     admin = AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
     assert admin.list_topics(timeout=10).brokers, "Kafka is not answering on " + settings.kafka.bootstrap_servers
-    k = settings.kafka
-    topics = [NewTopic(k.events_topic, 2, 1), NewTopic(k.replays_topic, 2, 1), NewTopic(k.dlq_topic, 1, 1),
-              NewTopic(k.signals_topic, 1, 1),
-              NewTopic(k.endpoints_topic, 1, 1, config={"cleanup.policy": "compact"})]
-    for fut in admin.create_topics(topics).values():
-        fut.result()
-    return k.bootstrap_servers
+    create_topics(settings.kafka)
+    return settings.kafka.bootstrap_servers
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from control_plane.api import pb, rpc
 from core.settings import Settings
+from stack.isolation import isolated_env, settings_with
+from stack.topics import create_topics
 from tests.integration.conftest import _rest, job_script, wait_all_running
 from tests.integration.helpers import auth, event, eventually, new_tenant, produce
 
@@ -25,36 +25,14 @@ DEADLINE_S = 5
 
 @pytest.fixture(scope="module")
 def deadline_stack(job_env: dict[str, str], cassandra_session) -> Iterator[tuple[Settings, str]]:
-    sfx = f"dl{uuid.uuid4().hex[:6]}"
     env = {**job_env,
-           "WEBHOOKS_KAFKA__EVENTS_TOPIC": f"webhooks.events.{sfx}",
-           "WEBHOOKS_KAFKA__ENDPOINTS_TOPIC": f"webhooks.endpoints.{sfx}",
-           "WEBHOOKS_KAFKA__REPLAYS_TOPIC": f"webhooks.replays.{sfx}",
-           "WEBHOOKS_KAFKA__DLQ_TOPIC": f"webhooks.events.dlq.{sfx}",
-           "WEBHOOKS_KAFKA__SIGNALS_TOPIC": f"webhooks.endpoint-signals.{sfx}",
-           "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-test-{sfx}",
-           "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-test-{sfx}",
+           **isolated_env(f"test-deadline-{uuid.uuid4().hex[:6]}"),
            "WEBHOOKS_DISPATCH__RETRY_DEADLINE_S": str(DEADLINE_S),
            "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "100",
            "WEBHOOKS_DISPATCH__RETRY_CAP_S": "1",
            "WEBHOOKS_DISPATCH__BREAKER_FAILURE_THRESHOLD": "100"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        settings = Settings()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    k = settings.kafka
-    admin = AdminClient({"bootstrap.servers": k.bootstrap_servers})
-    for fut in admin.create_topics([NewTopic(t, 1, 1) for t in (k.events_topic, k.replays_topic, k.dlq_topic,
-                                                                  k.signals_topic)]
-                                   + [NewTopic(k.endpoints_topic, 1, 1, config={"cleanup.policy": "compact"})]
-                                   ).values():
-        fut.result()
+    settings = settings_with(env)
+    create_topics(settings.kafka)
     from control_plane.server import build
 
     server = build(settings, cassandra_session, port=0)
