@@ -11,7 +11,8 @@ One run, loopback only, bounded in count and time:
 4. N events produced at full speed (each matching all M endpoints of its tenant); deliveries/s
    and first-attempt latency (produce call -> request received) from the receiver's recordings;
 5. CPU and RSS of the TaskManager (with children) sampled from /proc meanwhile;
-6. optional phases: paced at half the sustained rate, and fairness (hanging tenant vs healthy);
+6. a phase paced at half the sustained rate, and a fairness phase (tenant A with 1,000 hanging
+   endpoints loaded first, healthy tenant B measured against its own baseline); both on by default;
 7. the job is cancelled, the receiver stopped by pid, the control plane stopped, topics deleted.
 
 The last line is the comparable summary:
@@ -541,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--half-load", action=argparse.BooleanOptionalAction, default=True,
                     help="paced phase at half the sustained rate")
     ap.add_argument("--half-seconds", type=float, default=15.0)
-    ap.add_argument("--fairness", action=argparse.BooleanOptionalAction, default=False,
+    ap.add_argument("--fairness", action=argparse.BooleanOptionalAction, default=True,
                     help="hanging tenant A vs healthy tenant B")
     ap.add_argument("--fair-hanging-endpoints", type=int, default=1000)
     ap.add_argument("--fair-a-events", type=int, default=2,
