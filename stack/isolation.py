@@ -3,14 +3,24 @@ so they can run beside the `make run` job on the same stack without reading its 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+
+from cassandra.cluster import Cluster, Session
 
 from core.settings import Settings
+from stack.cassandra_schema import apply
 
 
-def isolated_env(run: str) -> dict[str, str]:
-    """WEBHOOKS_* overrides naming everything a job and its control plane share after ``run``."""
-    return {
+def isolated_env(run: str, own_keyspace: bool = False) -> dict[str, str]:
+    """WEBHOOKS_* overrides naming everything a job and its control plane share after ``run``.
+
+    ``own_keyspace`` also gives them a Cassandra keyspace of their own (see `keyspace_session`):
+    a control plane reconciles every endpoint row of its keyspace, so one sharing the stack's
+    keyspace would republish (and so disturb) the stack's endpoints, and the stack's theirs.
+    """
+    env = {
         "WEBHOOKS_KAFKA__EVENTS_TOPIC": f"webhooks.events.{run}",
         "WEBHOOKS_KAFKA__ENDPOINTS_TOPIC": f"webhooks.endpoints.{run}",
         "WEBHOOKS_KAFKA__REPLAYS_TOPIC": f"webhooks.replays.{run}",
@@ -19,6 +29,23 @@ def isolated_env(run: str) -> dict[str, str]:
         "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-{run}",
         "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-{run}",
     }
+    if own_keyspace:
+        env["WEBHOOKS_CASSANDRA__KEYSPACE"] = "webhooks_" + run.replace("-", "_")
+    return env
+
+
+@contextlib.contextmanager
+def keyspace_session(settings: Settings) -> Iterator[Session]:
+    """A session on the settings' keyspace, created with the project's schema and dropped after."""
+    c = settings.cassandra
+    cluster = Cluster(c.contact_points, port=c.port)
+    try:
+        session = cluster.connect()
+        apply(session, c.keyspace, c.replication_factor)
+        yield session
+        session.execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=60)
+    finally:
+        cluster.shutdown()
 
 
 def settings_with(env: dict[str, str]) -> Settings:

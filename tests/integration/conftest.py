@@ -20,11 +20,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from cassandra.cluster import Cluster, Session
+from cassandra.cluster import Session
 from confluent_kafka.admin import AdminClient
 
 from core.settings import REPO_ROOT, Settings
-from stack.isolation import isolated_env, settings_with
+from stack.isolation import isolated_env, keyspace_session, settings_with
 from stack.topics import create_topics
 from tests.support.receiver import Receiver
 
@@ -61,7 +61,7 @@ def job_env(receiver: Receiver, certs: Path) -> dict[str, str]:
     """Environment (WEBHOOKS_*) of this session's delivery job and control plane."""
     port = int(receiver.base_url.rsplit(":", 1)[1])
     return {
-        **isolated_env(f"test-t{RUN_ID}"),
+        **isolated_env(f"test-t{RUN_ID}", own_keyspace=True),
         "WEBHOOKS_KAFKA__PARTITIONS": "2",
         "WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS": '["127.0.0.1/32"]',
         "WEBHOOKS_EGRESS__ALLOWED_PORTS": json.dumps([443, port]),
@@ -93,11 +93,9 @@ def kafka_bootstrap(settings: Settings) -> str:
 
 @pytest.fixture(scope="session")
 def cassandra_session(settings: Settings) -> Iterator[Session]:
-    c = settings.cassandra
-    cluster = Cluster(c.contact_points, port=c.port)
-    session = cluster.connect(c.keyspace)
-    yield session
-    cluster.shutdown()
+    """This session's own keyspace (same schema as the stack's), dropped at the end."""
+    with keyspace_session(settings) as session:
+        yield session
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """The control plane against the real stack: gRPC server in process on a free 127.0.0.1 port,
-real Cassandra (keyspace webhooks) and real Kafka (this session's topics from conftest).
+real Cassandra (this session's keyspace) and real Kafka (this session's topics from conftest).
 
 Every test makes its own tenant. Endpoint URLs are IP literals on loopback (allowed by the
 session's development egress allowance) or refused before any resolution, so validation never
@@ -40,6 +40,7 @@ from core.records import (
     parse_endpoint_topic_value,
 )
 from core.settings import Settings
+from stack.isolation import keyspace_session
 
 pytestmark = pytest.mark.integration
 
@@ -80,18 +81,22 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(settings: Settings, cassandra_session: Session, kafka_bootstrap: str) -> Iterator[Stack]:
+def stack(settings: Settings, kafka_bootstrap: str) -> Iterator[Stack]:
+    # A keyspace of its own: a control plane reconciles every endpoint row of its keyspace, so
+    # the session's control plane would otherwise republish what these tests make fail to publish.
+    cassandra = settings.cassandra.model_copy(update={"keyspace": settings.cassandra.keyspace + "_cp"})
     # Fast loops so the republisher's catch-up is observable within a test.
     cp = settings.control_plane.model_copy(update={"republish_interval_s": 0.3})
-    local = settings.model_copy(update={"control_plane": cp})
-    publisher = SwitchablePublisher(local.kafka, delivery_timeout_s=10)
-    server = build(local, cassandra_session, publisher=publisher, port=0)
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-    grpc.channel_ready_future(channel).result(timeout=10)
-    yield Stack(server, publisher, channel, local, cassandra_session)
-    channel.close()
-    server.stop(grace_s=2)
+    local = settings.model_copy(update={"control_plane": cp, "cassandra": cassandra})
+    with keyspace_session(local) as session:
+        publisher = SwitchablePublisher(local.kafka, delivery_timeout_s=10)
+        server = build(local, session, publisher=publisher, port=0)
+        server.start()
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        grpc.channel_ready_future(channel).result(timeout=10)
+        yield Stack(server, publisher, channel, local, session)
+        channel.close()
+        server.stop(grace_s=2)
 
 
 @dataclass

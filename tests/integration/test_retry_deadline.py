@@ -10,10 +10,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from cassandra.cluster import Session
 
 from control_plane.api import pb, rpc
 from core.settings import Settings
-from stack.isolation import isolated_env, settings_with
+from stack.isolation import isolated_env, keyspace_session, settings_with
 from stack.topics import create_topics
 from tests.integration.conftest import _rest, job_script, wait_all_running
 from tests.integration.helpers import auth, event, eventually, new_tenant, produce
@@ -24,9 +25,9 @@ DEADLINE_S = 5
 
 
 @pytest.fixture(scope="module")
-def deadline_stack(job_env: dict[str, str], cassandra_session) -> Iterator[tuple[Settings, str]]:
+def deadline_stack(job_env: dict[str, str]) -> Iterator[tuple[Settings, str, Session]]:
     env = {**job_env,
-           **isolated_env(f"test-deadline-{uuid.uuid4().hex[:6]}"),
+           **isolated_env(f"test-deadline-{uuid.uuid4().hex[:6]}", own_keyspace=True),
            "WEBHOOKS_DISPATCH__RETRY_DEADLINE_S": str(DEADLINE_S),
            "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "100",
            "WEBHOOKS_DISPATCH__RETRY_CAP_S": "1",
@@ -35,23 +36,24 @@ def deadline_stack(job_env: dict[str, str], cassandra_session) -> Iterator[tuple
     create_topics(settings.kafka)
     from control_plane.server import build
 
-    server = build(settings, cassandra_session, port=0)
-    server.start()
-    job_script(env, "submit")
-    job_id = job_script(env, "id").strip()
-    wait_all_running(job_id)
-    try:
-        yield settings, f"127.0.0.1:{server.port}"
-    finally:
-        with contextlib.suppress(OSError):
-            _rest(f"/jobs/{job_id}?mode=cancel", method="PATCH")
-        server.stop(grace_s=2)
+    with keyspace_session(settings) as session:
+        server = build(settings, session, port=0)
+        server.start()
+        job_script(env, "submit")
+        job_id = job_script(env, "id").strip()
+        wait_all_running(job_id)
+        try:
+            yield settings, f"127.0.0.1:{server.port}", session
+        finally:
+            with contextlib.suppress(OSError):
+                _rest(f"/jobs/{job_id}?mode=cancel", method="PATCH")
+            server.stop(grace_s=2)
 
 
-def test_failing_delivery_expires_at_the_deadline(deadline_stack, receiver, cassandra_session):
+def test_failing_delivery_expires_at_the_deadline(deadline_stack, receiver):
     import grpc
 
-    settings, address = deadline_stack
+    settings, address, cassandra_session = deadline_stack
     with grpc.insecure_channel(address) as channel:
         tenant_id, api_key = new_tenant(channel, settings)
         path = f"/ep/deadline-{tenant_id}"
