@@ -32,7 +32,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -49,6 +48,7 @@ from bench.raw_http import percentile
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
+from stack.flink_jobs import cancel, job_sh, wait_all_running
 from stack.isolation import isolated_env, settings_with
 from stack.topics import create_topics
 from tests.support.receiver import ReceiverControl
@@ -57,7 +57,6 @@ RUN = REPO_ROOT / ".run"
 CERTS = RUN / "certs"
 PY = str(REPO_ROOT / ".venv/bin/python")
 EVENT_TYPE = "bench.event"
-FLINK_REST = "http://127.0.0.1:8081"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -229,44 +228,17 @@ def control_plane(settings: Settings) -> Iterator[grpc.Channel]:
         cluster.shutdown()
 
 
-def _rest(path: str, method: str = "GET") -> dict:
-    req = urllib.request.Request(FLINK_REST + path, method=method)
-    with urllib.request.urlopen(req, timeout=10) as r:
-        body = r.read()
-    return json.loads(body) if body else {}
-
-
 @contextmanager
 def bench_job(env: dict[str, str], timeout_s: float = 180) -> Iterator[str]:
     """Submit the job with this run's env, wait until every vertex runs, cancel it at the end."""
-    full_env = {**os.environ, **env}
-    out = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "submit"], env=full_env,
-                         capture_output=True, text=True, timeout=timeout_s)
-    if out.returncode != 0:
-        raise RuntimeError(f"job submission failed:\n{out.stdout}\n{out.stderr}")
-    job_id = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "id"], env=full_env,
-                            capture_output=True, text=True, check=True).stdout.strip()
+    job_sh(env, "submit", timeout_s)
+    job_id = job_sh(env, "id").strip()
     try:
-        _wait_all_running(job_id, timeout_s)
+        wait_all_running(job_id, timeout_s)
         yield job_id
     finally:
-        try:
-            _rest(f"/jobs/{job_id}?mode=cancel", method="PATCH")
-            say(f"cancelled job {job_id}")
-        except OSError as e:
-            say(f"cancelling job {job_id} failed: {e}")
-
-
-def _wait_all_running(job_id: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        d = _rest(f"/jobs/{job_id}")
-        if d["state"] == "RUNNING" and all(v["status"] == "RUNNING" for v in d["vertices"]):
-            return
-        if d["state"] in ("FAILED", "CANCELED", "FINISHED"):
-            break
-        time.sleep(0.5)
-    raise RuntimeError(f"job {job_id} not running: {json.dumps(_rest(f'/jobs/{job_id}/exceptions'))[:2000]}")
+        cancel(job_id)
+        say(f"cancelled job {job_id}")
 
 
 # ---- tenants and endpoints ------------------------------------------------------------------------

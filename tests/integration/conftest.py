@@ -8,12 +8,8 @@ plane publishing to those topics. Tests use their own tenant and endpoint ids.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +20,7 @@ from cassandra.cluster import Session
 from confluent_kafka.admin import AdminClient
 
 from core.settings import REPO_ROOT, Settings
+from stack.flink_jobs import cancel, job_sh, wait_all_running
 from stack.isolation import isolated_env, keyspace_session, settings_with
 from stack.topics import create_topics
 from tests.support.receiver import Receiver
@@ -117,56 +114,20 @@ def grpc_channel(control_plane: str) -> Iterator[grpc.Channel]:
     ch.close()
 
 
-def _rest(path: str, method: str = "GET") -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:8081{path}", method=method)
-    with urllib.request.urlopen(req, timeout=10) as r:
-        body = r.read()
-    return json.loads(body) if body else {}
-
-
-def job_state(job_id: str) -> str:
-    return str(_rest(f"/jobs/{job_id}")["state"])
-
-
 @pytest.fixture(scope="session")
 def delivery_job(settings: Settings, job_env: dict[str, str], kafka_bootstrap: str,
                  control_plane: str) -> Iterator[str]:
     """This session's delivery job on the real Flink cluster; yields its job id."""
-    env = {**os.environ, **job_env}
-    out = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "submit"], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, f"job submission failed:\n{out.stdout}\n{out.stderr}"
-    job_id = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "id"], env=env, capture_output=True,
-                            text=True, check=True).stdout.strip()
+    job_sh(job_env, "submit")
+    job_id = job_sh(job_env, "id").strip()
     assert job_id
-    _wait_all_running(job_id)
+    wait_all_running(job_id)
     yield job_id
     # Fault tests stop/restore the job, so cancel whatever incarnation of it runs now.
-    current = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), "id"], env=env, capture_output=True,
-                             text=True).stdout.strip()
-    for jid in {job_id, current} - {""}:
-        with contextlib.suppress(OSError):  # the cluster may already be going down
-            _rest(f"/jobs/{jid}?mode=cancel", method="PATCH")
+    for jid in {job_id, job_sh(job_env, "id").strip()} - {""}:
+        cancel(jid)
 
 
 def job_script(job_env: dict[str, str], action: str, timeout: float = 300) -> str:
     """Run stack/job.sh for this session's job; returns its stdout."""
-    out = subprocess.run(["bash", str(REPO_ROOT / "stack/job.sh"), action], env={**os.environ, **job_env},
-                         capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"job.sh {action} failed:\n{out.stdout}\n{out.stderr}"
-    return out.stdout
-
-
-def wait_all_running(job_id: str, timeout: float = 120) -> None:
-    _wait_all_running(job_id, timeout)
-
-
-def _wait_all_running(job_id: str, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        d = _rest(f"/jobs/{job_id}")
-        if d["state"] == "RUNNING" and all(v["status"] == "RUNNING" for v in d["vertices"]):
-            return
-        time.sleep(1)
-    exc = _rest(f"/jobs/{job_id}/exceptions")
-    raise AssertionError(f"job {job_id} not running after {timeout}s: {json.dumps(exc)[:3000]}")
+    return job_sh(job_env, action, timeout)

@@ -17,7 +17,8 @@ import pytest
 from control_plane.api import pb, rpc
 from core.records import delivery_id_for
 from core.settings import REPO_ROOT
-from tests.integration.conftest import RUN, _rest, job_script, wait_all_running
+from stack.flink_jobs import rest, wait_all_running
+from tests.integration.conftest import RUN, job_script
 from tests.integration.helpers import auth, event, eventually, new_tenant, produce
 
 pytestmark = pytest.mark.integration
@@ -79,7 +80,7 @@ def test_savepoint_stop_and_upgrade_loses_nothing(settings, job_env, grpc_channe
     assert "resuming" in out and "savepoint-" in out, out
     job_id = job_script(job_env, "id").strip()
     wait_all_running(job_id)
-    restored = _rest(f"/jobs/{job_id}/checkpoints")["latest"]["restored"]
+    restored = rest(f"/jobs/{job_id}/checkpoints")["latest"]["restored"]
     assert restored is not None and restored["is_savepoint"] is True
 
     dups = _assert_all_delivered(cassandra_session, receiver, before + during, endpoint_ids, timeout=120)
@@ -107,7 +108,7 @@ def test_taskmanager_killed_mid_fanout_every_delivery_accounted_for(settings, jo
     job_id = job_script(job_env, "id").strip() or delivery_job
 
     def redeployed():
-        d = _rest(f"/jobs/{job_id}")
+        d = rest(f"/jobs/{job_id}")
         return d["state"] == "RUNNING" and all(
             v["status"] == "RUNNING" and v["start-time"] > killed_at_ms for v in d["vertices"]) or None
 

@@ -4,7 +4,6 @@ delivery to an endpoint that keeps failing visibly ends `expired` rather than re
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import uuid
 from collections.abc import Iterator
@@ -14,9 +13,10 @@ from cassandra.cluster import Session
 
 from control_plane.api import pb, rpc
 from core.settings import Settings
+from stack.flink_jobs import cancel, wait_all_running
 from stack.isolation import isolated_env, keyspace_session, settings_with
 from stack.topics import create_topics
-from tests.integration.conftest import _rest, job_script, wait_all_running
+from tests.integration.conftest import job_script
 from tests.integration.helpers import auth, event, eventually, new_tenant, produce
 
 pytestmark = pytest.mark.integration
@@ -45,8 +45,7 @@ def deadline_stack(job_env: dict[str, str]) -> Iterator[tuple[Settings, str, Ses
         try:
             yield settings, f"127.0.0.1:{server.port}", session
         finally:
-            with contextlib.suppress(OSError):
-                _rest(f"/jobs/{job_id}?mode=cancel", method="PATCH")
+            cancel(job_id)
             server.stop(grace_s=2)
 
 
