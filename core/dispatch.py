@@ -101,7 +101,6 @@ class Plan:
     record: list[str] = field(default_factory=list)
     wake_at_ms: int | None = None
     wanting_slots: int = 0  # ready and due, but held back by the slot grant
-    oldest_due_ms: int | None = None
 
     def wake(self, at_ms: int) -> None:
         if self.wake_at_ms is None or at_ms < self.wake_at_ms:
@@ -159,8 +158,6 @@ def plan(
             out.wake(p.next_attempt_at_ms)
     # Manual requests first (a person is waiting), then the longest-waiting first.
     due.sort(key=lambda p: (p.manual_requests == 0, p.next_attempt_at_ms))
-    if due:
-        out.oldest_due_ms = min(p.next_attempt_at_ms for p in due)
     for p in due:
         if len(out.send) >= free:
             out.wanting_slots += 1
@@ -320,14 +317,10 @@ def after_record_written(p: Pending) -> Pending | None:
     return replace(p, stage=Stage.READY, owner="", record=None)
 
 
-def after_record_failed(p: Pending, now_ms: int) -> Pending:
-    """Cassandra refused or timed out: keep the record and try again later, backing off. The
-    delivery is never reported finished until its record is written."""
-    delay = min(60_000, 500 * (2 ** min(p.write_failures, 7)))
-    return replace(p, owner="", write_failures=p.write_failures + 1, write_retry_at_ms=now_ms + delay)
-
-
-def after_persist_failed(p: Pending, now_ms: int) -> Pending:
+def after_write_failed(p: Pending, now_ms: int) -> Pending:
+    """Cassandra refused or timed out a PERSIST or RECORDING write: keep the stage and try again
+    later, backing off. Nothing is sent before it is durable, and a delivery is never reported
+    finished until its record is written."""
     delay = min(60_000, 500 * (2 ** min(p.write_failures, 7)))
     return replace(p, owner="", write_failures=p.write_failures + 1, write_retry_at_ms=now_ms + delay)
 

@@ -360,7 +360,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                     self._m["history_write_failures"].inc()
                     self._events_written.pop(p.delivery.event.event_id, None)
                     log.warning("persisting %s failed, will retry: %s", did, redact(str(exc)))
-                    self._save(q, logic.after_persist_failed(p, now))
+                    self._save(q, logic.after_write_failed(p, now))
                 else:
                     self._save(q, replace(p, stage=logic.Stage.READY, owner="", write_failures=0))
             elif kind == "send":
@@ -383,7 +383,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                 if exc:
                     self._m["history_write_failures"].inc()
                     log.warning("writing history of %s failed, will retry: %s", did, redact(str(exc)))
-                    self._save(q, logic.after_record_failed(p, now))
+                    self._save(q, logic.after_write_failed(p, now))
                 else:
                     nxt = logic.after_record_written(p)
                     if nxt is None:

@@ -72,10 +72,3 @@ stop_part() {
   fi
   rm -f "$f"
 }
-
-port_open() { "$PY" - "$1" "$2" <<'PY'
-import socket, sys
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1)
-s.close()
-PY
-}

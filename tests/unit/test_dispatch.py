@@ -20,9 +20,8 @@ from core.dispatch import (
     SendReport,
     Stage,
     adopt_orphans,
-    after_persist_failed,
-    after_record_failed,
     after_record_written,
+    after_write_failed,
     apply_result,
     expire_if_past_deadline,
     is_due,
@@ -184,7 +183,6 @@ def test_plan_orders_manual_first_then_oldest() -> None:
     ]
     out, _, _ = plan(pendings, 0, LIMITS, brk.CLOSED, None, NOW, 8)
     assert out.send == ["manual", "older", "old", "new"]
-    assert out.oldest_due_ms == NOW - 90_000
     assert out.wake_at_ms == NOW + 1  # the one not yet due
 
 
@@ -192,7 +190,7 @@ def test_plan_wakes_at_the_earliest_future_try() -> None:
     pendings = [pending("a", next_attempt_at_ms=NOW + 7000), pending("b", next_attempt_at_ms=NOW + 3000),
                 pending("done", next_attempt_at_ms=NOW + 1, auto_retry_active=False)]
     out, _, _ = plan(pendings, 0, LIMITS, brk.CLOSED, None, NOW, 8)
-    assert (out.send, out.wake_at_ms, out.oldest_due_ms) == ([], NOW + 3000, None)
+    assert (out.send, out.wake_at_ms) == ([], NOW + 3000)
 
 
 # -- plan: the breaker ---------------------------------------------------------------------------
@@ -488,18 +486,18 @@ BACKOFF_TABLE = [
 ]
 
 
-@pytest.mark.parametrize("after_failed", [after_record_failed, after_persist_failed])
+@pytest.mark.parametrize("stage", [Stage.RECORDING, Stage.PERSIST])
 @pytest.mark.parametrize(("failures", "delay_ms"), BACKOFF_TABLE)
-def test_write_failures_back_off_and_are_capped(after_failed: Any, failures: int, delay_ms: int) -> None:
-    p = pending(stage=Stage.RECORDING, owner=ME, write_failures=failures)
-    after = after_failed(p, NOW)
+def test_write_failures_back_off_and_are_capped(stage: Stage, failures: int, delay_ms: int) -> None:
+    p = pending(stage=stage, owner=ME, write_failures=failures)
+    after = after_write_failed(p, NOW)
     assert (after.stage, after.owner, after.write_failures, after.write_retry_at_ms) == (
-        Stage.RECORDING, "", failures + 1, NOW + delay_ms)
+        stage, "", failures + 1, NOW + delay_ms)
 
 
 def test_a_failed_record_write_is_retried_with_its_record() -> None:
     after, _ = apply_result(sending(), report(HttpResult(200)), brk.CLOSED, BREAKER_CFG, SCHEDULE, HALF)
-    failed = after_record_failed(replace(after, owner=ME), NOW)
+    failed = after_write_failed(replace(after, owner=ME), NOW)
     assert failed.record == after.record
     out, _, _ = plan([failed], 0, LIMITS, brk.CLOSED, None, NOW + 499, 8)
     assert (out.record, out.wake_at_ms) == ([], NOW + 500)
