@@ -17,7 +17,6 @@ in flight (at-least-once).
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import random
 import time
@@ -45,11 +44,15 @@ from core.signing import build_headers, secret_bytes
 from operators.async_runtime import AsyncRuntime
 from operators.endpoint_configs import ENDPOINT_CONFIGS
 from operators.history_store import CassandraHistory
+from operators.write_batcher import Completion
 
 log = logging.getLogger(__name__)
 
 NEW = "delivery"
 REPLAY = "replay"
+
+# delivery_id -> (kind, I/O in progress); kinds: persist, send, record, load
+IoMap = dict[str, tuple[str, Completion]]
 
 
 class Dispatcher(KeyedBroadcastProcessFunction):
@@ -89,7 +92,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         self._master_key = s.master_key_bytes()
         self._keys: dict[tuple[str, int], bytes] = {}
         # endpoint_id -> delivery_id -> (kind, future); kinds: persist, send, record, load
-        self._io: dict[str, dict[str, tuple[str, concurrent.futures.Future[Any]]]] = {}
+        self._io: dict[str, IoMap] = {}
         self._queues: dict[str, logic.EndpointQueue] = {}
         self._writes_in_flight = 0
         # Mirrors of per-endpoint values read on every pass; keyed state stays the source of truth
@@ -138,6 +141,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                     now = ctx.timer_service().current_processing_time()
                     io = self._io.setdefault(endpoint_id, {})
                     self._start_persist(q, io, p, d, now)
+                    self._history.flush_if_due()
                     self._schedule_wake(ctx, endpoint_id, now + self._settings.dispatch.harvest_interval_ms, now)
                     return
         elif kind == REPLAY:
@@ -185,7 +189,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         state write is saved."""
         q.put(p)
 
-    def _start_persist(self, q: logic.EndpointQueue, io: dict[str, tuple[str, concurrent.futures.Future[Any]]],
+    def _start_persist(self, q: logic.EndpointQueue, io: IoMap,
                        p: logic.Pending, full: NewDelivery, now: int) -> None:
         did = p.delivery.delivery_id
         self._mark(q, replace(p, owner=self._incarnation))
@@ -270,6 +274,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             io[did] = ("record", self._history.record(p.delivery, p.record, p.attempt_count))
             self._started[did] = now
         self._writes_in_flight += len(records)
+        self._history.flush_if_due()
         if plan.send:
             assert cfg is not None
             keys = self._live_keys(cfg, now)
@@ -337,7 +342,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             self._events_written.popitem(last=False)
         return True
 
-    def _harvest(self, q: logic.EndpointQueue, io: dict[str, tuple[str, concurrent.futures.Future[Any]]],
+    def _harvest(self, q: logic.EndpointQueue, io: IoMap,
                  breaker: brk.BreakerState, now: int) -> tuple[brk.BreakerState, list[EndpointSignal]]:
         """Apply every finished I/O of this endpoint; returns signals for the control plane."""
         signals: list[EndpointSignal] = []
@@ -397,7 +402,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         self._m[name].inc()
 
     # -- replays ---------------------------------------------------------------------------------
-    def _start_replay_loads(self, endpoint_id: str, io: dict[str, tuple[str, concurrent.futures.Future[Any]]]) -> None:
+    def _start_replay_loads(self, endpoint_id: str, io: IoMap) -> None:
         # Replays are rare: only look at the state of endpoints known to have some (after a
         # restore every endpoint is looked at once, since the marker set is in memory).
         if endpoint_id in self._replays_checked and endpoint_id not in self._replay_keys:
@@ -410,7 +415,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                 self._started[did] = int(time.time() * 1000)
                 io[did] = ("load", self._rt.submit(self._history.load_for_replay(did)))
 
-    def _finish_replay_load(self, q: logic.EndpointQueue, did: str, fut: concurrent.futures.Future[Any]) -> None:
+    def _finish_replay_load(self, q: logic.EndpointQueue, did: str, fut: Completion) -> None:
         if fut.exception() is not None:
             return  # the marker stays; the next drive loads again
         self._replays.remove(did)
@@ -493,7 +498,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             response_sha256=r.response_sha256 or "", response_prefix=r.response_prefix or "",
             signing_key_versions=tuple(v for v, _ in keys))
 
-    def _poll_interval_ms(self, io: dict[str, tuple[str, concurrent.futures.Future[Any]]], now: int) -> int:
+    def _poll_interval_ms(self, io: IoMap, now: int) -> int:
         """How soon to look at this endpoint's I/O again. Young requests are checked every
         harvest interval; a request that has run for a while is checked at a quarter of its age
         (at most once a second), so a thousand hanging endpoints cost about a thousand timer

@@ -1,8 +1,9 @@
-"""Delivery history in Cassandra, written from the dispatcher's asyncio loop.
+"""Delivery history in Cassandra, written for the dispatcher.
 
-Prepared statements, asynchronous execution, and a semaphore bounding writes in flight. Every
+Prepared statements and asynchronous execution; the writes of many deliveries travel together
+as unlogged batches (:mod:`operators.write_batcher`, which says why and what it measured). Every
 write is an idempotent upsert keyed by delivery_id (and attempt number), so redoing one after a
-restore or a timeout cannot create a second logical row.
+restore, a timeout or a failed batch cannot create a second logical row.
 
 Creation rows are written ``USING TIMESTAMP`` = the delivery's creation time: a re-processed event
 re-writes identical creation cells, and its ``status = 'pending'`` can never overwrite a later
@@ -12,9 +13,7 @@ status the dispatcher wrote (Cassandra keeps the cell with the newest write time
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import datetime as dt
-import threading
 from typing import Any
 
 from cassandra.cluster import Cluster, ResponseFuture, Session
@@ -25,6 +24,7 @@ from core.dispatch import AttemptRecord
 from core.fanout import NewDelivery
 from core.records import EventRecord
 from core.settings import CassandraSettings
+from operators.write_batcher import AllOf, BatchCompletion, Completion, Statement, WriteBatcher
 
 
 def _ts(ms: int | None) -> dt.datetime | None:
@@ -51,6 +51,9 @@ class CassandraHistory:
         self._session: Session = self._cluster.connect(settings.keyspace)
         self._sem: asyncio.Semaphore | None = None
         self._prepare()
+        self._batcher = WriteBatcher(
+            self._send_batch, max_statements=settings.history_batch_max_statements,
+            max_bytes=settings.history_batch_max_bytes, linger_s=settings.history_batch_linger_ms / 1000)
 
     def _prepare(self) -> None:
         p = self._session.prepare
@@ -103,53 +106,71 @@ class CassandraHistory:
         async with self._sem:
             return await _await(self._session.execute_async(stmt, params))
 
-    def persist(self, d: NewDelivery, write_event: bool = True) -> concurrent.futures.Future[None]:
-        """Payload and delivery rows, durable before the first attempt.
-
-        The three delivery rows go as one UNLOGGED batch: one request instead of three (the
-        driver's per-request Python cost is what limits the dispatcher), and no batchlog --
-        atomicity is not needed because a failed persist is retried whole and every write is an
-        idempotent upsert. The event row (payload, up to the ingest size limit) is a statement of
-        its own so a large payload never hits the batch size limit.
-        """
+    def persist(self, d: NewDelivery, write_event: bool = True) -> Completion:
+        """Payload and delivery rows, durable before the first attempt. The event row (the
+        payload) joins the batch when it is small; a large one is a request of its own so a
+        batch never nears Cassandra's batch size limit."""
         e = d.event
         wts = d.created_at_ms * 1000
         created = _ts(d.created_at_ms)
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        batch.add(self._insert_delivery, (d.delivery_id, e.event_id, d.tenant_id, d.endpoint_id,
-                                          d.endpoint_config_version, e.event_type, created,
-                                          _ts(d.expires_at_ms), created, wts))
-        batch.add(self._insert_by_event, (e.event_id, d.endpoint_id, d.delivery_id, d.tenant_id,
-                                          d.endpoint_config_version, created, wts))
-        batch.add(self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), created,
-                                             d.delivery_id, e.event_id, e.event_type, wts))
-        requests = [self._session.execute_async(batch)]
-        if write_event:
-            requests.append(self._session.execute_async(self._insert_event, (
-                e.event_id, e.tenant_id, e.event_type, e.schema_version, e.object_id, e.object_version,
-                _ts(e.occurred_at_ms), e.payload, e.payload_sha256, created, wts)))
-        return _all_done(requests)
+        statements: list[Statement] = [
+            (self._insert_delivery, (d.delivery_id, e.event_id, d.tenant_id, d.endpoint_id,
+                                     d.endpoint_config_version, e.event_type, created,
+                                     _ts(d.expires_at_ms), created, wts)),
+            (self._insert_by_event, (e.event_id, d.endpoint_id, d.delivery_id, d.tenant_id,
+                                     d.endpoint_config_version, created, wts)),
+            (self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), created,
+                                        d.delivery_id, e.event_id, e.event_type, wts)),
+        ]
+        if not write_event:
+            return self._batcher.add(statements)
+        event = (self._insert_event, (
+            e.event_id, e.tenant_id, e.event_type, e.schema_version, e.object_id, e.object_version,
+            _ts(e.occurred_at_ms), e.payload, e.payload_sha256, created, wts))
+        if len(e.payload) <= self._settings.history_batch_inline_payload_bytes:
+            return self._batcher.add([*statements, event])
+        alone = BatchCompletion()
+        self._session.execute_async(*event).add_callbacks(alone.succeed, alone.fail)
+        return AllOf([self._batcher.add(statements), alone])
 
-    def record(self, d: NewDelivery, r: AttemptRecord, attempt_count: int) -> concurrent.futures.Future[None]:
-        """The attempt row and the delivery's new status, as one unlogged batch (see persist)."""
+    def record(self, d: NewDelivery, r: AttemptRecord, attempt_count: int) -> Completion:
+        """The attempt rows and the delivery's new status."""
         now = _ts(r.finished_at_ms)
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        batch.add(self._update_delivery, (
-            r.delivery_status, attempt_count, _ts(r.next_attempt_at_ms), r.http_status, r.error_class,
-            r.auto_retry_active, now, d.delivery_id))
-        batch.add(self._update_by_endpoint, (
-            r.delivery_status, attempt_count, r.http_status, now, d.tenant_id, d.endpoint_id,
-            _day(d.created_at_ms), _ts(d.created_at_ms), d.delivery_id))
+        statements: list[Statement] = [
+            (self._update_delivery, (
+                r.delivery_status, attempt_count, _ts(r.next_attempt_at_ms), r.http_status, r.error_class,
+                r.auto_retry_active, now, d.delivery_id)),
+            (self._update_by_endpoint, (
+                r.delivery_status, attempt_count, r.http_status, now, d.tenant_id, d.endpoint_id,
+                _day(d.created_at_ms), _ts(d.created_at_ms), d.delivery_id)),
+        ]
         if r.attempt_number > 0:
-            batch.add(self._insert_attempt, (
+            statements.append((self._insert_attempt, (
                 d.delivery_id, r.attempt_number, f"{d.delivery_id}/{r.attempt_number}", d.endpoint_id,
                 r.endpoint_config_version, r.url, _ts(r.started_at_ms), now, r.http_status, r.latency_ms,
                 r.outcome, r.error_class, r.response_sha256, r.response_prefix,
-                list(r.signing_key_versions), r.manual))
-            batch.add(self._insert_attempt_by_endpoint, (
+                list(r.signing_key_versions), r.manual)))
+            statements.append((self._insert_attempt_by_endpoint, (
                 d.endpoint_id, _hour(r.started_at_ms), _ts(r.started_at_ms), d.delivery_id, r.attempt_number,
-                d.tenant_id, r.outcome, r.http_status, r.error_class, r.latency_ms, r.manual))
-        return _all_done([self._session.execute_async(batch)])
+                d.tenant_id, r.outcome, r.http_status, r.error_class, r.latency_ms, r.manual)))
+        return self._batcher.add(statements)
+
+    def flush_if_due(self) -> None:
+        """Send the open batch if its oldest write has waited long enough (called every pass)."""
+        self._batcher.flush_if_due()
+
+    def flush(self) -> None:
+        self._batcher.flush()
+
+    def _send_batch(self, statements: list[Statement], completion: BatchCompletion) -> None:
+        if len(statements) == 1:
+            rf = self._session.execute_async(*statements[0])
+        else:
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            for stmt, params in statements:
+                batch.add(stmt, params)
+            rf = self._session.execute_async(batch)
+        rf.add_callbacks(completion.succeed, completion.fail)
 
     async def load_for_replay(self, delivery_id: str) -> tuple[NewDelivery, int, bool] | None:
         """The stored delivery (with its immutable payload), its attempt count and whether automatic
@@ -175,6 +196,7 @@ class CassandraHistory:
         return d, row.attempt_count or 0, bool(row.auto_retry_active) and row.status in (None, "pending")
 
     def close(self) -> None:
+        self.flush()
         self._cluster.shutdown()
 
 
@@ -184,29 +206,6 @@ def _ms(value: dt.datetime | None) -> int:
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.UTC)
     return int(value.timestamp() * 1000)
-
-
-def _all_done(requests: list[ResponseFuture]) -> concurrent.futures.Future[None]:
-    """A future that completes when every request has, straight from the driver's I/O thread:
-    the dispatcher polls it with done(), so no event loop needs waking per response."""
-    out: concurrent.futures.Future[None] = concurrent.futures.Future()
-    remaining = [len(requests)]
-    lock = threading.Lock()
-
-    def ok(_rows: Any) -> None:
-        with lock:
-            remaining[0] -= 1
-            if remaining[0] == 0 and not out.done():
-                out.set_result(None)
-
-    def err(exc: BaseException) -> None:
-        with lock:
-            if not out.done():
-                out.set_exception(exc)
-
-    for rf in requests:
-        rf.add_callbacks(ok, err)
-    return out
 
 
 def _await(rf: ResponseFuture) -> asyncio.Future[Any]:

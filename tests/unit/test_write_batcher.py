@@ -1,0 +1,145 @@
+"""The history write batcher: when a batch goes, what each write's completion reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from operators.write_batcher import (
+    CELL_OVERHEAD_BYTES,
+    STATEMENT_OVERHEAD_BYTES,
+    AllOf,
+    BatchCompletion,
+    Statement,
+    WriteBatcher,
+    estimated_size,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[Statement], BatchCompletion]] = []
+
+    def __call__(self, statements: list[Statement], completion: BatchCompletion) -> None:
+        self.batches.append((statements, completion))
+
+    def names(self) -> list[list[str]]:
+        return [[name for name, _ in statements] for statements, _ in self.batches]
+
+
+def stmts(*names: str) -> list[Statement]:
+    return [(n, ()) for n in names]
+
+
+def make(max_statements: int = 4, max_bytes: int = 10_000, linger_s: float = 0.005):
+    sent, clock = Sent(), Clock()
+    return WriteBatcher(sent, max_statements, max_bytes, linger_s, clock), sent, clock
+
+
+def test_writes_wait_for_the_linger_then_go_together() -> None:
+    b, sent, clock = make()
+    c1 = b.add(stmts("a1", "a2"))
+    clock.t += 0.004
+    c2 = b.add(stmts("b1"))
+    b.flush_if_due()
+    assert sent.batches == []
+    clock.t += 0.001  # the oldest write has now waited 5 ms
+    b.flush_if_due()
+    assert sent.names() == [["a1", "a2", "b1"]]
+    assert c1 is c2 and not c1.done()
+    assert b.buffered == 0
+
+
+def test_a_full_batch_goes_at_once_and_a_write_is_never_split() -> None:
+    b, sent, _ = make(max_statements=4)
+    b.add(stmts("a1", "a2", "a3"))
+    b.add(stmts("b1", "b2"))  # does not fit beside a: a goes alone, b opens the next batch
+    assert sent.names() == [["a1", "a2", "a3"]]
+    b.add(stmts("c1", "c2"))  # fills the batch to 4: sent without waiting
+    assert sent.names() == [["a1", "a2", "a3"], ["b1", "b2", "c1", "c2"]]
+
+
+def test_a_write_larger_than_a_batch_still_goes_alone() -> None:
+    b, sent, _ = make(max_statements=2)
+    b.add(stmts("a1", "a2", "a3"))
+    assert sent.names() == [["a1", "a2", "a3"]]
+
+
+def test_bytes_bound_the_batch() -> None:
+    payload = ("payload", (b"x" * 1000,))
+    b, sent, _ = make(max_statements=100, max_bytes=STATEMENT_OVERHEAD_BYTES + estimated_size(payload[1]))
+    b.add(stmts("small"))
+    b.add(stmts("small2"))
+    # This one would exceed the bytes: the open batch goes first, then it fills its own.
+    b.add([payload])
+    assert sent.names() == [["small", "small2"]]
+    b.add(stmts("next"))
+    assert sent.names() == [["small", "small2"], ["payload", "next"]]
+
+
+@pytest.mark.parametrize("values,expected", [
+    ((), STATEMENT_OVERHEAD_BYTES),
+    (("abc",), STATEMENT_OVERHEAD_BYTES + CELL_OVERHEAD_BYTES + 3),
+    ((b"12345", 7, None), STATEMENT_OVERHEAD_BYTES + 3 * CELL_OVERHEAD_BYTES + 5 + 8 + 8),
+])
+def test_size_estimate_counts_values_and_cell_overhead(values: tuple[object, ...], expected: int) -> None:
+    assert estimated_size(values) == expected
+
+
+def test_completions_are_shared_per_batch_and_report_the_batch_outcome() -> None:
+    b, sent, _ = make(max_statements=2)
+    first = b.add(stmts("a1", "a2"))
+    second = b.add(stmts("b1"))
+    b.flush()
+    assert first is not second
+    (_, c1), (_, c2) = sent.batches
+    c1.succeed(object())
+    c2.fail(TimeoutError("write timed out"))
+    assert first.done() and first.exception() is None and first.result() is None
+    assert second.done() and isinstance(second.exception(), TimeoutError)
+    with pytest.raises(TimeoutError):
+        second.result()
+
+
+def test_a_send_that_raises_fails_every_write_of_the_batch() -> None:
+    def refuse(statements: list[Statement], completion: BatchCompletion) -> None:
+        raise RuntimeError("no host available")
+
+    b = WriteBatcher(refuse, 10, 10_000, 0.0)
+    c = b.add(stmts("a"))
+    b.flush()
+    assert c.done() and isinstance(c.exception(), RuntimeError)
+    assert b.requests_sent == 1
+
+
+def test_flush_of_nothing_sends_nothing() -> None:
+    b, sent, _ = make()
+    b.flush()
+    b.flush_if_due()
+    assert sent.batches == [] and b.requests_sent == 0
+
+
+def test_all_of_waits_for_every_part_and_fails_fast() -> None:
+    a, c = BatchCompletion(), BatchCompletion()
+    both = AllOf([a, c])
+    a.succeed()
+    assert not both.done()
+    c.succeed()
+    assert both.done() and both.exception() is None
+    x, y = BatchCompletion(), BatchCompletion()
+    either_failed = AllOf([x, y])
+    y.fail(ValueError("bad"))
+    assert either_failed.done() and isinstance(either_failed.exception(), ValueError)
+
+
+@pytest.mark.parametrize("max_statements,max_bytes", [(0, 10), (1, 0)])
+def test_nonsense_bounds_are_refused(max_statements: int, max_bytes: int) -> None:
+    with pytest.raises(ValueError):
+        WriteBatcher(Sent(), max_statements, max_bytes, 0.0)
