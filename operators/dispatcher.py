@@ -74,7 +74,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         metrics = runtime_context.get_metrics_group()
         self._m = {name: metrics.counter(name) for name in (
             "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled",
-            "resent_after_restore", "history_write_failures", "replays", "replays_unknown")}
+            "adopted_after_restore", "history_write_failures", "replays", "replays_unknown")}
 
         self._incarnation = uuid.uuid4().hex
         self._rng = random.Random()
@@ -169,10 +169,10 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         if q is None:
             q = logic.EndpointQueue()
             for did, p in list(self._pending.items()):
+                # Only a restore leaves entries here for an index that does not exist yet.
+                self._m["adopted_after_restore"].inc()
                 adopted = logic.adopt_orphans(p, self._incarnation, now)
                 if adopted is not p:
-                    if p.stage is logic.Stage.SENDING:
-                        self._m["resent_after_restore"].inc()
                     self._pending.put(did, adopted)
                 q.put(adopted)
             self._queues[endpoint_id] = q
@@ -184,9 +184,9 @@ class Dispatcher(KeyedBroadcastProcessFunction):
 
     @staticmethod
     def _mark(q: logic.EndpointQueue, p: logic.Pending) -> None:
-        """Record in memory only that this incarnation owns a write. Keyed state keeps the
-        unowned version, which a restore treats exactly the same (the write is redone), so the
-        state write is saved."""
+        """Change the in-memory index only. Keyed state keeps an earlier version that a restore
+        handles the same way (an unowned write is redone, a due delivery is sent), so the state
+        write is saved."""
         q.put(p)
 
     def _start_persist(self, q: logic.EndpointQueue, io: IoMap,
@@ -281,7 +281,13 @@ class Dispatcher(KeyedBroadcastProcessFunction):
             sends = []
             for did in plan.send:
                 p = logic.start_sending(by_id[did], self._incarnation)
-                self._save(q, p)
+                if p.sending_manual:
+                    self._save(q, p)  # a restore must know a manual send is owed again
+                else:
+                    # State keeps the entry READY (or PERSIST, see below) and due: a restore
+                    # sends it again exactly as it would an interrupted SENDING. One state
+                    # write per attempt saved.
+                    self._mark(q, p)
                 sends.append(self._send(replace(p, delivery=self._full(p)), cfg, keys))
                 self._started[did] = now
             # One wake-up of the I/O loop for the whole batch, not one per request.
@@ -367,7 +373,10 @@ class Dispatcher(KeyedBroadcastProcessFunction):
                     log.warning("persisting %s failed, will retry: %s", did, redact(str(exc)))
                     self._save(q, logic.after_write_failed(p, now))
                 else:
-                    self._save(q, replace(p, stage=logic.Stage.READY, owner="", write_failures=0))
+                    # In memory only: state keeps PERSIST, which a restore redoes (an idempotent
+                    # upsert) before sending. The next state write (the attempt's outcome)
+                    # supersedes it; one state write per delivery saved.
+                    self._mark(q, replace(p, stage=logic.Stage.READY, owner="", write_failures=0))
             elif kind == "send":
                 self._fair.release(p.delivery.tenant_id)
                 report = fut.result() if exc is None else _internal_error_report(p, exc, now)
