@@ -143,8 +143,19 @@ class ResourceStats:
                 f"rss max={max(self.rss_mb):.0f} MB last={self.rss_mb[-1]:.0f} MB samples={len(self.cpu_pct)}")
 
 
+def _taskmanager_pids() -> list[int]:
+    """Every TaskManager the stack scripts started (flink-tm, and flink-tm-N from add-tm)."""
+    pids = []
+    for pid_file in [RUN / "flink-tm/pid", *sorted(RUN.glob("flink-tm-*/pid"))]:
+        try:
+            pids.append(int(pid_file.read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
 class TaskManagerSampler:
-    """Samples the TaskManager's CPU and RSS (with children) every `interval_s` in a thread."""
+    """Samples the TaskManagers' CPU and RSS (with children, summed) every `interval_s` in a thread."""
 
     def __init__(self, interval_s: float = 0.5) -> None:
         self.interval_s = interval_s
@@ -161,14 +172,13 @@ class TaskManagerSampler:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        # Read the pid each time: the pid file is the truth if the TaskManager is restarted.
+        # Read the pids each time: the pid files are the truth if a TaskManager is restarted.
         last: tuple[float, int] | None = None
         while not self._stop.wait(self.interval_s):
-            try:
-                root = int((RUN / "flink-tm/pid").read_text().strip())
-            except (OSError, ValueError):
+            roots = _taskmanager_pids()
+            if not roots:
                 continue
-            ticks, rss_kb = _cpu_ticks_and_rss_kb(_descendants(root))
+            ticks, rss_kb = _cpu_ticks_and_rss_kb([pid for root in roots for pid in _descendants(root)])
             now = time.monotonic()
             if last is not None and now > last[0] and ticks >= last[1]:
                 self.stats.cpu_pct.append(100.0 * (ticks - last[1]) / CLK_TCK / (now - last[0]))
@@ -177,6 +187,24 @@ class TaskManagerSampler:
 
 
 # ---- settings, topics, control plane, job ---------------------------------------------------------
+
+@contextmanager
+def extra_taskmanagers(n: int) -> Iterator[None]:
+    """n more TaskManagers for this run (stack/flink.sh add-tm), stopped by their pids after."""
+    parts: list[str] = []
+    try:
+        for _ in range(n):
+            out = subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "add-tm"], check=True,
+                                 capture_output=True, text=True, timeout=180)
+            parts.append(out.stdout.strip().splitlines()[-1])
+            say(f"started TaskManager {parts[-1]}")
+        yield
+    finally:
+        for part in parts:
+            subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "stop-tm", part], check=False,
+                           capture_output=True, timeout=120)
+            say(f"stopped TaskManager {part}")
+
 
 def bench_env(run_id: str, receiver_port: int, partitions: int) -> dict[str, str]:
     """WEBHOOKS_* for this run's job and control plane: own topics, loopback egress allowance."""
@@ -396,7 +424,7 @@ def report(name: str, r: PhaseResult, stats: ResourceStats) -> None:
         f"end-to-end {r.end_to_end_per_s:.0f}/s")
     say(f"{name}: first attempt latency p50={r.p(50):.0f} ms p90={r.p(90):.0f} ms p99={r.p(99):.0f} ms "
         f"max={r.p(100):.0f} ms")
-    say(f"{name}: TaskManager {stats.summary()}")
+    say(f"{name}: TaskManager(s) {stats.summary()}")
 
 
 def warm_up(settings: Settings, rx: ReceiverControl, tenants: list[Tenant], body: bytes,
@@ -468,7 +496,9 @@ def run(args: argparse.Namespace) -> int:
         rx.clear()
 
         port = int(rxp.base_url.rsplit(":", 1)[1])
-        env = bench_env(run_id, port, args.partitions)
+        stack.enter_context(extra_taskmanagers(args.taskmanagers - 1))
+        env = bench_env(run_id, port, max(args.partitions, args.taskmanagers))
+        env["WEBHOOKS_FLINK__PARALLELISM"] = str(args.taskmanagers)
         settings = settings_with(env)
         stack.enter_context(topics(settings))
         channel = stack.enter_context(control_plane(settings))
@@ -507,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--endpoints", type=int, default=10, help="endpoints per tenant (each event matches all)")
     ap.add_argument("--tenants", type=int, default=1)
     ap.add_argument("--partitions", type=int, default=2, help="partitions of the bench events topic")
+    ap.add_argument("--taskmanagers", type=int, default=1,
+                    help="TaskManagers for the job (extra ones started and stopped by the run); "
+                         "the job's parallelism is this number")
     ap.add_argument("--body-bytes", type=int, default=raw_http.DEFAULT_BODY_BYTES)
     ap.add_argument("--raw-concurrency", type=int, default=64)
     ap.add_argument("--raw-duration", type=float, default=5.0, help="seconds of raw HTTP measurement")
@@ -523,8 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="wait after loading tenant A before measuring tenant B")
     ap.add_argument("--fair-seconds", type=float, default=10.0)
     args = ap.parse_args(argv)
-    if min(args.events, args.endpoints, args.tenants, args.partitions) < 1:
-        ap.error("--events, --endpoints, --tenants and --partitions must be >= 1")
+    if min(args.events, args.endpoints, args.tenants, args.partitions, args.taskmanagers) < 1:
+        ap.error("--events, --endpoints, --tenants, --partitions and --taskmanagers must be >= 1")
     return run(args)
 
 

@@ -5,8 +5,7 @@ source "$(dirname "$0")/lib.sh"
 "$REPO/stack/job.sh" cancel-all || true
 stop_part receiver 5
 stop_part control-plane 10
-stop_part flink-tm 30
-stop_part flink-jm 30
+"$REPO/stack/flink.sh" stop  # every TaskManager (also those `flink.sh add-tm` added), then the JobManager
 stop_part cassandra 40
 stop_part kafka 30
 say "stack stopped"

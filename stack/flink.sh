@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Start/stop a local standalone Flink cluster (one JobManager with the dashboard, one TaskManager)
-# from the apache-flink wheel, configured from flink-conf/.
+# from the apache-flink wheel, configured from flink-conf/. `add-tm` starts one more TaskManager
+# (part flink-tm-2, -3, ...; the benchmark's --taskmanagers uses it): thread-mode Python runs
+# one interpreter per TaskManager, so more TaskManagers are how a job gets more Python.
 source "$(dirname "$0")/lib.sh"
 DIR="$RUN/flink"; CONF="$DIR/conf"
 REST_PORT="${WEBHOOKS_FLINK_REST_PORT:-8081}"
@@ -38,12 +40,27 @@ start() {
   fi
 }
 
+# tm_registered [n]: at least n (default 1) TaskManagers registered with the JobManager.
 tm_registered() {
-  "$PY" - "$REST_PORT" <<'PY'
+  "$PY" - "$REST_PORT" "${1:-1}" <<'PY'
 import json, sys, urllib.request
 o = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/overview", timeout=2))
-sys.exit(0 if o["taskmanagers"] >= 1 else 1)
+sys.exit(0 if o["taskmanagers"] >= int(sys.argv[2]) else 1)
 PY
+}
+
+extra_tms() { find "$RUN" -maxdepth 1 -name 'flink-tm-*' -printf '%f\n' | sort; }
+
+add_tm() {
+  running flink-jm || fail "flink is not running: start the stack first (make up)"
+  local k=2
+  while running "flink-tm-$k"; do k=$((k+1)); done
+  local part="flink-tm-$k" n=2 p
+  for p in $(extra_tms); do if running "$p"; then n=$((n+1)); fi; done
+  say "starting flink taskmanager $part"
+  start_bg "$part" "$DIR/log/$part.log" "$FLINK_HOME/bin/taskmanager.sh" start-foreground
+  wait_until "$part" "$DIR/log/$part.log" 120 tm_registered "$n"
+  echo "$part"
 }
 
 ready() {
@@ -55,7 +72,11 @@ ready() {
 case "${1:-}" in
   start) start ;;
   ready) ready ;;
-  stop) stop_part flink-tm 30; stop_part flink-jm 30 ;;
+  add-tm) render_conf; add_tm ;;
+  stop-tm) stop_part "${2:?usage: $0 stop-tm <part>}" 30 ;;
+  stop)
+    for part in $(extra_tms); do stop_part "$part" 30; done
+    stop_part flink-tm 30; stop_part flink-jm 30 ;;
   env) echo "export FLINK_HOME=$FLINK_HOME FLINK_CONF_DIR=$FLINK_CONF_DIR FLINK_LOG_DIR=$FLINK_LOG_DIR" ;;
-  *) echo "usage: $0 start|ready|stop|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|ready|add-tm|stop-tm <part>|stop|env" >&2; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where everything is.
 source "$(dirname "$0")/lib.sh"
-for part in kafka cassandra flink-jm flink-tm control-plane; do
+extra=$(find "$RUN" -maxdepth 1 -name 'flink-tm-*' -printf '%f\n' 2>/dev/null | sort)
+for part in kafka cassandra flink-jm flink-tm $extra control-plane; do
   if running "$part"; then state="running (pid $(cat "$RUN/$part/pid"))"; else state="stopped"; fi
   printf '  %-14s %s\n' "$part" "$state"
 done
