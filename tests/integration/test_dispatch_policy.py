@@ -200,3 +200,29 @@ def test_repeated_failures_open_the_breaker_and_hold_the_backlog(settings, grpc_
     assert sent <= threshold + in_flight < 20, sent
     pending = [s.get(d).delivery.status for d in dids[-5:]]
     assert all(st == pb.DELIVERY_STATUS_PENDING for st in pending), pending
+
+
+def test_open_breaker_sends_one_probe_then_closes_and_drains(settings, grpc_channel, receiver, delivery_job):
+    """Once the failing endpoint recovers, the open breaker lets exactly one probe through after
+    its open period (2 s here); the probe is answered slowly, so anything else sent while it is in
+    flight would be seen. Its success closes the breaker and the whole held backlog is delivered."""
+    s = Setup(settings, grpc_channel, receiver, "500", "probe")
+    threshold = settings.dispatch.breaker_failure_threshold
+    dids = [s.send(f'{{"n":{i}}}'.encode()) for i in range(20)]
+    receiver.wait_for(s.path, threshold, timeout=90)
+    time.sleep(1.0)  # the breaker is open now; stragglers that were in flight have arrived
+    receiver.set_behaviour(s.path, "slow 1.5")  # recovered, answering 200 after 1.5 s
+    before = len(receiver.requests(s.path))
+    assert before < len(dids), f"the breaker did not hold anything back: {before} sent"
+    opened_at = receiver.requests(s.path)[threshold - 1].received_at
+
+    probe = receiver.wait_for(s.path, before + 1, timeout=30)[before]
+    assert probe.received_at - opened_at >= settings.dispatch.breaker_open_s * 0.9, \
+        "the probe went before the open period ended"
+    time.sleep(1.0)  # the probe is still being answered
+    assert len(receiver.requests(s.path)) == before + 1, "more than one request while half-open"
+
+    for did in dids:
+        assert s.final(did, attempts=1).delivery.status == pb.DELIVERY_STATUS_SUCCEEDED, did
+    retried = [d for d in dids if len(s.get(d).attempts) > 1]
+    assert retried, "no delivery was failed before the breaker opened"
