@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Where everything is.
 source "$(dirname "$0")/lib.sh"
-extra=$(find "$RUN" -maxdepth 1 -name 'flink-tm-*' -printf '%f\n' 2>/dev/null | sort)
+extra=""  # TaskManagers added by `flink.sh add-tm`, listed while they run
+for d in $(find "$RUN" -maxdepth 1 -name 'flink-tm-*' -printf '%f\n' 2>/dev/null | sort); do
+  if running "$d"; then extra="$extra $d"; fi
+done
 for part in kafka cassandra flink-jm flink-tm $extra control-plane; do
   if running "$part"; then state="running (pid $(cat "$RUN/$part/pid"))"; else state="stopped"; fi
   printf '  %-14s %s\n' "$part" "$state"
