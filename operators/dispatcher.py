@@ -91,8 +91,7 @@ class Dispatcher(KeyedBroadcastProcessFunction):
         self._history = CassandraHistory(s.cassandra)
         self._master_key = s.master_key_bytes()
         self._keys: dict[tuple[str, int], bytes] = {}
-        # endpoint_id -> delivery_id -> (kind, future); kinds: persist, send, record, load
-        self._io: dict[str, IoMap] = {}
+        self._io: dict[str, IoMap] = {}  # endpoint_id -> its I/O in progress
         self._queues: dict[str, logic.EndpointQueue] = {}
         self._writes_in_flight = 0
         # Mirrors of per-endpoint values read on every pass; keyed state stays the source of truth

@@ -49,8 +49,6 @@ sys.exit(0 if o["taskmanagers"] >= int(sys.argv[2]) else 1)
 PY
 }
 
-extra_tms() { find "$RUN" -maxdepth 1 -name 'flink-tm-*' -printf '%f\n' | sort; }
-
 add_tm() {
   running flink-jm || fail "flink is not running: start the stack first (make up)"
   local k=2

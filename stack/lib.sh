@@ -26,6 +26,9 @@ running() {
   [ -f "$f" ] && pid_alive "$(cat "$f")"
 }
 
+# extra_tms: the parts of TaskManagers `flink.sh add-tm` started (flink-tm-2, -3, ...), running or not.
+extra_tms() { find "$RUN" -maxdepth 1 -name 'flink-tm-*' -printf '%f\n' | sort; }
+
 # start_bg <part> <log> <cmd...>: start a server in its own session, record its pid.
 start_bg() {
   local part="$1" log="$2"; shift 2

@@ -2,7 +2,7 @@
 # Where everything is.
 source "$(dirname "$0")/lib.sh"
 extra=""  # TaskManagers added by `flink.sh add-tm`, listed while they run
-for d in $(find "$RUN" -maxdepth 1 -name 'flink-tm-*' -printf '%f\n' 2>/dev/null | sort); do
+for d in $(extra_tms); do
   if running "$d"; then extra="$extra $d"; fi
 done
 for part in kafka cassandra flink-jm flink-tm $extra control-plane; do
