@@ -186,6 +186,10 @@ class FairScheduler:
         )
         return granted
 
+    def has_grant(self, ticket_key: str) -> bool:
+        """Whether slots were granted to this key and not yet taken."""
+        return ticket_key in self._grants
+
     def take_grant(self, ticket_key: str) -> int:
         """Slots granted to this key since it last asked; the key now owns them."""
         return self._grants.pop(ticket_key, ("", 0))[1]

@@ -132,6 +132,7 @@ def make_env(settings: Settings) -> StreamExecutionEnvironment:
         conf.set_string("pipeline.jars", ";".join(settings.flink.pipeline_jars))
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     env.set_parallelism(settings.flink.parallelism)
+    env.set_buffer_timeout(settings.flink.buffer_timeout_ms)
     env.enable_checkpointing(settings.flink.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
     return env
 

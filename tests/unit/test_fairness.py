@@ -150,8 +150,11 @@ def test_take_grant_counts_slots_per_key_and_consumes_them() -> None:
     s = FairScheduler(pool_size=4, tenant_quota=10, retry_headroom=0.0)
     s.request("ep", "a", "new", NOW)
     s.request("ep", "a", "retry", NOW)
+    assert not s.has_grant("ep")
     assert s.grant(NOW) == ["ep", "ep"]
+    assert s.has_grant("ep")
     assert s.take_grant("ep") == 2
+    assert not s.has_grant("ep")
     assert s.take_grant("ep") == 0
     assert s.in_flight("a") == 2  # taken slots stay in flight until released
 
