@@ -497,7 +497,17 @@ def fairness(settings: Settings, rx: ReceiverControl, channel: grpc.Channel, bas
     # whole platform, not the isolation of a hanging tenant.)
     produce(settings, [hanging], args.fair_a_events, body)
     time.sleep(args.fair_settle_seconds)
+    loaded_started = time.monotonic()
     loaded, _ = phase("fair-loaded", settings, rx, [healthy], n_b, body, args.timeout, rate)
+    # Isolation must not become starvation: A's requests reaching its endpoints during the phase
+    # (the phase cleared the recordings when it started). At its quota of Q slots and a timeout
+    # of T seconds A can have at most Q/T requests/s start; parked endpoints must pick up freed
+    # slots promptly to get near that.
+    counts = rx.counts()
+    a_requests = sum(counts.get(path, 0) for _, path in hanging.endpoints)
+    say(f"fair-loaded: tenant A requests {a_requests / (time.monotonic() - loaded_started):.1f}/s "
+        f"(its quota and the 5 s timeout allow at most "
+        f"{settings.dispatch.tenant_max_in_flight / settings.dispatch.total_timeout_s:.1f}/s)")
     b = healthy.tenant_id
     say(f"fairness: tenant B p99 alone={base.p(99, b):.0f} ms, with hanging tenant A "
         f"({args.fair_hanging_endpoints} endpoints)={loaded.p(99, b):.0f} ms; "
