@@ -63,10 +63,12 @@ def test_endpoint_waiting_on_the_tenant_quota_takes_the_slot_when_it_frees(quota
 
         first = event(tenant_id, "hold.started", b'{"h":1}')
         produce(settings, [first.to_json()], keys=[first.event_id])
-        held = eventually(lambda: receiver.requests(holder), timeout=60, interval=0.1, what="the slow request started")[0]
+        held = eventually(lambda: receiver.requests(holder), timeout=60, interval=0.1,
+                          what="the slow request started")[0]
         second = event(tenant_id, "wait.started", b'{"w":1}')
         produce(settings, [second.to_json()], keys=[second.event_id])
-        waited = eventually(lambda: receiver.requests(waiter), timeout=60, interval=0.1, what="the waiting delivery sent")[0]
+        waited = eventually(lambda: receiver.requests(waiter), timeout=60, interval=0.1,
+                            what="the waiting delivery sent")[0]
 
     freed_at = held.received_at + SLOW_S  # the holder's answer; its slot frees at the next harvest
     # The quota held: nothing went to the waiter while the holder's request was in flight.
