@@ -8,6 +8,7 @@ plane publishing to those topics. Tests use their own tenant and endpoint ids.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import uuid
@@ -131,3 +132,27 @@ def delivery_job(settings: Settings, job_env: dict[str, str], kafka_bootstrap: s
 def job_script(job_env: dict[str, str], action: str, timeout: float = 300) -> str:
     """Run stack/job.sh for this session's job; returns its stdout."""
     return job_sh(job_env, action, timeout)
+
+
+@contextlib.contextmanager
+def second_stack(job_env: dict[str, str], run: str,
+                 overrides: dict[str, str]) -> Iterator[tuple[Settings, str, Session]]:
+    """A second delivery job with settings the session job must not have (a short deadline, a
+    tiny quota): its own topics, keyspace and in-process control plane. Yields its settings, the
+    control plane's address and a session on its keyspace; cancels and stops both after."""
+    env = {**job_env, **isolated_env(f"{run}-{uuid.uuid4().hex[:6]}", own_keyspace=True), **overrides}
+    settings = settings_with(env)
+    create_topics(settings.kafka)
+    from control_plane.server import build
+
+    with keyspace_session(settings) as session:
+        server = build(settings, session, port=0)
+        server.start()
+        job_script(env, "submit")
+        job_id = job_script(env, "id").strip()
+        wait_all_running(job_id)
+        try:
+            yield settings, f"127.0.0.1:{server.port}", session
+        finally:
+            cancel(job_id)
+            server.stop(grace_s=2)

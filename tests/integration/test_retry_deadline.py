@@ -5,7 +5,6 @@ delivery to an endpoint that keeps failing visibly ends `expired` rather than re
 from __future__ import annotations
 
 import datetime
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -13,10 +12,7 @@ from cassandra.cluster import Session
 
 from control_plane.api import pb, rpc
 from core.settings import Settings
-from stack.flink_jobs import cancel, wait_all_running
-from stack.isolation import isolated_env, keyspace_session, settings_with
-from stack.topics import create_topics
-from tests.integration.conftest import job_script
+from tests.integration.conftest import second_stack
 from tests.integration.helpers import auth, event, eventually, new_tenant, produce
 
 pytestmark = pytest.mark.integration
@@ -26,27 +22,12 @@ DEADLINE_S = 5
 
 @pytest.fixture(scope="module")
 def deadline_stack(job_env: dict[str, str]) -> Iterator[tuple[Settings, str, Session]]:
-    env = {**job_env,
-           **isolated_env(f"test-deadline-{uuid.uuid4().hex[:6]}", own_keyspace=True),
-           "WEBHOOKS_DISPATCH__RETRY_DEADLINE_S": str(DEADLINE_S),
-           "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "100",
-           "WEBHOOKS_DISPATCH__RETRY_CAP_S": "1",
-           "WEBHOOKS_DISPATCH__BREAKER_FAILURE_THRESHOLD": "100"}
-    settings = settings_with(env)
-    create_topics(settings.kafka)
-    from control_plane.server import build
-
-    with keyspace_session(settings) as session:
-        server = build(settings, session, port=0)
-        server.start()
-        job_script(env, "submit")
-        job_id = job_script(env, "id").strip()
-        wait_all_running(job_id)
-        try:
-            yield settings, f"127.0.0.1:{server.port}", session
-        finally:
-            cancel(job_id)
-            server.stop(grace_s=2)
+    with second_stack(job_env, "test-deadline", {
+            "WEBHOOKS_DISPATCH__RETRY_DEADLINE_S": str(DEADLINE_S),
+            "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "100",
+            "WEBHOOKS_DISPATCH__RETRY_CAP_S": "1",
+            "WEBHOOKS_DISPATCH__BREAKER_FAILURE_THRESHOLD": "100"}) as stack:
+        yield stack
 
 
 def test_failing_delivery_expires_at_the_deadline(deadline_stack, receiver):

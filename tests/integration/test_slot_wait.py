@@ -7,17 +7,13 @@ back-off (at most ~1 s), not at the next forced full pass (5 s)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from control_plane.api import pb, rpc
 from core.settings import Settings
-from stack.flink_jobs import cancel, wait_all_running
-from stack.isolation import isolated_env, keyspace_session, settings_with
-from stack.topics import create_topics
-from tests.integration.conftest import job_script
+from tests.integration.conftest import second_stack
 from tests.integration.helpers import auth, event, eventually, new_tenant, produce
 
 pytestmark = pytest.mark.integration
@@ -27,25 +23,9 @@ SLOW_S = 2.5
 
 @pytest.fixture(scope="module")
 def quota_one_stack(job_env: dict[str, str]) -> Iterator[tuple[Settings, str]]:
-    env = {**job_env,
-           **isolated_env(f"test-quota-{uuid.uuid4().hex[:6]}", own_keyspace=True),
-           "WEBHOOKS_DISPATCH__TENANT_MAX_IN_FLIGHT": "1",
-           "WEBHOOKS_DISPATCH__TOTAL_TIMEOUT_S": "10"}
-    settings = settings_with(env)
-    create_topics(settings.kafka)
-    from control_plane.server import build
-
-    with keyspace_session(settings) as session:
-        server = build(settings, session, port=0)
-        server.start()
-        job_script(env, "submit")
-        job_id = job_script(env, "id").strip()
-        wait_all_running(job_id)
-        try:
-            yield settings, f"127.0.0.1:{server.port}"
-        finally:
-            cancel(job_id)
-            server.stop(grace_s=2)
+    with second_stack(job_env, "test-quota", {"WEBHOOKS_DISPATCH__TENANT_MAX_IN_FLIGHT": "1",
+                                              "WEBHOOKS_DISPATCH__TOTAL_TIMEOUT_S": "10"}) as (settings, address, _):
+        yield settings, address
 
 
 def test_endpoint_waiting_on_the_tenant_quota_takes_the_slot_when_it_frees(quota_one_stack, receiver):
