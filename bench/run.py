@@ -505,9 +505,10 @@ def fairness(settings: Settings, rx: ReceiverControl, channel: grpc.Channel, bas
     # slots promptly to get near that.
     counts = rx.counts()
     a_requests = sum(counts.get(path, 0) for _, path in hanging.endpoints)
+    d = settings.dispatch
     say(f"fair-loaded: tenant A requests {a_requests / (time.monotonic() - loaded_started):.1f}/s "
-        f"(its quota and the 5 s timeout allow at most "
-        f"{settings.dispatch.tenant_max_in_flight / settings.dispatch.total_timeout_s:.1f}/s)")
+        f"(its quota of {d.tenant_max_in_flight} and the {d.total_timeout_s:g} s timeout allow at most "
+        f"{d.tenant_max_in_flight / d.total_timeout_s:.1f}/s)")
     b = healthy.tenant_id
     say(f"fairness: tenant B p99 alone={base.p(99, b):.0f} ms, with hanging tenant A "
         f"({args.fair_hanging_endpoints} endpoints)={loaded.p(99, b):.0f} ms; "

@@ -50,10 +50,11 @@ from operators.write_batcher import Completion
 log = logging.getLogger(__name__)
 
 NEW = "delivery"
+REPLAY = "replay"
+
 # A parked endpoint (waiting for a slot) still gets a full pass at least this often, which
 # bounds how late anything the park check does not look at (a deadline passing) is noticed.
 _PARK_MAX_MS = 5_000
-REPLAY = "replay"
 
 # delivery_id -> (kind, I/O in progress); kinds: persist, send, record, load
 IoMap = dict[str, tuple[str, Completion]]
