@@ -1,30 +1,36 @@
-"""Per-endpoint dispatch: what to do next with one endpoint's pending deliveries.
+"""One delivery's life in the dispatcher: its stages, and the pure transitions between them.
 
-The Flink dispatcher keeps, per endpoint, a map of :class:`Pending` deliveries plus a breaker and
-a token bucket in keyed state; this module decides, with no I/O, which deliveries to persist,
-send, record or expire, and when to look again. Each pending delivery moves through stages::
+:mod:`core.endpoint_driver` decides *when* each transition happens for one endpoint; this module
+says *what* each one does to a single :class:`Pending` delivery. No I/O, no clock, no Flink::
 
-    PERSIST --rows durable--> READY --slot granted--> SENDING --HTTP result--> RECORDING
-                                ^                                                  |
-                                +------------- retry scheduled (timer) <-----------+
-                                                               final -> removed from state
+    CHECK --durable record read--> PERSIST | RESERVE | (already final: dropped)
+    PERSIST --creation rows + attempt row N reserved--> READY
+    RESERVE --attempt row N reserved-----------------> READY
+    READY --slot, breaker, bucket--> SENDING --HTTP result--> RECORDING
+    RECORDING --outcome + next attempt row reserved--> READY (retry / more manual sends)
+                                                   \\-> removed (final)
 
-A stage that does I/O (PERSIST, SENDING, RECORDING) carries the ``owner`` incarnation that started
-it. In-flight requests are not checkpointed, so after a restore a delivery found SENDING under an
-older incarnation is sent again (at-least-once: this is the explained duplicate), and PERSIST or
-RECORDING work is redone (both are idempotent upserts).
+**Attempt rows before requests.** Every HTTP request the platform makes has an attempt row that
+was durable in Cassandra *before* the request left (an :class:`Intent`: a unique attempt id and
+an attempt number never used before for that delivery). The first one travels in the same batch
+as the delivery's creation rows, each later one in the batch that records the previous outcome,
+so the hot path pays no extra round trip. A crash can therefore leave a reserved row without a
+request, never a request without a row: ``attempt rows >= requests a receiver saw`` always holds,
+and history explains every duplicate.
+
+**CHECK.** A delivery this incarnation did not see through from the start (adopted from a
+restore, or re-created from a re-read topic) first reads its durable record: already final means
+it is not sent again; otherwise numbering continues after the highest attempt number stored.
 """
 
 from __future__ import annotations
 
 import enum
-import heapq
 import random
-from dataclasses import dataclass, field, replace
-from typing import Literal
+import uuid
+from dataclasses import dataclass, replace
 
 from core import breaker as brk
-from core import ratelimit
 from core.fanout import NewDelivery
 from core.outcomes import (
     DisableEndpoint,
@@ -38,28 +44,65 @@ from core.outcomes import (
 )
 from core.retry import RetrySchedule, decide
 
+FINAL_STATUSES = frozenset({"succeeded", "failed", "expired"})
+
 
 class Stage(enum.StrEnum):
-    PERSIST = "persist"
-    READY = "ready"
-    SENDING = "sending"
-    RECORDING = "recording"
+    CHECK = "check"  # read the durable record before anything else
+    PERSIST = "persist"  # write creation rows (+ the first reserved attempt row)
+    RESERVE = "reserve"  # write a reserved attempt row for the next request
+    READY = "ready"  # durable, holds an intent; waits for its time and a slot
+    SENDING = "sending"  # an HTTP request is in flight
+    RECORDING = "recording"  # the outcome is being made durable
+
+
+# Stages whose next step is a write or read to Cassandra rather than a request.
+STORAGE_STAGES = frozenset({Stage.CHECK, Stage.PERSIST, Stage.RESERVE, Stage.RECORDING})
+
+
+@dataclass(frozen=True)
+class Intent:
+    """An attempt row made durable before the request it stands for."""
+
+    number: int
+    attempt_id: str
+
+
+def new_attempt_id(now_ms: int, rng: random.Random) -> str:
+    """A version-1 (time-based) UUID from the injected clock and random source, so attempt ids
+    sort by time in Cassandra and tests stay deterministic."""
+    ticks = now_ms * 10_000 + 0x01B21DD213814000  # 100 ns intervals since 1582-10-15
+    fields = (ticks & 0xFFFFFFFF, (ticks >> 32) & 0xFFFF, ((ticks >> 48) & 0x0FFF) | 0x1000,
+              0x80 | rng.getrandbits(6), rng.getrandbits(8), rng.getrandbits(48))
+    return str(uuid.UUID(fields=fields))
+
+
+@dataclass(frozen=True)
+class ManualRequest:
+    """A person's replay request, served as one manual attempt."""
+
+    request_id: str
+    requested_by: str
+    requested_at_ms: int  # when the dispatcher received it: its wait counts from here
+    tenant_id: str = ""  # the tenant that asked; checked against the delivery's
 
 
 @dataclass(frozen=True)
 class AttemptRecord:
-    """One finished try (or a final status without a try, e.g. expiry while the breaker was
-    open), waiting to be written to history before the delivery moves on."""
+    """What to write after a try, or after deciding that no try will happen."""
 
-    attempt_number: int  # 0 = no HTTP try (status change only)
+    intent: Intent | None  # the attempt row this record completes (None: status change only)
+    sent: bool  # whether an HTTP request was made (False: expired / failed / not sent)
     started_at_ms: int
     finished_at_ms: int
     http_status: int | None
-    outcome: str  # succeeded | retry | failed | expired
+    outcome: str  # succeeded | retry | failed | expired | not_sent
     error_class: str | None
     detail: str
     manual: bool
-    delivery_status: str  # pending | succeeded | failed | expired
+    # The delivery's status after this record; None leaves it unchanged (a manual request that
+    # could not be sent says nothing about the delivery's automatic life).
+    delivery_status: str | None
     next_attempt_at_ms: int | None
     auto_retry_active: bool
     url: str = ""
@@ -69,128 +112,116 @@ class AttemptRecord:
     response_prefix: str = ""
     signing_key_versions: tuple[int, ...] = ()
     disable_endpoint: bool = False
+    requested_by: str = ""  # manual attempts: who asked
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class DurableRecord:
+    """A delivery as Cassandra has it. ``status`` None: no delivery row exists."""
+
+    status: str | None
+    attempt_count: int = 0
+    next_attempt_at_ms: int | None = None
+    auto_retry_active: bool = True
+    max_attempt_number: int = 0  # highest attempt row stored, reserved ones included
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL_STATUSES
 
 
 @dataclass(frozen=True)
 class Pending:
-    delivery: NewDelivery
+    delivery: NewDelivery  # without payload bytes: those live once in their own state entry
     stage: Stage = Stage.PERSIST
-    owner: str = ""
-    attempt_count: int = 0
+    busy: bool = False  # the stage's I/O is in progress
+    attempt_count: int = 0  # automatic attempts made (the retry budget counts these)
+    issued: int = 0  # highest attempt number reserved so far; the next is issued + 1
+    intent: Intent | None = None  # reserved and not yet used by a request
     next_attempt_at_ms: int = 0
     auto_retry_active: bool = True
-    manual_requests: int = 0  # queued manual re-sends (replays)
-    sending_manual: bool = False
+    manual: tuple[ManualRequest, ...] = ()  # manual requests waiting, oldest first
+    sending_manual: ManualRequest | None = None
     record: AttemptRecord | None = None
-    # When the history write of ``record`` failed, when to try it again.
     write_retry_at_ms: int = 0
     write_failures: int = 0
 
+    @property
+    def delivery_id(self) -> str:
+        return self.delivery.delivery_id
 
-@dataclass(frozen=True)
-class Limits:
-    max_in_flight: int
-    # A manual replay is a person's explicit request: it bypasses an open breaker but not the cap.
-    manual_bypasses_breaker: bool = True
-
-
-@dataclass
-class Plan:
-    persist: list[str] = field(default_factory=list)
-    send: list[str] = field(default_factory=list)
-    record: list[str] = field(default_factory=list)
-    wake_at_ms: int | None = None
-    wanting_slots: int = 0  # ready and due, but held back by the slot grant
-
-    def wake(self, at_ms: int) -> None:
-        if self.wake_at_ms is None or at_ms < self.wake_at_ms:
-            self.wake_at_ms = at_ms
+    @property
+    def owes_send(self) -> bool:
+        """More requests are owed: the automatic schedule is live or a person asked."""
+        return self.auto_retry_active or bool(self.manual)
 
 
-def adopt_orphans(p: Pending, incarnation: str, now_ms: int) -> Pending:
-    """Work an older incarnation started and a restore interrupted is redone by this one."""
-    if p.owner == incarnation or p.stage is Stage.READY:
+def for_storage(p: Pending) -> Pending:
+    """What keyed state keeps: no in-memory stage detail. A restore CHECKs every entry, so the
+    stage, intent and record of an interrupted step need not survive."""
+    stage = Stage.PERSIST if p.stage is Stage.PERSIST else Stage.READY
+    return replace(p, stage=stage, busy=False, intent=None, record=None, sending_manual=None,
+                   write_retry_at_ms=0, write_failures=0)
+
+
+def adopt(p: Pending) -> Pending:
+    """An entry restored from a checkpoint: read its durable record before anything else."""
+    manual = p.manual + ((p.sending_manual,) if p.sending_manual else ())
+    return replace(for_storage(p), stage=Stage.CHECK, manual=manual)
+
+
+def after_check(p: Pending, durable: DurableRecord, rng: random.Random, now_ms: int) -> Pending | None:
+    """Continue from what Cassandra knows; None when the delivery is already final there and no
+    manual request is waiting."""
+    issued = max(p.issued, durable.max_attempt_number)
+    if durable.status is None:
+        # Never persisted (or only partly: an unlogged batch is not atomic). Numbering still
+        # continues after any attempt row that did make it.
+        return replace(p, stage=Stage.PERSIST, busy=False, issued=issued,
+                       intent=Intent(issued + 1, new_attempt_id(now_ms, rng)))
+    auto = p.auto_retry_active and durable.auto_retry_active and not durable.final
+    if not auto and not p.manual:
+        return None
+    next_at = max(p.next_attempt_at_ms, durable.next_attempt_at_ms or 0)
+    return replace(p, stage=Stage.RESERVE, busy=False, issued=issued, intent=None,
+                   attempt_count=max(p.attempt_count, durable.attempt_count),
+                   auto_retry_active=auto, next_attempt_at_ms=next_at)
+
+
+def reserve(p: Pending, rng: random.Random, now_ms: int) -> Pending:
+    """Give the delivery the next attempt number (kept through write retries)."""
+    if p.intent is not None:
         return p
-    if p.stage is Stage.SENDING:
-        # The request may or may not have reached the endpoint: send again (at-least-once). A
-        # manual send is owed again as a manual request; it must not move the automatic schedule.
-        return replace(p, stage=Stage.READY, owner="",
-                       next_attempt_at_ms=p.next_attempt_at_ms if p.sending_manual else now_ms,
-                       manual_requests=p.manual_requests + (1 if p.sending_manual else 0),
-                       sending_manual=False)
-    return replace(p, owner="")  # PERSIST / RECORDING: redo the idempotent write
+    return replace(p, intent=Intent(p.issued + 1, new_attempt_id(now_ms, rng)))
+
+
+def after_reserved(p: Pending) -> Pending:
+    """The intent's row is durable (after PERSIST or RESERVE): the delivery may be sent."""
+    assert p.intent is not None
+    return replace(p, stage=Stage.READY, busy=False, issued=max(p.issued, p.intent.number),
+                   write_failures=0, write_retry_at_ms=0)
+
+
+def start_sending(p: Pending) -> Pending:
+    """Use the reserved intent for a request: manual requests first (a person is waiting)."""
+    assert p.stage is Stage.READY and p.intent is not None
+    if p.manual:
+        return replace(p, stage=Stage.SENDING, busy=True, sending_manual=p.manual[0], manual=p.manual[1:])
+    return replace(p, stage=Stage.SENDING, busy=True, sending_manual=None)
+
+
+def send_not_started(p: Pending) -> Pending:
+    """The request could not be built (no usable signing key): nothing left the process, so the
+    intent is still unused and the manual request still owed."""
+    manual = ((p.sending_manual,) if p.sending_manual else ()) + p.manual
+    return replace(p, stage=Stage.READY, busy=False, sending_manual=None, manual=manual)
 
 
 def is_due(p: Pending, now_ms: int) -> bool:
     if p.stage is not Stage.READY:
         return False
-    if p.manual_requests > 0:
-        return True
-    return p.auto_retry_active and p.next_attempt_at_ms <= now_ms
-
-
-def plan(
-    pendings: list[Pending],
-    in_flight: int,
-    limits: Limits,
-    breaker: brk.BreakerState,
-    bucket: ratelimit.TokenBucket | None,
-    now_ms: int,
-    granted_slots: int,
-) -> tuple[Plan, brk.BreakerState, ratelimit.TokenBucket | None]:
-    """Choose this endpoint's next actions. ``granted_slots`` is what the fair scheduler gave this
-    endpoint from the operator's shared pool; the plan never sends more than that, than the
-    endpoint's free in-flight capacity, than its token bucket, or than the breaker allows."""
-    out = Plan()
-    free = max(0, min(limits.max_in_flight - in_flight, granted_slots))
-    due: list[Pending] = []
-    for p in pendings:
-        if p.stage in (Stage.PERSIST, Stage.RECORDING) and not p.owner:
-            if p.write_retry_at_ms > now_ms:
-                out.wake(p.write_retry_at_ms)
-            elif p.stage is Stage.PERSIST:
-                out.persist.append(p.delivery.delivery_id)
-            else:
-                out.record.append(p.delivery.delivery_id)
-        elif is_due(p, now_ms):
-            due.append(p)
-        elif p.stage is Stage.READY and p.auto_retry_active:
-            out.wake(p.next_attempt_at_ms)
-    # Manual requests first (a person is waiting), then the longest-waiting first.
-    due.sort(key=lambda p: (p.manual_requests == 0, p.next_attempt_at_ms))
-    for p in due:
-        if len(out.send) >= free:
-            out.wanting_slots += 1
-            continue
-        manual = p.manual_requests > 0
-        # Commit the breaker's new state only if the request really goes: a half-open probe slot
-        # spent on a request the token bucket then holds back would wait a whole period for nothing.
-        after_allow = breaker
-        if not (manual and limits.manual_bypasses_breaker):
-            allowed, after_allow = brk.allow(breaker, now_ms)
-            if not allowed:
-                probe_at = brk.next_probe_at_ms(breaker)
-                out.wake(probe_at if probe_at is not None else now_ms + 1000)
-                continue
-        if bucket is not None:
-            ok, bucket, wait_ms = ratelimit.try_take(bucket, now_ms)
-            if not ok:
-                out.wake(now_ms + max(1, wait_ms))
-                break
-        breaker = after_allow
-        out.send.append(p.delivery.delivery_id)
-    return out, breaker, bucket
-
-
-def start_sending(p: Pending, incarnation: str) -> Pending:
-    manual = p.manual_requests > 0
-    return replace(
-        p,
-        stage=Stage.SENDING,
-        owner=incarnation,
-        sending_manual=manual,
-        manual_requests=p.manual_requests - 1 if manual else p.manual_requests,
-    )
+    return bool(p.manual) or (p.auto_retry_active and p.next_attempt_at_ms <= now_ms)
 
 
 @dataclass(frozen=True)
@@ -217,10 +248,12 @@ def apply_result(
     rng: random.Random,
 ) -> tuple[Pending, brk.BreakerState]:
     """Turn one finished try into the attempt record to write and the breaker's next state."""
-    number = p.attempt_count + 1
-    now_ms = report.finished_at_ms
+    assert p.intent is not None
     manual = p.sending_manual
-    outcome = decide(report.result, number, p.delivery.created_at_ms, now_ms, schedule, rng)
+    # Manual tries have their own contract: they neither use nor move the automatic budget.
+    auto_number = p.attempt_count if manual else p.attempt_count + 1
+    now_ms = report.finished_at_ms
+    outcome = decide(report.result, max(1, auto_number), p.delivery.created_at_ms, now_ms, schedule, rng)
     if isinstance(outcome, Succeeded):
         breaker = brk.on_success(breaker)
     elif not is_endpoint_failure(report.result):
@@ -233,58 +266,41 @@ def apply_result(
     auto_active = p.auto_retry_active
     next_at: int | None = None
     disable = False
+    status: str | None
     if isinstance(outcome, Succeeded):
-        status, result_word, auto_active = "succeeded", "succeeded", False
-    elif manual and isinstance(outcome, Retry | GaveUp):
-        # A manual replay is a contract of its own: its failure never restarts, moves or ends the
-        # automatic schedule (nor brings back its 24 h deadline, so it is never "expired").
-        result_word = "failed"
-        if p.auto_retry_active:
-            status, next_at = "pending", p.next_attempt_at_ms  # automatic schedule carries on
-        else:
-            status = "failed"
+        status, word, auto_active = "succeeded", "succeeded", False
+    elif manual is not None and isinstance(outcome, Retry | GaveUp):
+        # A failed manual replay never restarts, moves or ends the automatic schedule (nor
+        # brings back its 24 h deadline, so it is never "expired").
+        word = "failed"
+        status, next_at = ("pending", p.next_attempt_at_ms) if p.auto_retry_active else ("failed", None)
     elif isinstance(outcome, Retry):
-        status, result_word, next_at = "pending", "retry", outcome.at_ms
+        status, word, next_at = "pending", "retry", outcome.at_ms
     elif isinstance(outcome, GaveUp):
-        status, result_word, auto_active = outcome.final_status, outcome.final_status, False
+        status, word, auto_active = outcome.final_status, outcome.final_status, False
     else:
         assert isinstance(outcome, DisableEndpoint)
-        status, result_word, auto_active, disable = "failed", "failed", False, True
+        status, word, auto_active, disable = "failed", "failed", False, True
 
     record = AttemptRecord(
-        attempt_number=number,
-        started_at_ms=report.started_at_ms,
-        finished_at_ms=report.finished_at_ms,
-        http_status=report.result.status,
-        outcome=result_word,
+        intent=p.intent, sent=True,
+        started_at_ms=report.started_at_ms, finished_at_ms=report.finished_at_ms,
+        http_status=report.result.status, outcome=word,
         error_class=None if report.result.error is None and isinstance(outcome, Succeeded)
         else (report.result.error.value if report.result.error else _error_value(outcome)),
-        detail=report.result.detail,
-        manual=manual,
-        delivery_status=status,
-        next_attempt_at_ms=next_at,
-        auto_retry_active=auto_active,
-        url=report.url,
-        endpoint_config_version=report.endpoint_config_version,
-        latency_ms=report.latency_ms,
-        response_sha256=report.response_sha256,
-        response_prefix=report.response_prefix,
-        signing_key_versions=report.signing_key_versions,
-        disable_endpoint=disable,
+        detail=report.result.detail, manual=manual is not None, delivery_status=status,
+        next_attempt_at_ms=next_at, auto_retry_active=auto_active, url=report.url,
+        endpoint_config_version=report.endpoint_config_version, latency_ms=report.latency_ms,
+        response_sha256=report.response_sha256, response_prefix=report.response_prefix,
+        signing_key_versions=report.signing_key_versions, disable_endpoint=disable,
+        requested_by=manual.requested_by if manual else "", request_id=manual.request_id if manual else "",
     )
     return (
-        replace(
-            p,
-            stage=Stage.RECORDING,
-            owner="",
-            attempt_count=number,
-            next_attempt_at_ms=next_at if next_at is not None else p.next_attempt_at_ms,
-            auto_retry_active=auto_active,
-            sending_manual=False,
-            record=record,
-            write_failures=0,
-            write_retry_at_ms=0,
-        ),
+        replace(p, stage=Stage.RECORDING, busy=False, attempt_count=auto_number, intent=None,
+                issued=max(p.issued, p.intent.number),
+                next_attempt_at_ms=next_at if next_at is not None else p.next_attempt_at_ms,
+                auto_retry_active=auto_active, sending_manual=None, record=record,
+                write_failures=0, write_retry_at_ms=0),
         breaker,
     )
 
@@ -294,121 +310,54 @@ def _error_value(outcome: object) -> str | None:
     return ec.value if isinstance(ec, ErrorClass) else None
 
 
-def expire_if_past_deadline(p: Pending, now_ms: int) -> Pending:
-    """A delivery whose automatic tries are still active but whose deadline passed while it was
-    waiting (breaker open, endpoint disabled) ends visibly as expired, with no further try."""
-    if p.stage is not Stage.READY or not p.auto_retry_active or p.manual_requests > 0:
-        return p
-    if now_ms < p.delivery.expires_at_ms:
-        return p
+def end_without_sending(p: Pending, now_ms: int, status: str, outcome: str, detail: str) -> Pending:
+    """The delivery ends (expired at its deadline, failed because its endpoint was deleted)
+    without another request. Its reserved attempt row, if any, is closed as not sent."""
     record = AttemptRecord(
-        attempt_number=0, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
-        outcome="expired", error_class=None, detail="retry deadline passed while waiting",
-        manual=False, delivery_status="expired", next_attempt_at_ms=None, auto_retry_active=False,
-    )
-    return replace(p, stage=Stage.RECORDING, owner="", auto_retry_active=False, record=record)
+        intent=p.intent, sent=False, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
+        outcome=outcome if p.intent is None else "not_sent", error_class=None, detail=detail,
+        manual=False, delivery_status=status, next_attempt_at_ms=None, auto_retry_active=False)
+    return replace(p, stage=Stage.RECORDING, busy=False, auto_retry_active=False, manual=(),
+                   intent=None, record=record)
+
+
+def manual_not_sent(p: Pending, now_ms: int, detail: str) -> Pending:
+    """The oldest manual request could not be sent within its wait: close it visibly with an
+    attempt row that says why (no request was made). The automatic schedule is untouched."""
+    assert p.manual and p.intent is not None
+    req = p.manual[0]
+    record = AttemptRecord(
+        intent=p.intent, sent=False, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
+        outcome="not_sent", error_class=None, detail=detail, manual=True, delivery_status=None,
+        next_attempt_at_ms=None, auto_retry_active=p.auto_retry_active,
+        requested_by=req.requested_by, request_id=req.request_id)
+    return replace(p, stage=Stage.RECORDING, busy=False, manual=p.manual[1:], intent=None,
+                   issued=max(p.issued, p.intent.number), record=record)
+
+
+def with_next_intent(p: Pending, rng: random.Random, now_ms: int) -> Pending:
+    """Before a RECORDING write: when another request is owed, reserve its attempt row in the
+    same write. The intent is kept on the delivery, so a retried write reserves the same row."""
+    if p.intent is not None or not p.owes_send:
+        return p
+    return replace(p, intent=Intent(p.issued + 1, new_attempt_id(now_ms, rng)))
 
 
 def after_record_written(p: Pending) -> Pending | None:
-    """The history write is durable: the delivery is finished (None) or waits for its next try."""
+    """The record is durable: the delivery is finished (None), or waits for its next request
+    with the attempt row the same write reserved."""
     assert p.record is not None
-    if p.record.delivery_status != "pending" and p.manual_requests == 0:
+    if not p.owes_send:
         return None
-    return replace(p, stage=Stage.READY, owner="", record=None)
+    if p.intent is None:  # a manual request arrived after the write was started
+        return replace(p, stage=Stage.RESERVE, busy=False, record=None, write_failures=0, write_retry_at_ms=0)
+    return replace(p, stage=Stage.READY, busy=False, record=None, issued=max(p.issued, p.intent.number),
+                   write_failures=0, write_retry_at_ms=0)
 
 
 def after_write_failed(p: Pending, now_ms: int) -> Pending:
-    """Cassandra refused or timed out a PERSIST or RECORDING write: keep the stage and try again
-    later, backing off. Nothing is sent before it is durable, and a delivery is never reported
-    finished until its record is written."""
+    """Cassandra refused or timed out a write or read: keep the stage (and any intent, so a
+    retried reservation reuses its number) and try again later, backing off. Nothing is sent
+    before its attempt row is durable; nothing is reported finished before its record is."""
     delay = min(60_000, 500 * (2 ** min(p.write_failures, 7)))
-    return replace(p, owner="", write_failures=p.write_failures + 1, write_retry_at_ms=now_ms + delay)
-
-
-class EndpointQueue:
-    """In-memory index of one endpoint's pending deliveries.
-
-    Keyed state stays the source of truth (it is what checkpoints hold); this index lets a timer
-    or a new delivery find what needs action in O(log n) instead of unpickling every pending
-    delivery of the endpoint on every call, which made the dispatcher quadratic in its backlog.
-    It is rebuilt from keyed state once per endpoint after a restore.
-    """
-
-    def __init__(self) -> None:
-        self.items: dict[str, Pending] = {}
-        # READY deliveries by next attempt time; entries that no longer match items[] are stale
-        # and skipped when popped (cheaper than deleting from the middle of a heap).
-        self._heap: list[tuple[int, int, str]] = []
-        self._seq = 0
-        self._writes: set[str] = set()  # PERSIST / RECORDING work with no owner
-        self._manual: set[str] = set()  # READY with a manual replay waiting
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def put(self, p: Pending) -> None:
-        did = p.delivery.delivery_id
-        self.items[did] = p
-        self._writes.discard(did)
-        self._manual.discard(did)
-        if p.stage in (Stage.PERSIST, Stage.RECORDING) and not p.owner:
-            self._writes.add(did)
-        elif p.stage is Stage.READY:
-            if p.manual_requests > 0:
-                self._manual.add(did)
-            elif p.auto_retry_active:
-                self._seq += 1
-                heapq.heappush(self._heap, (p.next_attempt_at_ms, self._seq, did))
-
-    def remove(self, did: str) -> None:
-        self.items.pop(did, None)
-        self._writes.discard(did)
-        self._manual.discard(did)
-
-    def _valid(self, entry: tuple[int, int, str]) -> Pending | None:
-        at, _, did = entry
-        p = self.items.get(did)
-        if (p is None or p.stage is not Stage.READY or p.manual_requests > 0 or not p.auto_retry_active
-                or p.next_attempt_at_ms != at):
-            return None
-        return p
-
-    def _top(self) -> Pending | None:
-        """The earliest READY delivery, dropping stale heap entries on the way."""
-        while self._heap:
-            p = self._valid(self._heap[0])
-            if p is not None:
-                return p
-            heapq.heappop(self._heap)
-        return None
-
-    def has_due(self, now_ms: int) -> bool:
-        top = self._top()
-        return bool(self._manual) or (top is not None and top.next_attempt_at_ms <= now_ms)
-
-    def oldest_due(self, now_ms: int) -> int:
-        top = self._top()
-        return top.next_attempt_at_ms if top is not None and top.next_attempt_at_ms <= now_ms else now_ms
-
-    def due_kind(self, now_ms: int) -> Literal["new", "retry"]:
-        """First attempts are "new" work for the fair scheduler; everything else is a retry."""
-        top = self._top()
-        return "new" if self._manual or (top is not None and top.attempt_count == 0) else "retry"
-
-    def candidates(self, now_ms: int, limit: int) -> tuple[list[Pending], int | None]:
-        """What may need action now -- unowned writes, manual replays, and up to ``limit`` due
-        READY deliveries, oldest first -- plus the next time a READY delivery becomes due.
-        Due deliveries returned here are taken off the heap: put() them back if not sent."""
-        out = [self.items[d] for d in self._writes] + [self.items[d] for d in self._manual]
-        taken: set[str] = set()
-        while len(taken) < limit:
-            p = self._top()
-            if p is None or p.next_attempt_at_ms > now_ms:
-                break
-            heapq.heappop(self._heap)
-            if p.delivery.delivery_id in taken:
-                continue  # a duplicate heap entry of one already taken
-            taken.add(p.delivery.delivery_id)
-            out.append(p)
-        top = self._top()
-        return out, (top.next_attempt_at_ms if top is not None else None)
+    return replace(p, busy=False, write_failures=p.write_failures + 1, write_retry_at_ms=now_ms + delay)

@@ -70,3 +70,16 @@ def try_take(bucket: TokenBucket, now_ms: int) -> tuple[bool, TokenBucket, int]:
         return True, replace(bucket, tokens=max(0.0, bucket.tokens - 1)), 0
     wait_ms = math.ceil((1 - bucket.tokens) * 1000 / rate)
     return False, bucket, max(1, wait_ms)
+
+
+def available(bucket: TokenBucket, now_ms: int) -> tuple[int, int]:
+    """Whole tokens available now without taking any, and (when none) ms until one is: lets the
+    dispatcher ask for no more tenant slots than the bucket would let it use."""
+    rate = bucket.rate_per_s
+    if rate is None:
+        return 1 << 30, 0
+    bucket = _refilled(bucket, now_ms)
+    whole = int(bucket.tokens + _ROUNDING)
+    if whole >= 1:
+        return whole, 0
+    return 0, max(1, math.ceil((1 - bucket.tokens) * 1000 / rate))

@@ -5,7 +5,8 @@ branch is tested with fixed values. The policy table (see the seed's response po
 
     2xx (even with a truncated body) .......... Succeeded
     3xx ....................................... GaveUp failed (redirects are never followed)
-    408, 429, 5xx, timeout, connect, reset .... Retry  (429/503: bounded Retry-After honoured)
+    408, 429, 5xx, timeout, connect, reset .... Retry  (429/503: bounded Retry-After honoured,
+                                                        plus jitter so a storm does not return at once)
     DNS, TLS .................................. Retry  (and a fast failure for the breaker)
     410 ....................................... DisableEndpoint
     other 4xx, egress refused ................. GaveUp failed
@@ -145,6 +146,22 @@ def _honoured_retry_after_ms(result: HttpResult, now_ms: int, schedule: RetrySch
     return min(asked_ms, int(schedule.max_retry_after_s * 1000))
 
 
+# Jitter added on top of an honoured Retry-After: a 429 storm answers every delivery with the same
+# value, and without it they would all come back in the same millisecond. A tenth of the wait,
+# at least one second (short waits still spread) and at most five minutes.
+_RETRY_AFTER_JITTER_FRACTION = 0.1
+_RETRY_AFTER_JITTER_MIN_MS = 1_000
+_RETRY_AFTER_JITTER_MAX_MS = 300_000
+
+
+def retry_after_jitter_ms(retry_after_ms: int, rng: random.Random) -> int:
+    """Uniform in [0, window) with window = clamp(10 % of the wait, 1 s, 5 min); never negative,
+    so the server's "not before" is always respected."""
+    window = min(_RETRY_AFTER_JITTER_MAX_MS,
+                 max(_RETRY_AFTER_JITTER_MIN_MS, int(retry_after_ms * _RETRY_AFTER_JITTER_FRACTION)))
+    return int(window * rng.random())
+
+
 def decide(
     result: HttpResult,
     attempt_number: int,
@@ -173,7 +190,7 @@ def decide(
     delay_ms = backoff_delay_ms(attempt_number, schedule, rng)
     retry_after_ms = _honoured_retry_after_ms(result, now_ms, schedule)
     if retry_after_ms is not None:
-        delay_ms = max(delay_ms, retry_after_ms)
+        delay_ms = max(delay_ms, retry_after_ms + retry_after_jitter_ms(retry_after_ms, rng))
     at_ms = now_ms + delay_ms
     deadline_ms = created_at_ms + int(schedule.deadline_s * 1000)
     if at_ms > deadline_ms:

@@ -77,6 +77,9 @@ class DispatchSettings(BaseModel):
     breaker_fast_failure_threshold: int = Field(default=2, ge=1)
     breaker_open_s: float = Field(default=30.0, gt=0)
     breaker_max_open_s: float = Field(default=600.0, gt=0)
+    # How long a manual replay may wait for its endpoint (disabled, no slot) before it ends
+    # visibly as "not sent" with an attempt row saying why.
+    manual_wait_s: float = Field(default=60.0, gt=0)
     # How often the dispatcher harvests finished requests (processing-time timer).
     harvest_interval_ms: int = Field(default=10, ge=1)
     # Extra CA bundle the dispatcher trusts (tests use a locally generated CA). None = system CAs.

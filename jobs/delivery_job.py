@@ -26,7 +26,7 @@ from pyflink.table import StreamTableEnvironment
 
 from core.settings import Settings, load_settings
 from jobs import uids
-from operators.dispatcher import Dispatcher
+from operators.dispatcher import Dispatcher, key_config
 from operators.endpoint_configs import ENDPOINT_CONFIGS, ParseEndpointRecord
 from operators.fanout import FanOut
 from operators.parse_events import DEAD_LETTERS, ParseEvents
@@ -112,11 +112,12 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                            Types.PICKLED_BYTE_ARRAY())
                   .uid(uids.FAN_OUT).name("dedupe + fan-out"))
 
-    configs_only = (endpoint_records.filter(lambda r: hasattr(r, "endpoint_id"))
-                    .uid(uids.DISPATCH_CONFIGS).name("endpoint configs for dispatch"))
-    signals = (deliveries.union(replays)
+    # Configs reach the dispatcher keyed by endpoint, in its one keyed input: a config change
+    # drives its endpoint at once (a re-enable drains the held backlog, a new URL is used).
+    keyed_configs = (endpoint_records.flat_map(key_config, Types.PICKLED_BYTE_ARRAY())
+                     .uid(uids.DISPATCH_CONFIGS).name("endpoint configs for dispatch"))
+    signals = (deliveries.union(replays, keyed_configs)
                .key_by(lambda r: r[0], Types.STRING())
-               .connect(configs_only.broadcast(ENDPOINT_CONFIGS))
                .process(Dispatcher(settings), Types.STRING())
                .uid(uids.DISPATCH).name("dispatch (per endpoint)"))
     signals.sink_to(_string_sink(settings, k.signals_topic)).uid(uids.SIGNALS_SINK).name("Kafka: " + k.signals_topic)

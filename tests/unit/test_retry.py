@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.outcomes import DisableEndpoint, ErrorClass, GaveUp, HttpResult, Outcome, Retry, Succeeded
-from core.retry import RetrySchedule, backoff_delay_ms, decide, parse_retry_after
+from core.retry import RetrySchedule, backoff_delay_ms, decide, parse_retry_after, retry_after_jitter_ms
 from core.settings import DispatchSettings
 
 E = ErrorClass
@@ -185,12 +185,13 @@ def test_parse_retry_after_never_raises(value: str) -> None:
 
 
 RETRY_AFTER_POLICY = [
-    # status  Retry-After                         -> next attempt (backoff alone = +2500 ms)
-    (429, "30", NOW + 30_000),
-    (503, "30", NOW + 30_000),
-    (503, "1", NOW + 2_500),  # the later of backoff and Retry-After
-    (429, "99999", NOW + 3_600_000),  # clamped to max_retry_after_s
-    (429, "Tue, 14 Nov 2023 22:14:20 GMT", NOW + 60_000),
+    # status  Retry-After                         -> next attempt (backoff alone = +2500 ms;
+    #                                                Retry-After + half of its jitter window)
+    (429, "30", NOW + 31_500),
+    (503, "30", NOW + 31_500),
+    (503, "1", NOW + 2_500),  # the later of backoff and Retry-After (1 s + 0.5 s)
+    (429, "99999", NOW + 3_750_000),  # clamped to max_retry_after_s, jitter window capped at 5 min
+    (429, "Tue, 14 Nov 2023 22:14:20 GMT", NOW + 63_000),
     (429, "garbage", NOW + 2_500),
     (500, "30", NOW + 2_500),  # only 429 and 503 carry Retry-After for us
     (408, "30", NOW + 2_500),
@@ -264,7 +265,7 @@ def test_a_retry_never_passes_the_deadline_or_the_bounds(
     outcome = decide(result, attempt, created_at, NOW, SCHEDULE, random.Random(seed))
     if isinstance(outcome, Retry):
         assert outcome.at_ms <= created_at + DAY_MS
-        longest_ms = max(SCHEDULE.cap_s, SCHEDULE.max_retry_after_s) * 1000
+        longest_ms = max(SCHEDULE.cap_s, SCHEDULE.max_retry_after_s) * 1000 + 300_000  # + jitter window
         assert NOW + SCHEDULE.min_delay_ms <= outcome.at_ms <= NOW + longest_ms
         assert attempt < SCHEDULE.max_attempts
     else:
@@ -300,3 +301,29 @@ def test_schedule_refuses_nonsense(kwargs: dict[str, float]) -> None:
     }
     with pytest.raises(ValueError):
         RetrySchedule(**{**fields, **kwargs})  # type: ignore[arg-type]
+
+
+RETRY_AFTER_JITTER = [
+    # Retry-After ms, rng value -> jitter ms (window: 10 %, at least 1 s, at most 5 min)
+    (60_000, 0.0, 0),
+    (60_000, 0.5, 3_000),
+    (60_000, 0.999, 5_994),
+    (2_000, 0.5, 500),  # the 1 s floor
+    (3_600_000, 0.5, 150_000),  # the 5 min cap
+]
+
+
+@pytest.mark.parametrize(("retry_after_ms", "r", "jitter_ms"), RETRY_AFTER_JITTER)
+def test_retry_after_jitter_is_bounded(retry_after_ms: int, r: float, jitter_ms: int) -> None:
+    assert retry_after_jitter_ms(retry_after_ms, FixedRandom(r)) == jitter_ms
+
+
+def test_a_429_storm_does_not_come_back_in_the_same_millisecond() -> None:
+    """Defect 10: 1,000 deliveries answered 429 Retry-After: 60 at the same moment."""
+    rng = random.Random(7)
+    times = [decide(HttpResult(429, retry_after="60"), 1, NOW, NOW, SCHEDULE, rng) for _ in range(1000)]
+    at = [o.at_ms for o in times if isinstance(o, Retry)]
+    assert len(at) == 1000
+    assert min(at) >= NOW + 60_000  # the server's "not before" holds
+    assert max(at) < NOW + 66_000  # bounded
+    assert len(set(at)) > 900  # spread, not one wave

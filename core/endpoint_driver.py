@@ -1,0 +1,610 @@
+"""One endpoint's dispatch, as a pure driver: plain data in, decisions out.
+
+The Flink operator (:mod:`operators.dispatcher`) owns one driver per endpoint key. It feeds the
+driver what happened (a new delivery, a replay request, a config, finished I/O) and asks it to
+:meth:`EndpointDriver.step`; the step returns a :class:`Decision` -- the I/O to start (check,
+persist, reserve, send, record, load) and when to be woken again *and why*. The driver never
+does I/O, never reads a clock and never sleeps; ``now_ms`` and the random source come in, keyed
+state goes through :class:`core.endpoint_store.EndpointStore` (whose docstring is the durability
+policy), and tenant slots come from the operator-wide :class:`core.fairness.FairScheduler`.
+
+Wake times are reasons, never polls: the earliest of the next retry, the breaker's probe time,
+the token bucket's refill, a slot back-off, the earliest deadline, a manual request's wait, a
+write retry, or the end of a hold after an internal error. An endpoint that is blocked (open
+breaker, disabled, waiting for its config) is woken O(1) times per second at most. Work that
+only an input can unblock (a config, finished I/O) is not polled for: the input drives the
+endpoint.
+
+Slots are conserved: the driver asks for slots only when breaker, bucket and its own in-flight
+cap would let a request go, gives back every grant it cannot use in the same step, and cancels
+its ticket whenever it stops wanting one. ``in_flight`` is exactly the slots it holds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from core import breaker as brk
+from core import dispatch as d
+from core import ratelimit
+from core.dispatch import Pending, Stage
+from core.endpoint_store import EndpointStore
+from core.fairness import FairScheduler
+from core.fanout import NewDelivery
+from core.outcomes import ErrorClass, HttpResult
+from core.records import EndpointConfig, EndpointSignal, EndpointStatus, ReplayRequest
+from core.retry import RetrySchedule
+
+# -- what the driver asks for ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """Read the delivery's durable record (status, counts, highest attempt number)."""
+    p: Pending
+
+
+@dataclass(frozen=True)
+class Persist:
+    """Write the creation rows and the reserved attempt row ``p.intent``."""
+    p: Pending
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """Write the reserved attempt row ``p.intent``."""
+    p: Pending
+
+
+@dataclass(frozen=True)
+class Send:
+    """Make the HTTP request for ``p.intent`` (manual when ``p.sending_manual``)."""
+    p: Pending
+    config: EndpointConfig
+
+
+@dataclass(frozen=True)
+class Record:
+    """Write ``p.record``; ``p.intent`` (if any) is the next attempt row, reserved in the same write."""
+    p: Pending
+
+
+@dataclass(frozen=True)
+class Load:
+    """Load a delivery this endpoint does not hold, for a replay."""
+    delivery_id: str
+
+
+Action = Check | Persist | Reserve | Send | Record | Load
+IoKind = Literal["check", "persist", "reserve", "send", "record", "load"]
+
+
+@dataclass(frozen=True)
+class Wake:
+    at_ms: int
+    reason: str
+
+
+@dataclass
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+    signals: list[EndpointSignal] = field(default_factory=list)
+    wake: Wake | None = None
+
+    def wake_at(self, at_ms: int | None, reason: str) -> None:
+        if at_ms is not None and (self.wake is None or at_ms < self.wake.at_ms):
+            self.wake = Wake(at_ms, reason)
+
+
+@dataclass(frozen=True)
+class DriverPolicy:
+    schedule: RetrySchedule
+    breaker: brk.BreakerConfig
+    default_max_in_flight: int
+    # Deliveries created before this (Kafka time) may have been handled by an earlier
+    # incarnation (the topic is re-read from the last checkpoint after a restore): they CHECK
+    # their durable record before anything else. The operator sets it to its start time plus a
+    # margin for clock skew between the brokers and the TaskManagers.
+    check_created_before_ms: int = 0
+    # Deliveries older than this are re-creations (topic re-read, re-snapshot): CHECK them too.
+    fresh_window_ms: int = 10 * 60_000
+    # How long a manual replay may wait for its endpoint before it ends visibly as not sent.
+    manual_wait_ms: int = 60_000
+    # Expiries written per step; the rest follow at once in the next step.
+    max_expiries_per_step: int = 500
+    # After an internal error (a signing key that does not decrypt, a bug) the endpoint is held
+    # for a doubling period; everything else keeps flowing.
+    hold_base_ms: int = 1_000
+    hold_max_ms: int = 300_000
+    # Slot back-off while the pool or the tenant quota is full: doubling from here to ~1 s,
+    # jittered, so a thousand endpoints that started waiting together do not wake together.
+    slot_wait_base_ms: int = 10
+    slot_wait_max_ms: int = 1_000
+    # Storage work that did not fit the operator's write budget is retried this much later.
+    write_budget_wait_ms: int = 10
+
+
+def light(delivery: NewDelivery) -> NewDelivery:
+    """The delivery without its payload bytes (kept once, by the adapter, in its own entry)."""
+    return replace(delivery, event=replace(delivery.event, payload=b""))
+
+
+class EndpointDriver:
+    def __init__(self, endpoint_id: str, policy: DriverPolicy, rng: random.Random, store: EndpointStore,
+                 scheduler: FairScheduler, counts: Counter[str] | None = None) -> None:
+        self.endpoint_id = endpoint_id
+        self.policy = policy
+        self.rng = rng
+        self.store = store
+        self.scheduler = scheduler
+        self.counts: Counter[str] = counts if counts is not None else Counter()
+        self.items: dict[str, Pending] = {}
+        self.in_flight = 0  # requests in flight == tenant slots this endpoint holds
+        self.config: EndpointConfig | None = store.config()
+        self.breaker: brk.BreakerState = store.breaker() or brk.BreakerState()
+        self.bucket: ratelimit.TokenBucket | None = store.bucket()
+        self.gone_at: int | None = store.gone_at()
+        self.needs_version = 0  # the newest config version a delivery was fanned out with
+        self.held_until_ms = 0
+        self.held_reason = ""
+        self._hold_failures = 0
+        self._slot_waits = 0
+        self._tenant = self.config.tenant_id if self.config else ""
+        # Indexes over items; stale heap entries are skipped when popped.
+        self._due: list[tuple[int, int, str]] = []  # READY automatic work by next attempt time
+        self._deadlines: list[tuple[int, int, str]] = []  # automatic work by deadline
+        self._manual: set[str] = set()  # READY with a manual request waiting
+        self._work: set[str] = set()  # storage stages whose I/O has not started
+        self._seq = 0
+        self._loads: dict[str, tuple[d.ManualRequest, ...]] = dict(store.replays())
+        self._loading: set[str] = set()
+        self._load_retry_at: dict[str, int] = {}
+        self._signals: list[EndpointSignal] = []
+        for p in store.entries():
+            # Work an earlier incarnation held: its durable record decides what happens next.
+            self.counts["adopted_after_restore"] += 1
+            self._put(d.adopt(p))
+
+    # -- inputs --------------------------------------------------------------------------------
+
+    def add_new(self, delivery: NewDelivery, now_ms: int) -> bool:
+        """A delivery from fan-out (payload already stored by the adapter). False: known."""
+        did = delivery.delivery_id
+        if did in self.items:
+            return False
+        self._tenant = self._tenant or delivery.tenant_id
+        self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
+        p = Pending(delivery=light(delivery), stage=Stage.PERSIST, next_attempt_at_ms=delivery.created_at_ms)
+        if (delivery.created_at_ms < self.policy.check_created_before_ms
+                or now_ms - delivery.created_at_ms > self.policy.fresh_window_ms):
+            p = replace(p, stage=Stage.CHECK)
+        else:
+            p = d.reserve(p, self.rng, now_ms)
+        self.store.put(p)
+        self._put(p)
+        return True
+
+    def add_replay(self, r: ReplayRequest, now_ms: int) -> str:
+        """A person's replay request; returns what became of it (queued/loading/duplicate/refused)."""
+        self.counts["replays"] += 1
+        if r.endpoint_id != self.endpoint_id:
+            self.counts["replays_refused"] += 1
+            return "refused"
+        if r.request_id:
+            if self.store.seen_request(r.request_id):
+                self.counts["replays_duplicate"] += 1
+                return "duplicate"
+            self.store.mark_request(r.request_id, now_ms)
+        req = d.ManualRequest(r.request_id, r.requested_by, now_ms, r.tenant_id)
+        p = self.items.get(r.delivery_id)
+        if p is not None:
+            if p.delivery.tenant_id != r.tenant_id:
+                self.counts["replays_refused"] += 1
+                return "refused"
+            p = replace(p, manual=(*p.manual, req))
+            self.store.put(p)
+            self._put(p)
+            return "queued"
+        # The tenant is checked once the delivery is loaded (it is not known before).
+        self._loads[r.delivery_id] = (*self._loads.get(r.delivery_id, ()), req)
+        self.store.put_replay(r.delivery_id, self._loads[r.delivery_id])
+        return "loading"
+
+    def set_config(self, cfg: EndpointConfig) -> bool:
+        """A config for this endpoint; an older version than the one held is ignored."""
+        if self.config is not None and cfg.config_version < self.config.config_version:
+            return False
+        self.config = cfg
+        self._tenant = cfg.tenant_id
+        self.store.put_config(cfg)
+        # A new config may be the fix (a rotated key, a corrected URL): stop holding at once.
+        self.held_until_ms = 0
+        self._slot_waits = 0
+        return True
+
+    def io_done(self, kind: IoKind, key: str, result: object, exc: BaseException | None, now_ms: int) -> None:
+        """Finished I/O for delivery ``key``: a DurableRecord (check), None (persist, reserve,
+        record), a SendReport (send), or (NewDelivery, DurableRecord) | None (load)."""
+        if kind == "load":
+            self._finish_load(key, result, exc, now_ms)
+            return
+        p = self.items.get(key)
+        if p is None:
+            return
+        if kind == "send":
+            self.in_flight -= 1
+            self.scheduler.release(self._tenant)
+            if exc is not None:
+                report = d.SendReport(
+                    result=HttpResult(status=None, error=ErrorClass.INTERNAL, detail=type(exc).__name__),
+                    started_at_ms=now_ms, finished_at_ms=now_ms, url="",
+                    endpoint_config_version=p.delivery.endpoint_config_version)
+            else:
+                assert isinstance(result, d.SendReport)
+                report = result
+            self._apply_report(p, report, now_ms)
+            return
+        if exc is not None:
+            self.counts["history_write_failures"] += 1
+            self._put(d.after_write_failed(p, now_ms))
+            return
+        if kind == "check":
+            assert isinstance(result, d.DurableRecord)
+            nxt = d.after_check(p, result, self.rng, now_ms)
+            if nxt is None:
+                self.counts["final_not_resent"] += 1
+                self._forget(key)
+            else:
+                self._put(nxt)
+        elif kind in ("persist", "reserve"):
+            self._put(d.after_reserved(p))
+        elif kind == "record":
+            nxt = d.after_record_written(p)
+            if nxt is None:
+                self._forget(key)
+            else:
+                self.store.put(nxt)  # the next attempt time and counts survive a restore
+                self._put(nxt)
+
+    def send_not_started(self, delivery_id: str, reason: str, now_ms: int) -> None:
+        """The adapter could not build the request (e.g. no signing key decrypts): nothing was
+        sent. The delivery goes back unchanged and the endpoint is held, visibly."""
+        p = self.items[delivery_id]
+        self.in_flight -= 1
+        self.scheduler.release(self._tenant)
+        self._put(d.send_not_started(p))
+        self.hold(now_ms, reason)
+
+    def hold(self, now_ms: int, reason: str) -> None:
+        """Stop sending to this endpoint for a doubling period (an internal error)."""
+        self._hold_failures += 1
+        period = min(self.policy.hold_max_ms, self.policy.hold_base_ms * 2 ** min(self._hold_failures - 1, 20))
+        self.held_until_ms = now_ms + period
+        self.held_reason = reason
+        self.counts["endpoint_holds"] += 1
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def step(self, now_ms: int, write_budget: int) -> Decision:
+        """Everything this endpoint can do now, and when to look again."""
+        dec = Decision(signals=self._signals)
+        self._signals = []
+        blocked = self._blocked(now_ms)
+        if blocked == "deleted":
+            self._end_all(now_ms)
+        self._expire(now_ms, dec)
+        self._close_stale_manual(now_ms, blocked, dec)
+        self._storage(now_ms, write_budget, dec)
+        self._send(now_ms, blocked, dec)
+        if self.held_until_ms > now_ms:
+            dec.wake_at(self.held_until_ms, "hold after internal error ends")
+        top = self._top(self._deadlines)
+        if top is not None:
+            dec.wake_at(top.delivery.expires_at_ms, "deadline")
+        return dec
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending, loading or in flight: the operator may drop this driver."""
+        return not self.items and not self._loads and self.in_flight == 0
+
+    def _blocked(self, now_ms: int) -> str | None:
+        """Why nothing may be sent to this endpoint now (None: it may)."""
+        cfg = self.config
+        if cfg is None:
+            return "no config"
+        if cfg.status is EndpointStatus.DELETED:
+            return "deleted"
+        if cfg.status is not EndpointStatus.ACTIVE:
+            return "disabled"
+        if self.gone_at is not None:
+            if cfg.config_version <= self.gone_at:
+                return "gone (410)"
+            self.gone_at = None  # a person re-enabled or changed the endpoint after the 410
+            self.store.put_gone_at(None)
+        if cfg.config_version < self.needs_version:
+            return "config older than its deliveries"
+        if self.held_until_ms > now_ms:
+            return f"held: {self.held_reason}"
+        return None
+
+    def _end_all(self, now_ms: int) -> None:
+        for p in list(self.items.values()):
+            if p.stage is Stage.READY and not p.busy:
+                self._put(d.end_without_sending(p, now_ms, "failed", "failed", "endpoint deleted"))
+
+    def _expire(self, now_ms: int, dec: Decision) -> None:
+        for _ in range(self.policy.max_expiries_per_step):
+            p = self._top(self._deadlines)
+            if p is None or p.delivery.expires_at_ms > now_ms:
+                return
+            heapq.heappop(self._deadlines)
+            self._put(d.end_without_sending(p, now_ms, "expired", "expired", "retry deadline passed while waiting"))
+        nxt = self._top(self._deadlines)
+        if nxt is not None and nxt.delivery.expires_at_ms <= now_ms:
+            dec.wake_at(now_ms, "more deliveries past their deadline")
+
+    def _close_stale_manual(self, now_ms: int, blocked: str | None, dec: Decision) -> None:
+        """A manual request waits at most manual_wait_ms, then ends with an attempt row that says
+        why it was not sent. While blocked, wake when the oldest wait ends."""
+        for did in list(self._manual):
+            p = self.items[did]
+            waited_until = p.manual[0].requested_at_ms + self.policy.manual_wait_ms
+            if blocked == "deleted" or now_ms >= waited_until:
+                why = blocked or "no capacity for it within the wait"
+                self.counts["manual_not_sent"] += 1
+                self._put(d.manual_not_sent(p, now_ms, f"manual attempt not sent: {why}"))
+            elif blocked is not None:
+                dec.wake_at(waited_until, "manual request wait")
+
+    def _storage(self, now_ms: int, budget: int, dec: Decision) -> None:
+        for did in list(self._work):
+            p = self.items[did]
+            if p.write_retry_at_ms > now_ms:
+                dec.wake_at(p.write_retry_at_ms, "storage retry")
+                continue
+            if budget <= 0:
+                dec.wake_at(now_ms + self.policy.write_budget_wait_ms, "write budget")
+                break
+            budget -= 1
+            if p.stage is Stage.CHECK:
+                p = replace(p, busy=True)
+                dec.actions.append(Check(p))
+            elif p.stage is Stage.PERSIST:
+                p = replace(d.reserve(p, self.rng, now_ms), busy=True)
+                dec.actions.append(Persist(p))
+            elif p.stage is Stage.RESERVE:
+                p = replace(d.reserve(p, self.rng, now_ms), busy=True)
+                dec.actions.append(Reserve(p))
+            else:
+                p = replace(d.with_next_intent(p, self.rng, now_ms), busy=True)
+                dec.actions.append(Record(p))
+            self._put(p)
+        for did in list(self._loads):
+            if did in self._loading:
+                continue
+            if self._load_retry_at.get(did, 0) > now_ms:
+                dec.wake_at(self._load_retry_at[did], "replay load retry")
+                continue
+            self._loading.add(did)
+            dec.actions.append(Load(did))
+
+    def _send(self, now_ms: int, blocked: str | None, dec: Decision) -> None:
+        manual = sorted((self.items[did] for did in self._manual), key=lambda p: p.manual[0].requested_at_ms)
+        auto_top = self._top(self._due)
+        auto_due = auto_top is not None and auto_top.next_attempt_at_ms <= now_ms
+        if auto_top is not None and not auto_due and blocked is None:
+            dec.wake_at(auto_top.next_attempt_at_ms, "next retry due")
+        if (not manual and not auto_due) or blocked is not None:
+            self.scheduler.cancel(self.endpoint_id)
+            return
+        assert self.config is not None
+        cap = self.config.max_in_flight or self.policy.default_max_in_flight
+        free = cap - self.in_flight
+        if free <= 0:
+            # Its own cap is full: a finished request drives the endpoint again.
+            self.scheduler.cancel(self.endpoint_id)
+            return
+        # What breaker and bucket would let go, before asking for any slot.
+        auto_ok = 0
+        if auto_due:
+            allowed, _ = brk.allow(self.breaker, now_ms)
+            if allowed:
+                auto_ok = 1 if self.breaker.state is not brk.CircuitState.CLOSED else free
+            else:
+                dec.wake_at(_probe_at(self.breaker), "breaker probe")
+        tokens = free
+        if self.config.rate_limit_per_s:
+            self.bucket = (ratelimit.new_bucket(self.config.rate_limit_per_s, now_ms) if self.bucket is None
+                           else ratelimit.reconfigure(self.bucket, self.config.rate_limit_per_s)
+                           if self.bucket.rate_per_s != self.config.rate_limit_per_s else self.bucket)
+            tokens, wait_ms = ratelimit.available(self.bucket, now_ms)
+            if tokens == 0:
+                dec.wake_at(now_ms + wait_ms, "rate limit refill")
+        want = min(free, tokens, len(manual) + auto_ok)
+        if want <= 0:
+            self.scheduler.cancel(self.endpoint_id)
+            return
+        kind: Literal["new", "retry"] = (
+            "new" if manual or (auto_top is not None and auto_top.attempt_count == 0) else "retry")
+        since = manual[0].manual[0].requested_at_ms if manual else (auto_top.next_attempt_at_ms if auto_top else now_ms)
+        slots = self._take_slots(want, kind, since, now_ms)
+        if slots == 0:
+            dec.wake_at(now_ms + self._slot_wait_ms(), "waiting for a tenant or pool slot")
+            return
+        self._slot_waits = 0
+        sent = 0
+        breaker, bucket = self.breaker, self.bucket
+        queue = manual[:slots]
+        for m in queue:
+            if bucket is not None:
+                _, bucket, _ = ratelimit.try_take(bucket, now_ms)
+            self._start_send(m, dec)
+            sent += 1
+        while sent < slots and auto_ok > 0:
+            top = self._top(self._due)
+            if top is None or top.next_attempt_at_ms > now_ms:
+                break
+            p = top
+            allowed, after = brk.allow(breaker, now_ms)
+            if not allowed:
+                break
+            if bucket is not None:
+                ok, bucket, _ = ratelimit.try_take(bucket, now_ms)
+                if not ok:
+                    break
+            breaker = after
+            heapq.heappop(self._due)
+            self._start_send(p, dec)
+            sent += 1
+        if slots > sent:
+            self.scheduler.release(self._tenant, slots - sent)
+        if breaker != self.breaker:
+            self.breaker = breaker
+            self.store.put_breaker(breaker)
+        if bucket is not self.bucket or (bucket is not None and sent):
+            self.bucket = bucket
+            self.store.put_bucket(bucket)
+        if self._manual or ((t := self._top(self._due)) is not None and t.next_attempt_at_ms <= now_ms):
+            # More is due than this step could send: ask again after a short, growing wait.
+            dec.wake_at(now_ms + self._slot_wait_ms(), "more due than slots granted")
+        else:
+            self.scheduler.cancel(self.endpoint_id)
+
+    def _take_slots(self, want: int, kind: Literal["new", "retry"], since_ms: int, now_ms: int) -> int:
+        got = self.scheduler.acquire_uncontended(self._tenant, want)
+        if got:
+            return got
+        self.scheduler.request(self.endpoint_id, self._tenant, kind, since_ms)
+        self.scheduler.grant(now_ms)
+        got = self.scheduler.take_grant(self.endpoint_id)
+        if got > want:  # granted on two tickets (new and retry) at once
+            self.scheduler.release(self._tenant, got - want)
+            got = want
+        return got
+
+    def _slot_wait_ms(self) -> int:
+        self._slot_waits += 1
+        wait = min(self.policy.slot_wait_max_ms, self.policy.slot_wait_base_ms * 2 ** min(self._slot_waits - 1, 10))
+        return max(1, int(wait * (0.5 + 0.5 * self.rng.random())))
+
+    def _start_send(self, p: Pending, dec: Decision) -> None:
+        assert self.config is not None
+        p = d.start_sending(p)
+        self.in_flight += 1
+        self._put(p)
+        self.counts["attempts"] += 1
+        dec.actions.append(Send(p, self.config))
+
+    # -- results -------------------------------------------------------------------------------
+
+    def _apply_report(self, p: Pending, report: d.SendReport, now_ms: int) -> None:
+        before = self.breaker
+        p, self.breaker = d.apply_result(p, report, before, self.policy.breaker, self.policy.schedule, self.rng)
+        if self.breaker != before:
+            self.store.put_breaker(self.breaker)
+        if report.result.error is not ErrorClass.INTERNAL:
+            self._hold_failures = 0
+        r = p.record
+        assert r is not None
+        self.counts[{"succeeded": "succeeded", "retry": "retried", "failed": "failed",
+                     "expired": "expired"}[r.outcome]] += 1
+        if r.disable_endpoint:
+            # Stop sending at once; the control plane makes it a real, audited disable.
+            self.gone_at = report.endpoint_config_version
+            self.store.put_gone_at(self.gone_at)
+            self.counts["endpoints_disabled"] += 1
+            self._signals.append(EndpointSignal(
+                endpoint_id=self.endpoint_id, tenant_id=p.delivery.tenant_id,
+                config_version=report.endpoint_config_version, signal="gone",
+                detail=f"receiver answered 410 Gone for delivery {p.delivery_id}", at_ms=now_ms))
+        self._put(p)
+
+    def _finish_load(self, did: str, result: object, exc: BaseException | None, now_ms: int) -> None:
+        self._loading.discard(did)
+        requests = self._loads.get(did, ())
+        if exc is not None:
+            self._load_retry_at[did] = now_ms + 1_000
+            return
+        self._loads.pop(did, None)
+        self._load_retry_at.pop(did, None)
+        self.store.remove_replay(did)
+        if result is None:
+            self.counts["replays_unknown"] += 1
+            return
+        assert isinstance(result, tuple)
+        delivery, durable = result
+        assert isinstance(delivery, NewDelivery) and isinstance(durable, d.DurableRecord)
+        if delivery.endpoint_id != self.endpoint_id or any(r.tenant_id != delivery.tenant_id for r in requests):
+            # A forged or misrouted replay: never send one tenant's payload to another's URL.
+            self.counts["replays_refused"] += 1
+            return
+        p = self.items.get(did)
+        if p is not None:
+            p = replace(p, manual=(*p.manual, *requests))
+        else:
+            self._tenant = self._tenant or delivery.tenant_id
+            auto = durable.auto_retry_active and not durable.final
+            p = Pending(delivery=light(delivery), stage=Stage.RESERVE, attempt_count=durable.attempt_count,
+                        issued=durable.max_attempt_number, auto_retry_active=auto,
+                        next_attempt_at_ms=durable.next_attempt_at_ms or delivery.created_at_ms, manual=requests)
+        self.store.put(p)
+        self._put(p)
+
+    # -- the index -------------------------------------------------------------------------------
+
+    def _put(self, p: Pending) -> None:
+        did = p.delivery_id
+        prev = self.items.get(did)
+        self.items[did] = p
+        self._work.discard(did)
+        self._manual.discard(did)
+        if p.busy:
+            return
+        if p.stage in d.STORAGE_STAGES:
+            self._work.add(did)
+        elif p.stage is Stage.READY:
+            if p.manual:
+                self._manual.add(did)
+            elif p.auto_retry_active and not _indexed_same(prev, p):
+                self._seq += 1
+                heapq.heappush(self._due, (p.next_attempt_at_ms, self._seq, did))
+                heapq.heappush(self._deadlines, (p.delivery.expires_at_ms, self._seq, did))
+
+    def _forget(self, did: str) -> None:
+        self.items.pop(did, None)
+        self._work.discard(did)
+        self._manual.discard(did)
+        self.store.remove(did)
+
+    def _top(self, heap: list[tuple[int, int, str]]) -> Pending | None:
+        """The valid head of a heap (READY, idle, automatic), dropping stale entries."""
+        deadlines = heap is self._deadlines
+        while heap:
+            at, _, did = heap[0]
+            p = self.items.get(did)
+            if (p is not None and p.stage is Stage.READY and not p.busy and p.auto_retry_active
+                    and not p.manual
+                    and at == (p.delivery.expires_at_ms if deadlines else p.next_attempt_at_ms)):
+                return p
+            heapq.heappop(heap)
+        return None
+
+
+def _indexed_same(prev: Pending | None, p: Pending) -> bool:
+    """Whether ``prev`` already has valid heap entries with the same keys as ``p``."""
+    return (prev is not None and prev.stage is Stage.READY and not prev.busy and prev.auto_retry_active
+            and not prev.manual and prev.next_attempt_at_ms == p.next_attempt_at_ms)
+
+
+def _probe_at(b: brk.BreakerState) -> int | None:
+    if b.state is brk.CircuitState.OPEN:
+        return b.open_until_ms
+    if b.state is brk.CircuitState.HALF_OPEN and b.probe_started_ms is not None:
+        assert b.open_until_ms is not None and b.opened_at_ms is not None
+        return b.probe_started_ms + (b.open_until_ms - b.opened_at_ms)
+    return None

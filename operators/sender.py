@@ -1,0 +1,74 @@
+"""Builds and sends one signed request: owns the endpoint secrets, the headers and the signing.
+
+Secrets are decrypted here only, kept in memory by (endpoint, key version), and never logged. A
+key that does not decrypt raises :class:`SigningKeyUnavailable` *before* anything is sent, so the
+dispatcher can hold that one endpoint visibly instead of failing the task.
+"""
+
+from __future__ import annotations
+
+import time
+
+from core import dispatch
+from core.outcomes import ErrorClass, HttpResult
+from core.records import EndpointConfig
+from core.secrets import SecretDecryptError, decrypt_secret
+from core.settings import DispatchSettings
+from core.signing import build_headers, secret_bytes
+from operators.http_sender import HttpSender
+
+SigningKeys = list[tuple[int, bytes]]
+
+
+class SigningKeyUnavailable(Exception):
+    """No request can be signed for this endpoint (its message names versions, never secrets)."""
+
+
+class Sender:
+    def __init__(self, settings: DispatchSettings, http: HttpSender, master_key: bytes) -> None:
+        self._settings = settings
+        self._http = http
+        self._master_key = master_key
+        self._keys: dict[tuple[str, int], bytes] = {}
+
+    def keys(self, cfg: EndpointConfig, now_ms: int) -> SigningKeys:
+        """The live signing keys of ``cfg``, newest first (both sides of a rotation overlap)."""
+        live = sorted((k for k in cfg.signing_keys if k.not_after_ms is None or k.not_after_ms > now_ms),
+                      key=lambda k: -k.version)
+        if not live:
+            raise SigningKeyUnavailable(f"endpoint config v{cfg.config_version} has no live signing key")
+        out = []
+        for k in live:
+            cache_key = (cfg.endpoint_id, k.version)
+            if cache_key not in self._keys:
+                try:
+                    whsec = decrypt_secret(self._master_key, k.ciphertext_b64, tenant_id=cfg.tenant_id,
+                                           endpoint_id=cfg.endpoint_id, key_version=k.version)
+                    self._keys[cache_key] = secret_bytes(whsec)
+                except (SecretDecryptError, ValueError) as exc:
+                    raise SigningKeyUnavailable(
+                        f"signing key v{k.version} does not decrypt ({type(exc).__name__})") from None
+            out.append((k.version, self._keys[cache_key]))
+        return out
+
+    async def send(self, p: dispatch.Pending, payload: bytes, cfg: EndpointConfig,
+                   keys: SigningKeys) -> dispatch.SendReport:
+        e = p.delivery.event
+        started = int(time.time() * 1000)
+        headers = build_headers(
+            p.delivery_id, started // 1000, payload, keys, event_type=e.event_type,
+            event_id=e.event_id, occurred_at_ms=e.occurred_at_ms, schema_version=e.schema_version)
+        headers["user-agent"] = self._settings.user_agent
+        r = await self._http.send(cfg.url, payload, headers)
+        finished = int(time.time() * 1000)
+        error = ErrorClass(r.error) if r.error else None
+        return dispatch.SendReport(
+            result=HttpResult(status=r.status, error=error, retry_after=getattr(r, "retry_after", None),
+                              detail=r.error_detail or ""),
+            started_at_ms=started, finished_at_ms=finished, url=cfg.url,
+            endpoint_config_version=cfg.config_version, latency_ms=r.latency_ms,
+            response_sha256=r.response_sha256 or "", response_prefix=r.response_prefix or "",
+            signing_key_versions=tuple(v for v, _ in keys))
+
+    async def close(self) -> None:
+        await self._http.close()
