@@ -5,9 +5,22 @@ as unlogged batches (:mod:`operators.write_batcher`, which says why and what it 
 write is an idempotent upsert keyed by delivery_id (and attempt number), so redoing one after a
 restore, a timeout or a failed batch cannot create a second logical row.
 
-Creation rows are written ``USING TIMESTAMP`` = the delivery's creation time: a re-processed event
-re-writes identical creation cells, and its ``status = 'pending'`` can never overwrite a later
-status the dispatcher wrote (Cassandra keeps the cell with the newest write timestamp).
+**Write timestamps decide, not arrival order.** Every row the dispatcher rewrites carries an
+explicit ``USING TIMESTAMP`` (Cassandra keeps the cell with the newest one), chosen so that what
+must win does, whatever order writes land in: a stale incarnation's late write, a retried batch,
+a re-created delivery.
+
+* Creation rows: the delivery's creation time. A re-processed event re-writes identical cells.
+* Status updates: the record's finish time plus a band by status (:func:`status_write_ts`), so a
+  final status is never overwritten by a non-final one, and ``succeeded`` by nothing.
+* Attempt rows: reserved at the reservation time, completed at the finish time plus a band, so an
+  outcome is never overwritten by a late reservation of the same number.
+
+**Attempt rows before requests** (:mod:`core.dispatch`). The row of the first request is reserved
+in the creation batch, each later one in the batch that records the previous outcome; numbers
+are never reused, so ``attempts`` keeps one row per request a receiver may have seen. A row still
+``reserved`` once its delivery has moved on is a request whose outcome was never recorded (the
+worker died while it was in flight).
 """
 
 from __future__ import annotations
@@ -17,10 +30,10 @@ import datetime as dt
 from typing import Any
 
 from cassandra.cluster import Cluster, ResponseFuture, Session
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-from cassandra.query import BatchStatement, BatchType
+from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
+from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
-from core.dispatch import AttemptRecord
+from core.dispatch import FINAL_STATUSES, AttemptRecord, DurableRecord, Intent
 from core.fanout import NewDelivery
 from core.records import EventRecord
 from core.settings import CassandraSettings
@@ -39,6 +52,24 @@ def _hour(ms: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(ms // 3_600_000 * 3600, tz=dt.UTC)
 
 
+# One year in microseconds: longer than the 30-day history window, so a write in a lower band is
+# older than one in a higher band for as long as the row lives, whatever the clocks said.
+# The price: cells up to two years "in the future". TTLs count from the local write time, so
+# expiry is unaffected; TWCS (deliveries_by_endpoint) files such cells in future windows, and
+# Cassandra 5's maximum_timestamp guardrail, if enabled, must allow 2 years.
+BAND_US = 365 * 24 * 3600 * 1_000_000
+_STATUS_BAND = {"pending": 0, "failed": 1, "expired": 1, "succeeded": 2}
+
+
+def status_write_ts(status: str, at_ms: int) -> int:
+    """Write timestamp of a status update made at ``at_ms``. Pending sits in band 0 with the
+    creation rows, failed/expired one band above, succeeded two: a later pending write (a
+    re-created delivery, a stale incarnation's retry) loses to any final one, and a manual
+    replay's success outranks the failure before it while its failure never undoes a success.
+    Within a band the later write wins, as usual."""
+    return at_ms * 1000 + _STATUS_BAND[status] * BAND_US
+
+
 class CassandraHistory:
     def __init__(self, settings: CassandraSettings) -> None:
         self._settings = settings
@@ -49,6 +80,10 @@ class CassandraHistory:
             # v4, not v5: v5 frames carry checksums the driver computes in Python (~2 % of the
             # dispatcher's interpreter in a profile); loopback/LAN TCP already checksums.
             protocol_version=4,
+            # The default backs off to 600 s: after a Cassandra restart the dispatcher would hold
+            # every delivery for up to ten minutes. Retry every <= 5 s, forever (the default gives
+            # up after 64 tries).
+            reconnection_policy=ExponentialReconnectionPolicy(0.5, 5.0, max_attempts=None),
         )
         self._session: Session = self._cluster.connect(settings.keyspace)
         self._sem: asyncio.Semaphore | None = None
@@ -76,26 +111,34 @@ class CassandraHistory:
             "INSERT INTO deliveries_by_endpoint (tenant_id, endpoint_id, day, created_at, delivery_id, event_id,"
             " event_type, status, attempt_count) VALUES (?,?,?,?,?,?,?,'pending',0) USING TIMESTAMP ?"
         )
+        self._reserve_attempt = p(
+            "INSERT INTO attempts (delivery_id, attempt_number, attempt_id, endpoint_id, endpoint_config_version,"
+            " started_at, outcome) VALUES (?,?,?,?,?,?,'reserved') USING TIMESTAMP ?"
+        )
         self._insert_attempt = p(
             "INSERT INTO attempts (delivery_id, attempt_number, attempt_id, endpoint_id, endpoint_config_version,"
             " url, started_at, finished_at, http_status, latency_ms, outcome, error_class, response_sha256,"
-            " response_prefix, signing_key_versions, manual) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+            " response_prefix, signing_key_versions, manual, requested_by, request_id)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) USING TIMESTAMP ?"
         )
         self._insert_attempt_by_endpoint = p(
             "INSERT INTO attempts_by_endpoint (endpoint_id, hour, started_at, delivery_id, attempt_number,"
             " tenant_id, outcome, http_status, error_class, latency_ms, manual) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
         )
         self._update_delivery = p(
-            "UPDATE deliveries SET status=?, attempt_count=?, next_attempt_at=?, last_http_status=?,"
-            " last_error_class=?, auto_retry_active=?, updated_at=? WHERE delivery_id=?"
+            "UPDATE deliveries USING TIMESTAMP ? SET status=?, attempt_count=?, next_attempt_at=?,"
+            " last_http_status=?, last_error_class=?, auto_retry_active=?, updated_at=? WHERE delivery_id=?"
         )
         self._update_by_endpoint = p(
-            "UPDATE deliveries_by_endpoint SET status=?, attempt_count=?, last_http_status=?, updated_at=?"
-            " WHERE tenant_id=? AND endpoint_id=? AND day=? AND created_at=? AND delivery_id=?"
+            "UPDATE deliveries_by_endpoint USING TIMESTAMP ? SET status=?, attempt_count=?, last_http_status=?,"
+            " updated_at=? WHERE tenant_id=? AND endpoint_id=? AND day=? AND created_at=? AND delivery_id=?"
         )
         self._select_delivery = p(
             "SELECT event_id, tenant_id, endpoint_id, endpoint_config_version, created_at, expires_at, status,"
-            " attempt_count, auto_retry_active FROM deliveries WHERE delivery_id=?"
+            " attempt_count, next_attempt_at, auto_retry_active FROM deliveries WHERE delivery_id=?"
+        )
+        self._select_top_attempt = p(
+            "SELECT attempt_number FROM attempts WHERE delivery_id=? ORDER BY attempt_number DESC LIMIT 1"
         )
         self._select_event = p(
             "SELECT event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
@@ -108,10 +151,10 @@ class CassandraHistory:
         async with self._sem:
             return await _await(self._session.execute_async(stmt, params))
 
-    def persist(self, d: NewDelivery, write_event: bool = True) -> Completion:
-        """Payload and delivery rows, durable before the first attempt. The event row (the
-        payload) joins the batch when it is small; a large one is a request of its own so a
-        batch never nears Cassandra's batch size limit."""
+    def persist(self, d: NewDelivery, intent: Intent, write_event: bool = True) -> Completion:
+        """Payload and delivery rows with the first request's reserved attempt row, durable
+        before that request. The event row (the payload) joins the batch when it is small; a
+        large one is a request of its own so a batch never nears Cassandra's batch size limit."""
         e = d.event
         wts = d.created_at_ms * 1000
         created = _ts(d.created_at_ms)
@@ -123,6 +166,7 @@ class CassandraHistory:
                                      d.endpoint_config_version, created, wts)),
             (self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), created,
                                         d.delivery_id, e.event_id, e.event_type, wts)),
+            self._reserved(d, intent, d.created_at_ms),
         ]
         if not write_event:
             return self._batcher.add(statements)
@@ -135,26 +179,44 @@ class CassandraHistory:
         self._session.execute_async(*event).add_callbacks(alone.succeed, alone.fail)
         return AllOf([self._batcher.add(statements), alone])
 
-    def record(self, d: NewDelivery, r: AttemptRecord, attempt_count: int) -> Completion:
-        """The attempt rows and the delivery's new status."""
+    def reserve(self, d: NewDelivery, intent: Intent, at_ms: int) -> Completion:
+        """The attempt row of the next request, durable before that request leaves."""
+        return self._batcher.add([self._reserved(d, intent, at_ms)])
+
+    def _reserved(self, d: NewDelivery, intent: Intent, at_ms: int) -> Statement:
+        return (self._reserve_attempt, (d.delivery_id, intent.number, intent.attempt_id, d.endpoint_id,
+                                        d.endpoint_config_version, _ts(at_ms), at_ms * 1000))
+
+    def record(self, d: NewDelivery, r: AttemptRecord, attempt_count: int,
+               next_intent: Intent | None) -> Completion:
+        """One write for a finished try (or a decision that none will happen): its attempt row,
+        the delivery's new status when it has one, and the next request's reserved row when
+        another is owed."""
         now = _ts(r.finished_at_ms)
-        statements: list[Statement] = [
-            (self._update_delivery, (
-                r.delivery_status, attempt_count, _ts(r.next_attempt_at_ms), r.http_status, r.error_class,
-                r.auto_retry_active, now, d.delivery_id)),
-            (self._update_by_endpoint, (
-                r.delivery_status, attempt_count, r.http_status, now, d.tenant_id, d.endpoint_id,
-                _day(d.created_at_ms), _ts(d.created_at_ms), d.delivery_id)),
-        ]
-        if r.attempt_number > 0:
+        statements: list[Statement] = []
+        if r.intent is not None:
+            # A record that sent nothing knows no URL or config version: keep the reservation's.
             statements.append((self._insert_attempt, (
-                d.delivery_id, r.attempt_number, f"{d.delivery_id}/{r.attempt_number}", d.endpoint_id,
-                r.endpoint_config_version, r.url, _ts(r.started_at_ms), now, r.http_status, r.latency_ms,
-                r.outcome, r.error_class, r.response_sha256, r.response_prefix,
-                list(r.signing_key_versions), r.manual)))
-            statements.append((self._insert_attempt_by_endpoint, (
-                d.endpoint_id, _hour(r.started_at_ms), _ts(r.started_at_ms), d.delivery_id, r.attempt_number,
-                d.tenant_id, r.outcome, r.http_status, r.error_class, r.latency_ms, r.manual)))
+                d.delivery_id, r.intent.number, r.intent.attempt_id, d.endpoint_id,
+                r.endpoint_config_version or UNSET_VALUE, r.url or UNSET_VALUE, _ts(r.started_at_ms), now,
+                r.http_status, r.latency_ms, r.outcome, r.error_class, r.response_sha256, r.response_prefix,
+                list(r.signing_key_versions), r.manual, r.requested_by, r.request_id,
+                r.finished_at_ms * 1000 + BAND_US)))
+            if r.sent:  # the index is of requests made; a row not sent is only in `attempts`
+                statements.append((self._insert_attempt_by_endpoint, (
+                    d.endpoint_id, _hour(r.started_at_ms), _ts(r.started_at_ms), d.delivery_id,
+                    r.intent.number, d.tenant_id, r.outcome, r.http_status, r.error_class, r.latency_ms,
+                    r.manual)))
+        if r.delivery_status is not None:
+            wts = status_write_ts(r.delivery_status, r.finished_at_ms)
+            statements.append((self._update_delivery, (
+                wts, r.delivery_status, attempt_count, _ts(r.next_attempt_at_ms), r.http_status,
+                r.error_class, r.auto_retry_active, now, d.delivery_id)))
+            statements.append((self._update_by_endpoint, (
+                wts, r.delivery_status, attempt_count, r.http_status, now, d.tenant_id, d.endpoint_id,
+                _day(d.created_at_ms), _ts(d.created_at_ms), d.delivery_id)))
+        if next_intent is not None:
+            statements.append(self._reserved(d, next_intent, r.finished_at_ms))
         return self._batcher.add(statements)
 
     def flush_if_due(self) -> None:
@@ -174,12 +236,19 @@ class CassandraHistory:
             rf = self._session.execute_async(batch)
         rf.add_callbacks(completion.succeed, completion.fail)
 
-    async def load_for_replay(self, delivery_id: str) -> tuple[NewDelivery, int, bool] | None:
-        """The stored delivery (with its immutable payload), its attempt count and whether automatic
-        retries are still active; None when the delivery is unknown or outside the history window."""
-        rows = await self._run(self._select_delivery, (delivery_id,))
+    async def check(self, delivery_id: str) -> DurableRecord:
+        """The delivery as Cassandra has it: status None when no delivery row exists."""
+        rows, top = await asyncio.gather(self._run(self._select_delivery, (delivery_id,)),
+                                         self._run(self._select_top_attempt, (delivery_id,)))
+        return _durable(rows[0] if rows else None, top)
+
+    async def load_for_replay(self, delivery_id: str) -> tuple[NewDelivery, DurableRecord] | None:
+        """The stored delivery (with its immutable payload) and its durable record; None when the
+        delivery is unknown or outside the history window."""
+        rows, top = await asyncio.gather(self._run(self._select_delivery, (delivery_id,)),
+                                         self._run(self._select_top_attempt, (delivery_id,)))
         row = rows[0] if rows else None
-        if row is None:
+        if row is None or row.event_id is None:
             return None
         ev_rows = await self._run(self._select_event, (row.event_id,))
         ev = ev_rows[0] if ev_rows else None
@@ -195,11 +264,26 @@ class CassandraHistory:
             endpoint_config_version=row.endpoint_config_version or 0, created_at_ms=_ms(row.created_at),
             expires_at_ms=_ms(row.expires_at),
         )
-        return d, row.attempt_count or 0, bool(row.auto_retry_active) and row.status in (None, "pending")
+        return d, _durable(row, top)
 
     def close(self) -> None:
         self.flush()
         self._cluster.shutdown()
+
+
+def _durable(row: Any, top: Any) -> DurableRecord:
+    """A delivery row (or None) and the highest attempt row (reserved ones count: their numbers
+    are taken even if no request followed)."""
+    top_row = top[0] if top else None
+    max_number = top_row.attempt_number if top_row is not None else 0
+    if row is None:
+        return DurableRecord(status=None, max_attempt_number=max_number)
+    status = row.status or "pending"
+    return DurableRecord(
+        status=status, attempt_count=row.attempt_count or 0,
+        next_attempt_at_ms=None if row.next_attempt_at is None else _ms(row.next_attempt_at),
+        auto_retry_active=row.auto_retry_active is not False and status not in FINAL_STATUSES,
+        max_attempt_number=max_number)
 
 
 def _ms(value: dt.datetime | None) -> int:

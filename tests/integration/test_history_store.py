@@ -1,0 +1,276 @@
+"""The dispatcher's history store against a real Cassandra: attempt rows written before the
+requests they stand for, with numbers never reused, and a delivery status that never moves back
+from final (issue 11, defects 6 and 7). A keyspace of this module's own; no job, no Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from cassandra.cluster import Session
+
+from core.dispatch import AttemptRecord, DurableRecord, Intent
+from core.fanout import NewDelivery
+from core.records import EventRecord, delivery_id_for
+from core.settings import Settings
+from operators.history_store import CassandraHistory
+from operators.write_batcher import Completion
+from stack.isolation import isolated_env, keyspace_session, settings_with
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def own_settings() -> Settings:
+    return settings_with(isolated_env(f"hist-{uuid.uuid4().hex[:8]}", own_keyspace=True))
+
+
+@pytest.fixture(scope="module")
+def session(own_settings: Settings) -> Iterator[Session]:
+    with keyspace_session(own_settings) as s:
+        s.set_keyspace(own_settings.cassandra.keyspace)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def history(own_settings: Settings, session: Session) -> Iterator[CassandraHistory]:
+    h = CassandraHistory(own_settings.cassandra)
+    yield h
+    h.close()
+
+
+def durable(h: CassandraHistory, c: Completion, timeout: float = 10) -> None:
+    """Send the open batch and wait for this write's completion (the dispatcher polls the same way)."""
+    h.flush()
+    deadline = time.monotonic() + timeout
+    while not c.done():
+        assert time.monotonic() < deadline, "history write did not complete"
+        time.sleep(0.005)
+    c.result()
+
+
+def delivery(created_at_ms: int | None = None) -> NewDelivery:
+    created = created_at_ms if created_at_ms is not None else int(time.time() * 1000) - 60_000
+    e = EventRecord(event_id=f"evt_{uuid.uuid4().hex}", tenant_id="t-hist", event_type="order.paid",
+                    schema_version="1", object_id="o1", object_version=1, occurred_at_ms=created,
+                    payload=b'{"n":1}')
+    return NewDelivery(delivery_id=delivery_id_for(e.event_id, "ep-hist"), event=e, endpoint_id="ep-hist",
+                       tenant_id="t-hist", endpoint_config_version=3, created_at_ms=created,
+                       expires_at_ms=created + 86_400_000)
+
+
+def intent(n: int) -> Intent:
+    return Intent(n, str(uuid.uuid1()))
+
+
+def sent(i: Intent, at_ms: int, outcome: str, status: str | None, http: int | None = 503,
+         manual: bool = False, **kw: Any) -> AttemptRecord:
+    return AttemptRecord(
+        intent=i, sent=True, started_at_ms=at_ms - 50, finished_at_ms=at_ms, http_status=http,
+        outcome=outcome, error_class=None if http == 200 else "http_5xx", detail="", manual=manual,
+        delivery_status=status, next_attempt_at_ms=at_ms + 1000 if status == "pending" else None,
+        auto_retry_active=status == "pending", url="https://hooks.example.com/in",
+        endpoint_config_version=3, latency_ms=50, **kw)
+
+
+def not_sent(i: Intent | None, at_ms: int, outcome: str, status: str | None, manual: bool = False,
+             **kw: Any) -> AttemptRecord:
+    return AttemptRecord(
+        intent=i, sent=False, started_at_ms=at_ms, finished_at_ms=at_ms, http_status=None, outcome=outcome,
+        error_class=None, detail="no request", manual=manual, delivery_status=status,
+        next_attempt_at_ms=None, auto_retry_active=False, **kw)
+
+
+def check(h: CassandraHistory, delivery_id: str) -> DurableRecord:
+    return asyncio.run(h.check(delivery_id))
+
+
+def by_endpoint_status(session: Session, d: NewDelivery) -> str | None:
+    rows = list(session.execute(
+        "SELECT status FROM deliveries_by_endpoint WHERE tenant_id=%s AND endpoint_id=%s AND day=%s"
+        " AND created_at=%s AND delivery_id=%s",
+        (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), _utc(d.created_at_ms), d.delivery_id)))
+    return rows[0].status if rows else None
+
+
+def _utc(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+
+
+def _day(ms: int) -> dt.date:
+    return _utc(ms).date()
+
+
+def indexed_numbers(session: Session, d: NewDelivery, started_ms: list[int]) -> list[int]:
+    """The delivery's attempt numbers in attempts_by_endpoint, over the hours of these starts."""
+    hours = {_utc(ms // 3_600_000 * 3_600_000) for ms in started_ms}
+    return sorted(r.attempt_number for hour in hours for r in session.execute(
+        "SELECT delivery_id, attempt_number FROM attempts_by_endpoint WHERE endpoint_id=%s AND hour=%s",
+        (d.endpoint_id, hour)) if r.delivery_id == d.delivery_id)
+
+
+def attempts(session: Session, delivery_id: str) -> list[Any]:
+    return list(session.execute("SELECT * FROM attempts WHERE delivery_id=%s", (delivery_id,)))
+
+
+def test_a_final_status_survives_a_stale_final_record_and_a_re_creation(history, session):
+    d = delivery()
+    t0 = d.created_at_ms
+    i1, i2 = intent(1), intent(2)
+    durable(history, history.persist(d, i1))
+    durable(history, history.record(d, sent(i1, t0 + 1000, "retry", "pending"), 1, i2))
+    durable(history, history.record(d, sent(i2, t0 + 3000, "succeeded", "succeeded", http=200), 2, None))
+
+    # A stale writer (an incarnation from before a restore) closes the delivery as expired, later
+    # on its own clock; then the delivery is re-created from a re-read topic with a later
+    # created_at. Neither may move the status back (defect 7).
+    durable(history, history.record(d, not_sent(None, t0 + 10_000, "expired", "expired"), 0, None))
+    again = replace(d, created_at_ms=t0 + 20_000, expires_at_ms=t0 + 20_000 + 86_400_000)
+    durable(history, history.persist(again, intent(3)))
+
+    got = check(history, d.delivery_id)
+    assert (got.status, got.attempt_count, got.auto_retry_active) == ("succeeded", 2, False)
+    assert got.final and got.max_attempt_number == 3
+    assert by_endpoint_status(session, d) == "succeeded"
+
+
+def test_every_intent_has_its_own_attempt_row_and_only_requests_are_indexed(history, session):
+    d = delivery()
+    t0 = d.created_at_ms
+    i1, i2, i3 = intent(1), intent(2), intent(3)
+    durable(history, history.persist(d, i1))
+    # The same request outcome recorded twice (a retried write) still leaves one row per number.
+    for _ in range(2):
+        durable(history, history.record(d, sent(i1, t0 + 1000, "retry", "pending"), 1, i2))
+    durable(history, history.record(d, sent(i2, t0 + 2000, "retry", "pending"), 2, i3))
+    durable(history, history.record(d, not_sent(i3, t0 + 3000, "not_sent", "expired"), 2, None))
+
+    rows = {r.attempt_number: r for r in attempts(session, d.delivery_id)}
+    assert sorted(rows) == [1, 2, 3]
+    assert [rows[n].attempt_id for n in (1, 2, 3)] == [i1.attempt_id, i2.attempt_id, i3.attempt_id]
+    assert len({r.attempt_id for r in rows.values()}) == 3
+    assert [rows[n].outcome for n in (1, 2, 3)] == ["retry", "retry", "not_sent"]
+    assert rows[1].http_status == 503 and rows[1].url == "https://hooks.example.com/in"
+    assert rows[3].http_status is None and rows[3].endpoint_config_version == 3
+    assert indexed_numbers(session, d, [t0 + 950, t0 + 1950, t0 + 3000]) == [1, 2]
+
+
+def test_check_reads_the_durable_record_and_counts_reserved_rows(history, session):
+    assert check(history, f"dlv_{uuid.uuid4().hex}") == DurableRecord(status=None)
+
+    d = delivery()
+    i1 = intent(1)
+    durable(history, history.persist(d, i1))
+    got = check(history, d.delivery_id)
+    assert (got.status, got.attempt_count, got.max_attempt_number, got.final) == ("pending", 0, 1, False)
+    assert got.auto_retry_active and got.next_attempt_at_ms == d.created_at_ms
+    [row] = attempts(session, d.delivery_id)
+    assert (row.outcome, row.attempt_id, row.http_status, row.finished_at) == ("reserved", i1.attempt_id, None, None)
+
+    # A reservation alone (RESERVE after a restore) counts; numbering continues after it.
+    durable(history, history.reserve(d, intent(2), d.created_at_ms + 5000))
+    assert check(history, d.delivery_id).max_attempt_number == 2
+
+    # Attempt rows without a delivery row (a partly applied first batch): no status, but the
+    # numbers are still taken. A delivery row without a status counts as pending.
+    lone = delivery()
+    durable(history, history.reserve(lone, intent(1), lone.created_at_ms))
+    assert check(history, lone.delivery_id) == DurableRecord(status=None, max_attempt_number=1)
+    session.execute("UPDATE deliveries SET attempt_count=1 WHERE delivery_id=%s", (lone.delivery_id,))
+    assert check(history, lone.delivery_id).status == "pending"
+
+
+def test_a_record_without_a_delivery_status_leaves_the_status_alone(history, session):
+    d = delivery()
+    t0 = d.created_at_ms
+    i1, i2, i3 = intent(1), intent(2), intent(3)
+    durable(history, history.persist(d, i1))
+    durable(history, history.record(d, sent(i1, t0 + 1000, "retry", "pending"), 1, i2))
+    # A manual request that could not be sent in its wait: its row says so and who asked.
+    manual = not_sent(i2, t0 + 2000, "not_sent", None, manual=True, requested_by="key_a", request_id="rpl_1")
+    durable(history, history.record(d, manual, 1, i3))
+
+    got = check(history, d.delivery_id)
+    assert (got.status, got.attempt_count, got.max_attempt_number) == ("pending", 1, 3)
+    assert got.next_attempt_at_ms == t0 + 2000  # the retry's, not moved by the manual record
+    rows = {r.attempt_number: r for r in attempts(session, d.delivery_id)}
+    assert (rows[2].outcome, rows[2].manual, rows[2].requested_by, rows[2].request_id) == (
+        "not_sent", True, "key_a", "rpl_1")
+    assert rows[3].outcome == "reserved"
+    assert by_endpoint_status(session, d) == "pending"
+
+
+def test_succeeded_outranks_failed_in_either_order(history, session):
+    # failed, then a manual replay succeeds later: succeeded.
+    d = delivery()
+    t0 = d.created_at_ms
+    i1, i2 = intent(1), intent(2)
+    durable(history, history.persist(d, i1))
+    durable(history, history.record(d, sent(i1, t0 + 1000, "failed", "failed", http=400), 1, None))
+    assert check(history, d.delivery_id).status == "failed"
+    durable(history, history.reserve(d, i2, t0 + 50_000))
+    replay = sent(i2, t0 + 60_000, "succeeded", "succeeded", http=200, manual=True, requested_by="key_a",
+                  request_id="rpl_2")
+    durable(history, history.record(d, replay, 1, None))
+    assert check(history, d.delivery_id).status == "succeeded"
+    assert by_endpoint_status(session, d) == "succeeded"
+
+    # succeeded, then a later record says failed (a manual replay that failed): still succeeded.
+    e = delivery()
+    t0 = e.created_at_ms
+    j1, j2 = intent(1), intent(2)
+    durable(history, history.persist(e, j1))
+    durable(history, history.record(e, sent(j1, t0 + 1000, "succeeded", "succeeded", http=200), 1, None))
+    durable(history, history.reserve(e, j2, t0 + 50_000))
+    durable(history, history.record(e, sent(j2, t0 + 60_000, "failed", "failed", http=400, manual=True), 1, None))
+    got = check(history, e.delivery_id)
+    assert (got.status, got.max_attempt_number) == ("succeeded", 2)
+    assert by_endpoint_status(session, e) == "succeeded"
+    assert [r.outcome for r in attempts(session, e.delivery_id)] == ["succeeded", "failed"]
+
+
+def test_load_for_replay_returns_the_delivery_and_its_durable_record(history):
+    d = delivery()
+    i1 = intent(1)
+    durable(history, history.persist(d, i1))
+    durable(history, history.record(d, sent(i1, d.created_at_ms + 1000, "failed", "failed", http=400), 1, None))
+    loaded = asyncio.run(history.load_for_replay(d.delivery_id))
+    assert loaded is not None
+    got, record = loaded
+    assert got == d
+    assert (record.status, record.attempt_count, record.auto_retry_active, record.max_attempt_number) == (
+        "failed", 1, False, 1)
+    assert asyncio.run(history.load_for_replay(f"dlv_{uuid.uuid4().hex}")) is None
+
+
+def test_the_control_plane_shows_a_request_whose_outcome_was_never_recorded(history, session):
+    from control_plane.cli import delivery_detail
+    from control_plane.domain import NO_OUTCOME
+    from control_plane.servicer import detail_pb
+    from control_plane.store import CassandraStore
+
+    d = delivery()
+    t0 = d.created_at_ms
+    i1, i2, i3 = intent(1), intent(2), intent(3)
+    durable(history, history.persist(d, i1))
+    durable(history, history.record(d, sent(i1, t0 + 1000, "retry", "pending"), 1, i2))
+    store = CassandraStore(session)
+    detail = store.get_delivery(d.delivery_id)
+    assert detail is not None
+    assert [a.outcome for a in detail.attempts] == ["retry", "reserved"]  # the next request
+    # The worker dies with request 2 in flight; the restored one reserves 3, which succeeds.
+    durable(history, history.reserve(d, i3, t0 + 5000))
+    durable(history, history.record(d, sent(i3, t0 + 6000, "succeeded", "succeeded", http=200), 2, None))
+    detail = store.get_delivery(d.delivery_id)
+    assert detail is not None
+    assert [a.outcome for a in detail.attempts] == ["retry", NO_OUTCOME, "succeeded"]
+    unknown = detail.attempts[1]
+    assert (unknown.attempt_id, unknown.http_status, unknown.finished_at_ms) == (i2.attempt_id, None, None)
+    text = delivery_detail(detail_pb(detail))  # what `webhookctl deliveries get` prints
+    assert NO_OUTCOME in text
