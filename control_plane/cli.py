@@ -99,8 +99,10 @@ def delivery_detail(d: Any) -> str:
     attempts = table(
         ["#", "started", "outcome", "http", "latency ms", "error", "manual", "config v"],
         [
+            # A reserved row (no outcome yet, or none ever recorded) has no latency.
             (a.attempt_number, _when(a.started_at), a.outcome, a.http_status or "-",
-             a.latency_ms, a.error_class or "-", "yes" if a.manual else "", a.endpoint_config_version)
+             a.latency_ms if a.finished_at.seconds else "-", a.error_class or "-",
+             "yes" if a.manual else "", a.endpoint_config_version)
             for a in d.attempts
         ],
     )

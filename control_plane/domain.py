@@ -194,6 +194,22 @@ class Attempt:
     response_prefix: str
 
 
+# The job reserves an attempt row before each request and writes the outcome into it afterwards
+# (operators/history_store.py). A reserved row that is not the delivery's next request is one
+# whose outcome was never written: the worker died while the request may have been in flight.
+RESERVED = "reserved"
+NO_OUTCOME = "unknown (no outcome recorded)"
+
+
+def attempt_outcome(outcome: str, attempt_number: int, latest_number: int, status: DeliveryStatus) -> str:
+    """The outcome to show for a stored attempt row."""
+    if outcome != RESERVED:
+        return outcome
+    if attempt_number == latest_number and status is DeliveryStatus.PENDING:
+        return RESERVED  # the next request: waiting for its time, or in flight now
+    return NO_OUTCOME
+
+
 @dataclass(frozen=True)
 class DeliveryDetail:
     summary: DeliverySummary

@@ -31,6 +31,7 @@ from control_plane.domain import (
     IdempotencyRecord,
     StoredKey,
     Tenant,
+    attempt_outcome,
 )
 from control_plane.errors import Unavailable
 from core.records import EndpointStatus
@@ -172,7 +173,8 @@ def _summary(row: dict[str, Any], tenant_id: str, endpoint_id: str) -> DeliveryS
     )
 
 
-def _attempt(row: dict[str, Any]) -> Attempt:
+def _attempt(row: dict[str, Any], latest_number: int, status: DeliveryStatus) -> Attempt:
+    # A reserved row has only its number, id, endpoint, config version and reservation time.
     return Attempt(
         attempt_number=row["attempt_number"],
         attempt_id=row["attempt_id"] or "",
@@ -180,7 +182,7 @@ def _attempt(row: dict[str, Any]) -> Attempt:
         finished_at_ms=_ms(row["finished_at"]),
         http_status=row["http_status"],
         latency_ms=row["latency_ms"],
-        outcome=row["outcome"] or "",
+        outcome=attempt_outcome(row["outcome"] or "", row["attempt_number"], latest_number, status),
         error_class=row["error_class"] or "",
         manual=bool(row["manual"]),
         endpoint_config_version=row["endpoint_config_version"],
@@ -431,9 +433,12 @@ class CassandraStore:
         row = self._first("delivery_get", (delivery_id,))
         if row is None:
             return None
-        attempts = tuple(_attempt(a) for a in self._execute("attempts_get", (delivery_id,)))
+        summary = _summary(row, row["tenant_id"] or "", row["endpoint_id"] or "")
+        rows = list(self._execute("attempts_get", (delivery_id,)))
+        latest = max((a["attempt_number"] for a in rows), default=0)
+        attempts = tuple(_attempt(a, latest, summary.status) for a in rows)
         return DeliveryDetail(
-            summary=_summary(row, row["tenant_id"] or "", row["endpoint_id"] or ""),
+            summary=summary,
             endpoint_config_version=row["endpoint_config_version"],
             auto_retry_active=bool(row["auto_retry_active"]),
             expires_at_ms=_ms(row["expires_at"]),
