@@ -1,0 +1,507 @@
+"""The endpoint driver, driven the way the Flink adapter drives it, with a simulated clock, history
+and receiver. Each test named after a defect of issue 11 reproduces it as it was reported.
+
+``Sim`` plays the adapter: it feeds inputs, runs the storage actions against an in-memory
+history (instantly, unless told to hold them), completes HTTP requests with scripted answers, and
+wakes each endpoint exactly when its driver asked. Counting passes is how busy loops show up.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from core import breaker as brk
+from core import dispatch as dsp
+from core.endpoint_driver import (
+    Check,
+    DriverPolicy,
+    EndpointDriver,
+    Load,
+    Persist,
+    Record,
+    Reserve,
+    Send,
+)
+from core.endpoint_store import InMemoryEndpointStore
+from core.fairness import FairScheduler
+from core.fanout import NewDelivery
+from core.outcomes import ErrorClass, HttpResult
+from core.records import EndpointConfig, EndpointStatus, EventRecord, ReplayRequest, SigningKey
+from core.retry import RetrySchedule
+
+T0 = 1_700_000_000_000
+DAY_MS = 24 * 3600 * 1000
+SCHEDULE = RetrySchedule(base_s=5.0, cap_s=3600.0, max_attempts=20, deadline_s=24 * 3600.0, max_retry_after_s=3600.0)
+BREAKER = brk.BreakerConfig(failure_threshold=5, fast_failure_threshold=2, open_s=30.0, max_open_s=600.0)
+POLICY = DriverPolicy(schedule=SCHEDULE, breaker=BREAKER, default_max_in_flight=8, manual_wait_ms=60_000)
+
+
+def config(endpoint_id: str = "ep_1", tenant: str = "t_1", version: int = 1, **changes: Any) -> EndpointConfig:
+    base = EndpointConfig(
+        endpoint_id=endpoint_id, tenant_id=tenant, url=f"https://example.com/{endpoint_id}", status=EndpointStatus.ACTIVE,
+        event_types=("*",), config_version=version, published_at_ms=T0,
+        signing_keys=(SigningKey(version=1, ciphertext_b64="x", not_after_ms=None),))
+    return replace(base, **changes)
+
+
+def delivery(n: int, endpoint_id: str = "ep_1", tenant: str = "t_1", created: int = T0, version: int = 1) -> NewDelivery:
+    e = EventRecord(event_id=f"evt_{n}", tenant_id=tenant, event_type="invoice.paid", schema_version="1",
+                    object_id="", object_version=0, occurred_at_ms=created, payload=b"{}")
+    return NewDelivery(delivery_id=f"dlv_{endpoint_id}_{n}", event=e, endpoint_id=endpoint_id, tenant_id=tenant,
+                       endpoint_config_version=version, created_at_ms=created, expires_at_ms=created + DAY_MS)
+
+
+@dataclass
+class Durable:
+    status: str = "pending"
+    attempt_count: int = 0
+    next_attempt_at_ms: int | None = None
+    auto: bool = True
+    rows: dict[int, str] = field(default_factory=dict)  # attempt number -> outcome
+
+
+class Sim:
+    def __init__(self, pool: int = 64, quota: int = 64, policy: DriverPolicy = POLICY, seed: int = 1) -> None:
+        self.now = T0
+        self.scheduler = FairScheduler(pool_size=pool, tenant_quota=quota)
+        self.policy = policy
+        self.rng = random.Random(seed)
+        self.stores: dict[str, InMemoryEndpointStore] = {}
+        self.drivers: dict[str, EndpointDriver] = {}
+        self.counts: Counter[str] = Counter()
+        self.history: dict[str, Durable] = {}
+        self.requests: Counter[str] = Counter()
+        self.sends: dict[str, list[Send]] = {}  # endpoint -> requests in flight
+        self.wakes: dict[str, tuple[int, str] | None] = {}
+        self.passes: Counter[str] = Counter()
+        self.answer: dict[str, HttpResult] = {}  # endpoint -> what its receiver answers
+        self.hold_storage = False
+        self.held: list[tuple[str, Any]] = []
+        self.sent_numbers: dict[str, list[int]] = {}
+
+    def driver(self, ep: str) -> EndpointDriver:
+        if ep not in self.drivers:
+            store = self.stores.setdefault(ep, InMemoryEndpointStore())
+            self.drivers[ep] = EndpointDriver(ep, self.policy, self.rng, store, self.scheduler, self.counts)
+        return self.drivers[ep]
+
+    # inputs, each followed by a pass like the adapter's process_element
+    def new(self, d: NewDelivery) -> None:
+        self.driver(d.endpoint_id).add_new(d, self.now)
+        self.run(d.endpoint_id)
+
+    def config(self, cfg: EndpointConfig) -> None:
+        self.driver(cfg.endpoint_id).set_config(cfg)
+        self.run(cfg.endpoint_id)
+
+    def replay(self, r: ReplayRequest) -> str:
+        out = self.driver(r.endpoint_id).add_replay(r, self.now)
+        self.run(r.endpoint_id)
+        return out
+
+    def run(self, ep: str) -> None:
+        """One pass: step, apply storage actions (instantly unless held), start sends."""
+        drv = self.driver(ep)
+        for _ in range(1000):  # storage completes instantly: loop until the driver waits
+            self.passes[ep] += 1
+            dec = drv.step(self.now, 1024)
+            done_any = False
+            for a in dec.actions:
+                if isinstance(a, Send):
+                    row = self.history[a.p.delivery_id].rows
+                    assert a.p.intent is not None and a.p.intent.number in row, "request before its attempt row"
+                    self.requests[a.p.delivery_id] += 1
+                    self.sent_numbers.setdefault(a.p.delivery_id, []).append(a.p.intent.number)
+                    self.sends.setdefault(ep, []).append(a)
+                elif self.hold_storage:
+                    self.held.append((ep, a))
+                else:
+                    self._storage(drv, a)
+                    done_any = True
+            self.wakes[ep] = (dec.wake.at_ms, dec.wake.reason) if dec.wake else None
+            if not done_any:
+                return
+        raise AssertionError("storage never settled")
+
+    def _storage(self, drv: EndpointDriver, a: Any) -> None:
+        if isinstance(a, Check):
+            h = self.history.get(a.p.delivery_id)
+            rec = dsp.DurableRecord(status=None) if h is None else dsp.DurableRecord(
+                h.status, h.attempt_count, h.next_attempt_at_ms, h.auto, max(h.rows, default=0))
+            drv.io_done("check", a.p.delivery_id, rec, None, self.now)
+        elif isinstance(a, Persist | Reserve):
+            h = self.history.setdefault(a.p.delivery_id, Durable())
+            assert a.p.intent is not None
+            h.rows.setdefault(a.p.intent.number, "reserved")
+            drv.io_done("persist" if isinstance(a, Persist) else "reserve", a.p.delivery_id, None, None, self.now)
+        elif isinstance(a, Record):
+            r = a.p.record
+            assert r is not None
+            h = self.history.setdefault(a.p.delivery_id, Durable())
+            if r.intent is not None:
+                h.rows[r.intent.number] = r.outcome
+            if a.p.intent is not None:
+                h.rows.setdefault(a.p.intent.number, "reserved")
+            if r.delivery_status is not None and h.status not in dsp.FINAL_STATUSES:
+                h.status, h.next_attempt_at_ms, h.auto = r.delivery_status, r.next_attempt_at_ms, r.auto_retry_active
+                h.attempt_count = a.p.attempt_count
+            drv.io_done("record", a.p.delivery_id, None, None, self.now)
+        elif isinstance(a, Load):
+            drv.io_done("load", a.delivery_id, None, None, self.now)
+
+    def answer_all(self, ep: str, result: HttpResult | None = None) -> int:
+        """The receiver answers every request in flight to ``ep``; then one pass."""
+        drv = self.driver(ep)
+        sends, self.sends[ep] = self.sends.get(ep, []), []
+        for s in sends:
+            res = result or self.answer.get(ep, HttpResult(200))
+            drv.io_done("send", s.p.delivery_id, dsp.SendReport(res, self.now, self.now, s.config.url,
+                                                                   s.config.config_version), None, self.now)
+        self.run(ep)
+        return len(sends)
+
+    def advance(self, until: int, answer: bool = True) -> None:
+        """Let simulated time pass, waking each endpoint exactly when its driver asked (and
+        answering requests at once, as a fast receiver would)."""
+        while True:
+            due = [(w[0], ep) for ep, w in self.wakes.items() if w is not None and w[0] <= until]
+            if not due:
+                break
+            at, ep = min(due)
+            self.now = max(self.now, at)
+            self.wakes[ep] = None
+            self.run(ep)
+            if answer and self.sends.get(ep):
+                self.answer_all(ep)
+        self.now = until
+
+    def slots_conserved(self) -> None:
+        untaken = sum(n for _, n in self.scheduler._grants.values())
+        assert sum(d.in_flight for d in self.drivers.values()) + untaken == self.scheduler.in_flight_total()
+        for ep, drv in self.drivers.items():
+            assert drv.in_flight == len(self.sends.get(ep, []))
+
+
+# -- defect 1: busy loops ------------------------------------------------------------------------
+
+
+def test_an_empty_token_bucket_wakes_at_its_refill_not_every_millisecond() -> None:
+    sim = Sim()
+    sim.config(config(rate_limit_per_s=1.0))
+    for n in range(10):
+        sim.new(delivery(n))
+    start = sum(sim.passes.values())
+    sim.advance(T0 + 5_000)
+    sent = sum(sim.requests.values())
+    assert 5 <= sent <= 7  # 1 request/s (plus the full bucket's first token)
+    passes = sum(sim.passes.values()) - start
+    assert passes <= 3 * sent + 5, f"{passes} passes for {sent} sends in 5 s"
+    assert sim.wakes["ep_1"] is not None and sim.wakes["ep_1"][1] == "rate limit refill"
+
+
+def test_an_open_breaker_with_a_backlog_wakes_for_its_probe_only() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(None, ErrorClass.TLS)  # fast failures: opens after two
+    for n in range(30):
+        sim.new(delivery(n))
+    sim.answer_all("ep_1")
+    drv = sim.driver("ep_1")
+    assert drv.breaker.state is brk.CircuitState.OPEN
+    start = sum(sim.passes.values())
+    sim.advance(T0 + 10_000)
+    assert sum(sim.passes.values()) - start <= 3
+    assert sim.wakes["ep_1"] is not None
+    at, reason = sim.wakes["ep_1"]
+    assert reason == "breaker probe" and at == drv.breaker.open_until_ms
+
+
+# -- defect 2: a re-enabled endpoint drains at once ------------------------------------------------
+
+
+def test_deliveries_held_while_disabled_go_as_soon_as_the_endpoint_is_enabled() -> None:
+    sim = Sim()
+    sim.config(config(status=EndpointStatus.DISABLED))
+    for n in range(5):
+        sim.new(delivery(n))
+    sim.advance(T0 + 60_000)
+    assert sum(sim.requests.values()) == 0
+    assert sim.wakes["ep_1"] == (T0 + DAY_MS, "deadline")  # no polling while disabled
+    sim.config(config(version=2))
+    assert sum(sim.requests.values()) == 5  # in the same pass as the config
+
+
+def test_clearing_a_410_mark_with_a_new_config_drains_the_endpoint() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(410)
+    sim.new(delivery(0))
+    sim.answer_all("ep_1")
+    assert sim.driver("ep_1").gone_at == 1
+    sim.new(delivery(1))
+    assert sim.requests["dlv_ep_1_1"] == 0
+    sim.answer["ep_1"] = HttpResult(200)
+    sim.config(config(version=2))
+    assert sim.requests["dlv_ep_1_1"] == 1
+
+
+# -- defect 3: a manual replay to an endpoint that cannot be sent to ends visibly -------------------
+
+
+def test_a_manual_replay_to_a_disabled_endpoint_ends_not_sent_within_its_wait() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.new(delivery(0))
+    sim.answer_all("ep_1")
+    assert sim.history["dlv_ep_1_0"].status == "succeeded"
+    sim.config(config(version=2, status=EndpointStatus.DISABLED))
+    sim.history_loader = None
+    drv = sim.driver("ep_1")
+    # the delivery left state when it succeeded: a replay loads it from history first
+    out = drv.add_replay(ReplayRequest("dlv_ep_1_0", "t_1", "ep_1", "alice", sim.now, "req-1"), sim.now)
+    assert out == "loading"
+    d0 = delivery(0)
+    drv.io_done("load", "dlv_ep_1_0", (d0, dsp.DurableRecord("succeeded", 1, None, False, 1)), None, sim.now)
+    sim.run("ep_1")
+    assert sim.wakes["ep_1"] == (sim.now + 60_000, "manual request wait")
+    passes = sim.passes["ep_1"]
+    sim.advance(sim.now + 120_000)
+    assert sim.passes["ep_1"] - passes <= 3
+    assert sim.requests["dlv_ep_1_0"] == 1  # only the original request
+    rows = sim.history["dlv_ep_1_0"].rows
+    assert rows[2] == "not_sent"  # the manual request's own attempt row, with a reason
+    assert sim.history["dlv_ep_1_0"].status == "succeeded"
+    assert "dlv_ep_1_0" not in drv.items and sim.counts["manual_not_sent"] == 1
+
+
+# -- defect 4: tenant slots never leak --------------------------------------------------------------
+
+
+def test_a_slot_granted_to_an_endpoint_that_becomes_unsendable_goes_back() -> None:
+    sim = Sim(pool=8, quota=1)
+    sim.config(config("ep_a"))
+    sim.config(config("ep_b"))
+    sim.new(delivery(0, "ep_a"))  # takes the tenant's only slot
+    sim.new(delivery(0, "ep_b"))  # waits for it: files a ticket
+    assert sim.requests["dlv_ep_b_0"] == 0
+    sim.answer_all("ep_a")  # the slot frees and is granted to ep_b's ticket ...
+    sim.scheduler.grant(sim.now)
+    assert sim.scheduler.has_grant("ep_b")
+    sim.config(config("ep_b", version=2, status=EndpointStatus.DISABLED))  # ... which cannot use it
+    sim.slots_conserved()
+    assert not sim.scheduler.has_grant("ep_b") and sim.scheduler.in_flight_total() == 0
+    sim.new(delivery(1, "ep_a"))  # a healthy endpoint of the same tenant is not starved
+    assert sim.requests["dlv_ep_a_1"] == 1
+    sim.slots_conserved()
+
+
+def test_no_slot_is_asked_for_while_the_breaker_or_bucket_would_refuse() -> None:
+    sim = Sim(pool=8, quota=1)
+    sim.config(config("ep_a", rate_limit_per_s=0.001))  # one token, then ~17 min per token
+    sim.config(config("ep_b"))
+    sim.new(delivery(0, "ep_a"))
+    sim.answer_all("ep_a")
+    sim.new(delivery(1, "ep_a"))  # bucket empty: must not hold a ticket or a slot
+    assert sim.scheduler.waiting_count() == 0
+    sim.new(delivery(0, "ep_b"))
+    assert sim.requests["dlv_ep_b_0"] == 1
+    sim.slots_conserved()
+
+
+# -- defect 5: an internal error holds one endpoint, not the job ------------------------------------
+
+
+def test_a_bad_signing_key_holds_that_endpoint_and_others_flow() -> None:
+    sim = Sim()
+    sim.config(config("ep_bad"))
+    sim.config(config("ep_ok"))
+    sim.hold_storage = False
+    drv = sim.driver("ep_bad")
+    sim.new(delivery(0, "ep_bad"))
+    # the adapter could not decrypt the key: the request never left
+    sends = sim.sends.pop("ep_bad")
+    assert len(sends) == 1
+    sim.requests["dlv_ep_bad_0"] -= 1
+    sim.sent_numbers["dlv_ep_bad_0"].pop()
+    drv.send_not_started("dlv_ep_bad_0", "signing key v1 does not decrypt", sim.now)
+    sim.run("ep_bad")
+    assert drv.in_flight == 0 and sim.scheduler.in_flight_total() == 0
+    assert sim.wakes["ep_bad"] == (T0 + 1_000, "hold after internal error ends")
+    sim.new(delivery(0, "ep_ok"))
+    assert sim.requests["dlv_ep_ok_0"] == 1
+    # a new config (rotated key) releases the hold at once; the same intent is used
+    sim.config(config("ep_bad", version=2))
+    assert sim.requests["dlv_ep_bad_0"] == 1 and sim.sent_numbers["dlv_ep_bad_0"] == [1]
+
+
+def test_repeated_internal_errors_back_off() -> None:
+    sim = Sim()
+    drv = sim.driver("ep_1")
+    periods = []
+    for _ in range(12):
+        drv.hold(sim.now, "boom")
+        periods.append(drv.held_until_ms - sim.now)
+    assert periods[:4] == [1_000, 2_000, 4_000, 8_000] and periods[-1] == POLICY.hold_max_ms
+
+
+# -- defect 6: after a crash only what was in flight is sent again, each with its own row ------------
+
+
+def test_a_restore_does_not_resend_what_history_shows_final_and_numbers_go_on() -> None:
+    sim = Sim()
+    sim.config(config())
+    for n in range(20):
+        sim.new(delivery(n))
+    checkpoint = {ep: _copy_store(s) for ep, s in sim.stores.items()}  # every delivery just PERSISTed
+    sim.answer_all("ep_1")  # 8 (the endpoint's cap) answered and recorded ...
+    sim.answer_all("ep_1")  # ... 8 more; 4 left in flight at the crash
+    in_flight = {s.p.delivery_id for s in sim.sends["ep_1"]}
+    assert len(in_flight) == 4
+    # crash: memory and I/O gone, keyed state back to the checkpoint, the topic re-read from it
+    sim.stores = checkpoint
+    sim.drivers, sim.sends = {}, {}
+    sim.scheduler = FairScheduler(pool_size=64, tenant_quota=64)
+    sim.policy = replace(POLICY, check_created_before_ms=sim.now + 5_000)
+    before = Counter(sim.requests)
+    for n in range(20):
+        sim.new(delivery(n))  # fan-out re-emits them (arrived before the restore)
+    assert sim.answer_all("ep_1") == 4
+    resent = {did for did in sim.requests if sim.requests[did] > before[did]}
+    assert resent == in_flight  # the duplicates are exactly what was in flight
+    for did, h in sim.history.items():
+        assert h.status == "succeeded"
+        assert len(h.rows) >= sim.requests[did]  # history explains every duplicate
+        assert len(set(sim.sent_numbers[did])) == len(sim.sent_numbers[did])  # numbers never reused
+    # 16 adopted entries found final, and again each re-emitted copy that arrived after its
+    # entry had been dropped (the first re-emitted one created the driver and met its entry)
+    assert sim.counts["final_not_resent"] == 16 + 15
+
+
+def _copy_store(s: InMemoryEndpointStore) -> InMemoryEndpointStore:
+    c = InMemoryEndpointStore()
+    c.pending, c.cfg, c.breaker_state = dict(s.pending), s.cfg, s.breaker_state
+    c.bucket_state, c.gone, c.replay_requests = s.bucket_state, s.gone, dict(s.replay_requests)
+    c.request_ids = dict(s.request_ids)
+    return c
+
+
+# -- defect 7: a delivery already final is not sent again when re-created ---------------------------
+
+
+def test_a_recreated_old_delivery_is_checked_and_not_resent() -> None:
+    sim = Sim()
+    sim.config(config())
+    old = delivery(0, created=T0 - 2 * 3600_000)  # re-read after it left state
+    sim.history[old.delivery_id] = Durable(status="succeeded", attempt_count=1, auto=False, rows={1: "succeeded"})
+    sim.new(old)
+    assert sim.requests[old.delivery_id] == 0
+    assert sim.history[old.delivery_id].status == "succeeded"
+    assert old.delivery_id not in sim.driver("ep_1").items
+
+
+def test_a_fresh_delivery_does_not_pay_for_a_check() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.new(delivery(0))
+    assert sim.requests["dlv_ep_1_0"] == 1 and sim.counts["final_not_resent"] == 0
+
+
+# -- defect 8: never send with a config older than the one fan-out matched ----------------------------
+
+
+def test_a_delivery_waits_for_the_config_version_it_was_fanned_out_with() -> None:
+    sim = Sim()
+    sim.config(config(version=1, url="https://old.example.com/x"))
+    sim.new(delivery(0, version=2))
+    assert sim.requests["dlv_ep_1_0"] == 0
+    assert sim.wakes["ep_1"] == (T0 + DAY_MS, "deadline")  # the config's arrival drives it
+    sim.config(config(version=2, url="https://new.example.com/x"))
+    assert sim.requests["dlv_ep_1_0"] == 1
+    sent = sim.sends["ep_1"][0]
+    assert sent.config.url == "https://new.example.com/x"
+
+
+# -- defect 9: replays are checked, attributed and deduplicated --------------------------------------
+
+
+def test_a_forged_replay_for_another_tenants_delivery_is_refused() -> None:
+    sim = Sim()
+    sim.config(config("ep_b", tenant="t_b"))
+    drv = sim.driver("ep_b")
+    # routed to ep_b by its key, but the delivery belongs to ep_a of tenant t_a
+    assert drv.add_replay(ReplayRequest("dlv_ep_a_0", "t_b", "ep_b", "mallory", sim.now, "r1"), sim.now) == "loading"
+    other = delivery(0, "ep_a", tenant="t_a")
+    drv.io_done("load", "dlv_ep_a_0", (other, dsp.DurableRecord("succeeded", 1, None, False, 1)), None, sim.now)
+    sim.run("ep_b")
+    assert sim.requests["dlv_ep_a_0"] == 0 and sim.counts["replays_refused"] == 1 and not drv.items
+    # a record whose key and endpoint disagree is refused before anything is loaded
+    assert drv.add_replay(ReplayRequest("dlv_ep_a_0", "t_b", "ep_a", "mallory", sim.now, "r2"), sim.now) == "refused"
+
+
+def test_a_replay_of_a_held_delivery_by_another_tenant_is_refused() -> None:
+    sim = Sim()
+    sim.config(config(status=EndpointStatus.DISABLED))
+    sim.new(delivery(0))
+    out = sim.replay(ReplayRequest("dlv_ep_1_0", "t_other", "ep_1", "mallory", sim.now, "r1"))
+    assert out == "refused" and not sim.driver("ep_1").items["dlv_ep_1_0"].manual
+
+
+def test_replays_are_deduplicated_by_request_id_and_attributed() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(500)
+    sim.new(delivery(0))
+    sim.answer_all("ep_1")  # attempt 1 failed; the next automatic try is seconds away
+    r = ReplayRequest("dlv_ep_1_0", "t_1", "ep_1", "alice@t_1", sim.now, "req-9")
+    assert sim.replay(r) == "queued"
+    assert sim.replay(r) == "duplicate"  # the replays topic delivered it twice
+    assert sim.requests["dlv_ep_1_0"] == 2
+    manual = sim.sends["ep_1"][0]
+    assert manual.p.sending_manual is not None and manual.p.sending_manual.requested_by == "alice@t_1"
+    sim.answer_all("ep_1")
+    p = sim.driver("ep_1").items["dlv_ep_1_0"]
+    assert p.attempt_count == 1  # the manual try did not use the automatic budget
+    assert p.auto_retry_active
+
+
+# -- defect 11: expiry does not wait for sends ------------------------------------------------------
+
+
+def test_an_open_breaker_backlog_past_its_deadline_expires_without_probes() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(None, ErrorClass.TLS)
+    for n in range(2_000):
+        sim.driver("ep_1").add_new(delivery(n), sim.now)
+    sim.run("ep_1")
+    sim.answer_all("ep_1")
+    assert sim.driver("ep_1").breaker.state is brk.CircuitState.OPEN
+    sim.answer["ep_1"] = HttpResult(503)  # every probe fails: the breaker stays open
+    sim.advance(T0 + DAY_MS + 1_000)
+    statuses = Counter(h.status for h in sim.history.values())
+    assert statuses["expired"] == 2_000 - statuses["failed"]
+    assert not sim.driver("ep_1").items
+    assert sum(sim.requests.values()) < 200  # a probe now and then, not a send per expiry
+
+
+# -- wake reasons -----------------------------------------------------------------------------------
+
+
+def test_waiting_for_a_slot_backs_off_with_jitter() -> None:
+    sim = Sim(pool=1, quota=1)
+    sim.config(config("ep_a"))
+    sim.config(config("ep_b"))
+    sim.new(delivery(0, "ep_a"))
+    sim.new(delivery(0, "ep_b"))
+    waits = []
+    for _ in range(8):
+        at, reason = sim.wakes["ep_b"]  # type: ignore[misc]
+        assert reason == "waiting for a tenant or pool slot"
+        waits.append(at - sim.now)
+        sim.now = at
+        sim.run("ep_b")
+    assert waits[0] <= 10 and 500 <= waits[-1] <= 1_000
+    sim.slots_conserved()
