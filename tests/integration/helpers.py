@@ -55,3 +55,23 @@ def eventually(fn: Callable[[], T | None], timeout: float = 60, interval: float 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or fn}; last value {last!r}")
+
+
+def eventually_tolerant(fn: Callable[[], T | None], timeout: float = 60, interval: float = 0.5, what: str = "",
+                        errors: tuple[type[BaseException], ...] = (Exception,)) -> T:
+    """`eventually`, but an exception in ``errors`` (a Cassandra timeout, a Flink REST call while the
+    JobManager re-deploys) counts as "not yet" instead of failing the test; the last one is reported."""
+    deadline = time.time() + timeout
+    last: T | None = None
+    last_error: BaseException | None = None
+    while time.time() < deadline:
+        try:
+            last = fn()
+        except errors as e:
+            last_error = e
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or fn}; last value {last!r}; "
+                         f"last error {last_error!r}")
