@@ -201,13 +201,13 @@ RESERVED = "reserved"
 NO_OUTCOME = "unknown (no outcome recorded)"
 
 
-def attempt_outcome(outcome: str, attempt_number: int, latest_number: int, status: DeliveryStatus) -> str:
-    """The outcome to show for a stored attempt row."""
+def attempt_outcome(outcome: str, attempt_number: int, latest_number: int) -> str:
+    """The outcome to show for a stored attempt row. The latest reserved row is the next request
+    (waiting for its time, or in flight now: an automatic retry or a manual replay); an older
+    one was superseded without an outcome."""
     if outcome != RESERVED:
         return outcome
-    if attempt_number == latest_number and status is DeliveryStatus.PENDING:
-        return RESERVED  # the next request: waiting for its time, or in flight now
-    return NO_OUTCOME
+    return RESERVED if attempt_number == latest_number else NO_OUTCOME
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,7 @@ def _summary(row: dict[str, Any], tenant_id: str, endpoint_id: str) -> DeliveryS
     )
 
 
-def _attempt(row: dict[str, Any], latest_number: int, status: DeliveryStatus) -> Attempt:
+def _attempt(row: dict[str, Any], latest_number: int) -> Attempt:
     # A reserved row has only its number, id, endpoint, config version and reservation time.
     return Attempt(
         attempt_number=row["attempt_number"],
@@ -182,7 +182,7 @@ def _attempt(row: dict[str, Any], latest_number: int, status: DeliveryStatus) ->
         finished_at_ms=_ms(row["finished_at"]),
         http_status=row["http_status"],
         latency_ms=row["latency_ms"],
-        outcome=attempt_outcome(row["outcome"] or "", row["attempt_number"], latest_number, status),
+        outcome=attempt_outcome(row["outcome"] or "", row["attempt_number"], latest_number),
         error_class=row["error_class"] or "",
         manual=bool(row["manual"]),
         endpoint_config_version=row["endpoint_config_version"],
@@ -436,7 +436,7 @@ class CassandraStore:
         summary = _summary(row, row["tenant_id"] or "", row["endpoint_id"] or "")
         rows = list(self._execute("attempts_get", (delivery_id,)))
         latest = max((a["attempt_number"] for a in rows), default=0)
-        attempts = tuple(_attempt(a, latest, summary.status) for a in rows)
+        attempts = tuple(_attempt(a, latest) for a in rows)
         return DeliveryDetail(
             summary=summary,
             endpoint_config_version=row["endpoint_config_version"],

@@ -41,13 +41,14 @@ POLICY = DriverPolicy(schedule=SCHEDULE, breaker=BREAKER, default_max_in_flight=
 
 def config(endpoint_id: str = "ep_1", tenant: str = "t_1", version: int = 1, **changes: Any) -> EndpointConfig:
     base = EndpointConfig(
-        endpoint_id=endpoint_id, tenant_id=tenant, url=f"https://example.com/{endpoint_id}", status=EndpointStatus.ACTIVE,
-        event_types=("*",), config_version=version, published_at_ms=T0,
+        endpoint_id=endpoint_id, tenant_id=tenant, url=f"https://example.com/{endpoint_id}",
+        status=EndpointStatus.ACTIVE, event_types=("*",), config_version=version, published_at_ms=T0,
         signing_keys=(SigningKey(version=1, ciphertext_b64="x", not_after_ms=None),))
     return replace(base, **changes)
 
 
-def delivery(n: int, endpoint_id: str = "ep_1", tenant: str = "t_1", created: int = T0, version: int = 1) -> NewDelivery:
+def delivery(n: int, endpoint_id: str = "ep_1", tenant: str = "t_1", created: int = T0,
+             version: int = 1) -> NewDelivery:
     e = EventRecord(event_id=f"evt_{n}", tenant_id=tenant, event_type="invoice.paid", schema_version="1",
                     object_id="", object_version=0, occurred_at_ms=created, payload=b"{}")
     return NewDelivery(delivery_id=f"dlv_{endpoint_id}_{n}", event=e, endpoint_id=endpoint_id, tenant_id=tenant,
