@@ -164,7 +164,6 @@ class EndpointDriver:
         self._loading: set[str] = set()
         self._load_retry_at: dict[str, int] = {}
         self._signals: list[EndpointSignal] = []
-        self.closing = False  # see close()
         for p in store.entries():
             # Work an earlier incarnation held: its durable record decides what happens next.
             self.counts["adopted_after_restore"] += 1
@@ -288,15 +287,6 @@ class EndpointDriver:
         self.held_reason = reason
         self.counts["endpoint_holds"] += 1
 
-    def close(self, store: EndpointStore) -> None:
-        """The operator is closing (stop with savepoint, cancel): start no new request and no
-        new storage work except the records of requests that finish now. The savepoint is
-        already taken, so keyed state writes go to ``store`` (a scratch store): what matters is
-        that each finished request's record becomes durable, so the restored job's CHECK finds
-        it and does not send it again."""
-        self.closing = True
-        self.store = store
-
     # -- the step ------------------------------------------------------------------------------
 
     def step(self, now_ms: int, write_budget: int) -> Decision:
@@ -380,8 +370,6 @@ class EndpointDriver:
             if budget <= 0:
                 dec.wake_at(now_ms + self.policy.write_budget_wait_ms, "write budget")
                 break
-            if self.closing and p.stage is not Stage.RECORDING:
-                continue
             budget -= 1
             if p.stage is Stage.CHECK:
                 p = replace(p, busy=True)
@@ -397,7 +385,7 @@ class EndpointDriver:
                 dec.actions.append(Record(p))
             self._put(p)
         for did in list(self._loads):
-            if did in self._loading or self.closing:
+            if did in self._loading:
                 continue
             if self._load_retry_at.get(did, 0) > now_ms:
                 dec.wake_at(self._load_retry_at[did], "replay load retry")
@@ -411,7 +399,7 @@ class EndpointDriver:
         auto_due = auto_top is not None and auto_top.next_attempt_at_ms <= now_ms
         if auto_top is not None and not auto_due and blocked is None:
             dec.wake_at(auto_top.next_attempt_at_ms, "next retry due")
-        if (not manual and not auto_due) or blocked is not None or self.closing:
+        if (not manual and not auto_due) or blocked is not None:
             self.scheduler.cancel(self.endpoint_id)
             return
         assert self.config is not None

@@ -80,10 +80,6 @@ class DispatchSettings(BaseModel):
     # How long a manual replay may wait for its endpoint (disabled, no slot) before it ends
     # visibly as "not sent" with an attempt row saying why.
     manual_wait_s: float = Field(default=60.0, gt=0)
-    # On a graceful stop (stop with savepoint, cancel) the dispatcher waits up to this long for
-    # requests in flight to finish and their records to be durable, so the restored job does not
-    # send them again. 0 = do not wait.
-    close_drain_s: float = Field(default=10.0, ge=0)
     # How often the dispatcher harvests finished requests (processing-time timer).
     harvest_interval_ms: int = Field(default=10, ge=1)
     # Extra CA bundle the dispatcher trusts (tests use a locally generated CA). None = system CAs.

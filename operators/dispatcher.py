@@ -31,7 +31,6 @@ from typing import Any
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
 from core import breaker as brk
-from core.dispatch import Stage
 from core.egress import EgressPolicy
 from core.endpoint_driver import (
     Check,
@@ -44,7 +43,6 @@ from core.endpoint_driver import (
     Reserve,
     Send,
 )
-from core.endpoint_store import InMemoryEndpointStore
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
 from core.records import EndpointConfig, ReplayRequest
@@ -118,41 +116,12 @@ class Dispatcher(KeyedProcessFunction):
 
     def close(self) -> None:
         try:
-            self._drain(self._settings.dispatch.close_drain_s)
-        except Exception:  # best effort: a restore CHECKs whatever did not settle
-            log.exception("draining the dispatcher on close failed")
-        try:
             self._rt.call(self._sender.close(), timeout=5)
         except Exception:  # closing is best effort: the process may be going away
             log.exception("closing the HTTP sender failed")
         self._history.close()
         self._rt.close()
         gc.unfreeze()
-
-    def _drain(self, seconds: float) -> None:
-        """On a graceful stop (stop with savepoint, cancel), let requests in flight finish and make
-        their records durable, for up to ``seconds``: each one recorded is one the restored job
-        will not send again (its CHECK finds it). Keyed state is out of reach here (no key
-        context) and the savepoint is already taken, so drivers write to a scratch store."""
-        deadline = time.monotonic() + seconds
-        for drv in self._drivers.values():
-            drv.close(InMemoryEndpointStore())
-        while time.monotonic() < deadline:
-            now = int(time.time() * 1000)
-            busy = False
-            for endpoint_id, drv in self._drivers.items():
-                for f in self._io.finished(endpoint_id):
-                    self._finished(drv, f, now)
-                decision = drv.step(now, self._settings.cassandra.max_concurrent_writes)
-                self._start(endpoint_id, drv, decision, now)
-                busy = busy or drv.in_flight > 0 or any(
-                    p.stage is Stage.RECORDING for p in drv.items.values())
-            self._history.flush()
-            if not busy:
-                return
-            time.sleep(0.01)
-        log.warning("closing with requests or records still in flight after %.1f s: a restore re-sends them",
-                    seconds)
 
     # -- inputs ----------------------------------------------------------------------------------
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context):  # type: ignore[override]

@@ -506,21 +506,3 @@ def test_waiting_for_a_slot_backs_off_with_jitter() -> None:
         sim.run("ep_b")
     assert waits[0] <= 10 and 500 <= waits[-1] <= 1_000
     sim.slots_conserved()
-
-
-# -- a graceful stop records what finishes and starts nothing ----------------------------------------
-
-
-def test_a_closing_driver_records_finished_requests_and_sends_nothing_new() -> None:
-    sim = Sim()
-    sim.config(config())
-    for n in range(12):
-        sim.new(delivery(n))  # 8 in flight (the cap), 4 due and waiting
-    drv = sim.driver("ep_1")
-    kept = sim.stores["ep_1"].writes
-    drv.close(InMemoryEndpointStore())
-    assert sim.answer_all("ep_1") == 8
-    assert sim.sends["ep_1"] == [] and drv.in_flight == 0  # nothing new started
-    assert sum(h.status == "succeeded" for h in sim.history.values()) == 8  # their records are durable
-    assert sim.stores["ep_1"].writes == kept  # keyed state (already in the savepoint) untouched
-    sim.slots_conserved()
