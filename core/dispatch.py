@@ -157,18 +157,12 @@ class Pending:
         return self.auto_retry_active or bool(self.manual)
 
 
-def for_storage(p: Pending) -> Pending:
-    """What keyed state keeps: no in-memory stage detail. A restore CHECKs every entry, so the
-    stage, intent and record of an interrupted step need not survive."""
-    stage = Stage.PERSIST if p.stage is Stage.PERSIST else Stage.READY
-    return replace(p, stage=stage, busy=False, intent=None, record=None, sending_manual=None,
-                   write_retry_at_ms=0, write_failures=0)
-
-
 def adopt(p: Pending) -> Pending:
-    """An entry restored from a checkpoint: read its durable record before anything else."""
-    manual = p.manual + ((p.sending_manual,) if p.sending_manual else ())
-    return replace(for_storage(p), stage=Stage.CHECK, manual=manual)
+    """An entry restored from a checkpoint (keyed state keeps no stage, intent or record, see
+    core.endpoint_store): read its durable record before anything else."""
+    manual = ((p.sending_manual,) if p.sending_manual else ()) + p.manual
+    return replace(p, stage=Stage.CHECK, busy=False, intent=None, record=None, sending_manual=None,
+                   manual=manual, write_retry_at_ms=0, write_failures=0)
 
 
 def after_check(p: Pending, durable: DurableRecord, rng: random.Random, now_ms: int) -> Pending | None:

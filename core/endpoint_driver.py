@@ -164,7 +164,7 @@ class EndpointDriver:
         self._loading: set[str] = set()
         self._load_retry_at: dict[str, int] = {}
         self._signals: list[EndpointSignal] = []
-        for p in store.entries():
+        for p in store.entries(endpoint_id):
             # Work an earlier incarnation held: its durable record decides what happens next.
             self.counts["adopted_after_restore"] += 1
             self._put(d.adopt(p))

@@ -32,15 +32,51 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from core.breaker import BreakerState
-from core.dispatch import ManualRequest, Pending, for_storage
+from core.dispatch import ManualRequest, Pending, Stage
+from core.fanout import NewDelivery
 from core.ratelimit import TokenBucket
-from core.records import EndpointConfig
+from core.records import EndpointConfig, EventRecord
+
+# -- the stored form of a pending delivery --------------------------------------------------------
+# A plain tuple, not a pickled dataclass: no class paths or field names in every entry (719 ->
+# ~230 bytes for a typical delivery), and a version tag so a later shape can still read this one.
+# The endpoint id is the state key and the delivery id the map key, so neither is repeated; the
+# payload is not here (it has its own entry, see the table above).
+STORED_V1 = 1
+StoredDelivery = tuple
+
+
+def encode(p: Pending) -> StoredDelivery:
+    d, e = p.delivery, p.delivery.event
+    return (STORED_V1, e.event_id, e.tenant_id, e.event_type, e.schema_version, e.object_id, e.object_version,
+            e.occurred_at_ms, e.target_endpoint_id, d.endpoint_config_version, d.created_at_ms, d.expires_at_ms,
+            p.stage is Stage.PERSIST, p.attempt_count, p.issued, p.next_attempt_at_ms, p.auto_retry_active,
+            # a manual request being sent is still owed until its record is durable
+            tuple((m.request_id, m.requested_by, m.requested_at_ms, m.tenant_id)
+                  for m in ((p.sending_manual,) if p.sending_manual else ()) + p.manual))
+
+
+def decode(t: StoredDelivery, endpoint_id: str, delivery_id: str) -> Pending:
+    (version, event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at_ms,
+     target, config_version, created_at_ms, expires_at_ms, persist, attempt_count, issued, next_at, auto,
+     manual) = t
+    if version != STORED_V1:
+        raise ValueError(f"unknown stored delivery version {version!r}")
+    event = EventRecord(event_id=event_id, tenant_id=tenant_id, event_type=event_type,
+                        schema_version=schema_version, object_id=object_id, object_version=object_version,
+                        occurred_at_ms=occurred_at_ms, payload=b"", target_endpoint_id=target)
+    delivery = NewDelivery(delivery_id=delivery_id, event=event, endpoint_id=endpoint_id, tenant_id=tenant_id,
+                           endpoint_config_version=config_version, created_at_ms=created_at_ms,
+                           expires_at_ms=expires_at_ms)
+    return Pending(delivery=delivery, stage=Stage.PERSIST if persist else Stage.READY,
+                   attempt_count=attempt_count, issued=issued, next_attempt_at_ms=next_at,
+                   auto_retry_active=auto, manual=tuple(ManualRequest(*m) for m in manual))
 
 
 class EndpointStore(Protocol):
     """One endpoint's keyed state (the adapter binds it to the current key)."""
 
-    def entries(self) -> Iterable[Pending]: ...
+    def entries(self, endpoint_id: str) -> Iterable[Pending]: ...
     def put(self, p: Pending) -> None: ...
     def remove(self, delivery_id: str) -> None: ...
 
@@ -61,10 +97,11 @@ class EndpointStore(Protocol):
 
 
 class InMemoryEndpointStore:
-    """The same contract in plain dicts: unit and model-based tests, no Flink."""
+    """The same contract in plain dicts: unit and model-based tests, no Flink. Entries go through
+    the same stored form as keyed state, so what a restore gets back is exactly what it would."""
 
     def __init__(self) -> None:
-        self.pending: dict[str, Pending] = {}
+        self.pending: dict[str, StoredDelivery] = {}
         self.replay_requests: dict[str, tuple[ManualRequest, ...]] = {}
         self.request_ids: dict[str, int] = {}
         self.cfg: EndpointConfig | None = None
@@ -73,12 +110,12 @@ class InMemoryEndpointStore:
         self.gone: int | None = None
         self.writes = 0  # state writes, for tests that bound them
 
-    def entries(self) -> Iterable[Pending]:
-        return list(self.pending.values())
+    def entries(self, endpoint_id: str) -> Iterable[Pending]:
+        return [decode(t, endpoint_id, did) for did, t in self.pending.items()]
 
     def put(self, p: Pending) -> None:
         self.writes += 1
-        self.pending[p.delivery_id] = for_storage(p)
+        self.pending[p.delivery_id] = encode(p)
 
     def remove(self, delivery_id: str) -> None:
         self.writes += 1

@@ -15,7 +15,8 @@ from pyflink.datastream.functions import RuntimeContext
 from pyflink.datastream.state import MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
 
 from core.breaker import BreakerState
-from core.dispatch import ManualRequest, Pending, for_storage
+from core.dispatch import ManualRequest, Pending
+from core.endpoint_store import decode, encode
 from core.ratelimit import TokenBucket
 from core.records import EndpointConfig
 
@@ -49,11 +50,11 @@ class FlinkEndpointStore:
         self._bucket = _value(rc, "bucket")
         self._gone = _value(rc, "gone-at-version", Types.LONG())
 
-    def entries(self) -> Iterable[Pending]:
-        return list(self._pending.values())
+    def entries(self, endpoint_id: str) -> Iterable[Pending]:
+        return [decode(t, endpoint_id, did) for did, t in self._pending.items()]
 
     def put(self, p: Pending) -> None:
-        self._pending.put(p.delivery_id, for_storage(p))
+        self._pending.put(p.delivery_id, encode(p))
 
     def remove(self, delivery_id: str) -> None:
         self._pending.remove(delivery_id)

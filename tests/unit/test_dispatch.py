@@ -27,7 +27,6 @@ from core.dispatch import (
     after_write_failed,
     apply_result,
     end_without_sending,
-    for_storage,
     is_due,
     manual_not_sent,
     new_attempt_id,
@@ -117,15 +116,11 @@ def test_attempt_ids_are_time_uuids_from_the_injected_clock_and_rng() -> None:
 # -- restore: what keyed state keeps, and CHECK ----------------------------------------------------
 
 
-def test_storage_drops_in_memory_detail_and_adoption_checks_first() -> None:
-    p = sending(2, manual=True)
-    stored = for_storage(p)
-    assert (stored.stage, stored.busy, stored.intent, stored.record, stored.sending_manual) == (
-        Stage.READY, False, None, None, None)
-    adopted = adopt(p)
-    # the manual send that was in flight is owed again
-    assert (adopted.stage, adopted.manual) == (Stage.CHECK, (ASKED,))
-    assert for_storage(pending(stage=Stage.PERSIST)).stage is Stage.PERSIST
+def test_adoption_checks_first_and_owes_an_interrupted_manual_send_again() -> None:
+    adopted = adopt(sending(2, manual=True))
+    assert (adopted.stage, adopted.busy, adopted.intent, adopted.record, adopted.sending_manual) == (
+        Stage.CHECK, False, None, None, None)
+    assert adopted.manual == (ASKED,)
 
 
 CHECK_TABLE = [

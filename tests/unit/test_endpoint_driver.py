@@ -506,3 +506,21 @@ def test_waiting_for_a_slot_backs_off_with_jitter() -> None:
         sim.run("ep_b")
     assert waits[0] <= 10 and 500 <= waits[-1] <= 1_000
     sim.slots_conserved()
+
+
+# -- the stored form --------------------------------------------------------------------------------
+
+
+def test_the_stored_form_round_trips_and_is_small() -> None:
+    import pickle
+
+    from core.endpoint_store import decode, encode
+
+    p = dsp.Pending(delivery=delivery(3), stage=dsp.Stage.READY, attempt_count=2, issued=3,
+                    next_attempt_at_ms=T0 + 5_000, manual=(dsp.ManualRequest("r1", "alice", T0, "t_1"),))
+    back = decode(encode(p), "ep_1", p.delivery_id)
+    assert back == replace(p, delivery=replace(p.delivery, event=replace(p.delivery.event, payload=b"")))
+    # a manual request being sent stays owed in state until its record is durable
+    sending = dsp.start_sending(replace(p, intent=dsp.Intent(4, "a-4")))
+    assert decode(encode(sending), "ep_1", p.delivery_id).manual == p.manual
+    assert len(pickle.dumps(encode(p), protocol=pickle.HIGHEST_PROTOCOL)) < 300
