@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 from cassandra.cluster import Cluster, Session
-from cassandra.policies import DCAwareRoundRobinPolicy
+from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -168,6 +168,8 @@ def connect_cassandra(settings: Settings) -> tuple[Cluster, Session]:
         port=c.port,
         load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=c.local_dc),
         protocol_version=5,
+        # serve again within seconds of Cassandra's return (the default backs off to 600 s)
+        reconnection_policy=ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None),
     )
     return cluster, cluster.connect(c.keyspace)
 

@@ -38,6 +38,10 @@ class CassandraSettings(BaseModel):
     # Replication for the keyspace the scripts create; production uses NetworkTopologyStrategy.
     replication_factor: int = Field(default=1, ge=1)
     history_ttl_s: int = Field(default=30 * 24 * 3600, gt=0)
+    # Longest wait between the driver's reconnection tries after Cassandra went away. The
+    # driver's default backs off to 600 s: after a short outage every client (the dispatcher,
+    # the control plane, tests) stayed unavailable for minutes after Cassandra was back.
+    reconnect_max_delay_s: float = Field(default=5.0, gt=0)
     # Delivery writes in flight from one operator instance (buffered or sent); more only queues.
     max_concurrent_writes: int = Field(default=1024, ge=1)
     # History writes of many deliveries travel as one unlogged batch (operators/write_batcher.py):
@@ -80,6 +84,9 @@ class DispatchSettings(BaseModel):
     # How long a manual replay may wait for its endpoint (disabled, no slot) before it ends
     # visibly as "not sent" with an attempt row saying why.
     manual_wait_s: float = Field(default=60.0, gt=0)
+    # Payload bytes the dispatcher keeps in memory (by event) for requests; keyed state drops a
+    # payload once its event row is durable, and an evicted one is read back from Cassandra.
+    payload_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     # How often the dispatcher harvests finished requests (processing-time timer).
     harvest_interval_ms: int = Field(default=10, ge=1)
     # Extra CA bundle the dispatcher trusts (tests use a locally generated CA). None = system CAs.

@@ -83,7 +83,7 @@ class CassandraHistory:
             # The default backs off to 600 s: after a Cassandra restart the dispatcher would hold
             # every delivery for up to ten minutes. Retry every <= 5 s, forever (the default gives
             # up after 64 tries).
-            reconnection_policy=ExponentialReconnectionPolicy(0.5, 5.0, max_attempts=None),
+            reconnection_policy=ExponentialReconnectionPolicy(0.5, settings.reconnect_max_delay_s, max_attempts=None),
         )
         self._session: Session = self._cluster.connect(settings.keyspace)
         self._sem: asyncio.Semaphore | None = None
@@ -140,6 +140,7 @@ class CassandraHistory:
         self._select_top_attempt = p(
             "SELECT attempt_number FROM attempts WHERE delivery_id=? ORDER BY attempt_number DESC LIMIT 1"
         )
+        self._select_payload = p("SELECT payload FROM events WHERE event_id=?")
         self._select_event = p(
             "SELECT event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
             " payload FROM events WHERE event_id=?"
@@ -242,6 +243,14 @@ class CassandraHistory:
                                          self._run(self._select_top_attempt, (delivery_id,)))
         return _durable(rows[0] if rows else None, top)
 
+    async def load_payload(self, event_id: str) -> bytes:
+        """The immutable payload bytes of an event; raises PayloadUnavailable if the row is gone."""
+        rows = await self._run(self._select_payload, (event_id,))
+        row = rows[0] if rows else None
+        if row is None or row.payload is None:
+            raise PayloadUnavailable(f"no stored payload for event {event_id}")
+        return bytes(row.payload)
+
     async def load_for_replay(self, delivery_id: str) -> tuple[NewDelivery, DurableRecord] | None:
         """The stored delivery (with its immutable payload) and its durable record; None when the
         delivery is unknown or outside the history window."""
@@ -269,6 +278,10 @@ class CassandraHistory:
     def close(self) -> None:
         self.flush()
         self._cluster.shutdown()
+
+
+class PayloadUnavailable(Exception):
+    """The event row holding a payload could not be read (missing, or Cassandra failed)."""
 
 
 def _durable(row: Any, top: Any) -> DurableRecord:

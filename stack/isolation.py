@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 
 from cassandra.cluster import Cluster, Session
+from cassandra.policies import ExponentialReconnectionPolicy
 
 from core.settings import Settings
 from stack.cassandra_schema import apply
@@ -38,7 +39,8 @@ def isolated_env(run: str, own_keyspace: bool = False) -> dict[str, str]:
 def keyspace_session(settings: Settings) -> Iterator[Session]:
     """A session on the settings' keyspace, created with the project's schema and dropped after."""
     c = settings.cassandra
-    cluster = Cluster(c.contact_points, port=c.port)
+    retry = ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None)
+    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=retry)
     try:
         session = cluster.connect()
         apply(session, c.keyspace, c.replication_factor)

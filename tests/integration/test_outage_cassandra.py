@@ -11,7 +11,7 @@ import pytest
 from control_plane.api import pb, rpc
 from core.records import delivery_id_for
 from core.settings import REPO_ROOT
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.integration.helpers import auth, event, eventually, eventually_tolerant, new_tenant, produce
 
 pytestmark = pytest.mark.integration
 
@@ -50,4 +50,5 @@ def test_history_outage_delays_but_never_loses_deliveries(settings, grpc_channel
                                           (d,)).one() for d in expected]
         return all(r is not None and r.status == "succeeded" for r in rows) or None
 
-    eventually(all_recorded, timeout=90, what="every delivery recorded as succeeded")
+    # the test's own session reconnects too: a NoHostAvailable meanwhile is "not yet"
+    eventually_tolerant(all_recorded, timeout=90, what="every delivery recorded as succeeded")
