@@ -31,6 +31,7 @@ from typing import Any
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
 from core import breaker as brk
+from core import dispatch
 from core.egress import EgressPolicy
 from core.endpoint_driver import (
     Check,
@@ -51,9 +52,10 @@ from core.secrets import redact
 from core.settings import Settings
 from operators.async_runtime import AsyncRuntime
 from operators.endpoint_state import FlinkEndpointStore
-from operators.history_store import CassandraHistory
-from operators.io_tracker import Finished, IoTracker
-from operators.sender import Sender, SigningKeyUnavailable
+from operators.history_store import CassandraHistory, PayloadUnavailable
+from operators.io_tracker import Completion, Finished, IoTracker
+from operators.payload_cache import PayloadCache
+from operators.sender import Sender, SigningKeys, SigningKeyUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,9 @@ class Dispatcher(KeyedProcessFunction):
         self._drivers: dict[str, EndpointDriver] = {}
         self._wakes: dict[str, int] = {}
         self._io = IoTracker()
-        self._events_written: OrderedDict[str, None] = OrderedDict()
+        # event id -> the completion of the persist that writes its event row (None until started)
+        self._events_written: OrderedDict[str, Completion | None] = OrderedDict()
+        self._payloads = PayloadCache(s.dispatch.payload_cache_bytes)
         policy = EgressPolicy.from_settings(s.egress)
         if s.egress.dev_allow_cidrs:
             log.warning("EGRESS DEVELOPMENT ALLOWANCE IS ON: %s may be reached despite the SSRF policy",
@@ -132,7 +136,9 @@ class Dispatcher(KeyedProcessFunction):
             if kind == NEW:
                 d: NewDelivery = item
                 if d.delivery_id not in drv.items:
+                    # In keyed state only until its event row is durable (see _drop_payload).
                     self._store.put_payload(d.delivery_id, d.event.payload)
+                    self._payloads.put(d.event.event_id, d.event.payload)
                     drv.add_new(d, now)
             elif kind == REPLAY:
                 r: ReplayRequest = item
@@ -188,12 +194,16 @@ class Dispatcher(KeyedProcessFunction):
         result = f.result
         if f.kind == "persist" and f.exc is not None and f.tag:
             self._events_written.pop(f.tag, None)  # the event row may not be written: claim again
+        if f.kind == "persist" and f.exc is None and drv.items.get(f.key) is not None:
+            self._drop_payload(f.key, drv.items[f.key].delivery.event.event_id)
         if f.kind == "load" and result is not None:
-            loaded, durable = result
-            payload = loaded.event.payload
-            drv.io_done("load", f.key, (loaded, durable), None, now)
-            if f.key in drv.items and self._store.payload(f.key) is None:
-                self._store.put_payload(f.key, payload)
+            loaded, _ = result
+            # Its event row is where it was loaded from: memory only, never keyed state.
+            self._payloads.put(loaded.event.event_id, loaded.event.payload)
+        if f.kind == "send" and isinstance(f.exc, PayloadUnavailable):
+            # Nothing was sent: the delivery goes back as it was and the endpoint waits a moment.
+            drv.send_not_started(f.key, str(f.exc), now)
+            log.warning("endpoint %s held until %d: %s", drv.endpoint_id, drv.held_until_ms, redact(str(f.exc)))
             return
         if f.exc is not None and f.kind != "send":
             log.warning("%s of %s failed, will retry: %s", f.kind, f.key, redact(str(f.exc)))
@@ -210,16 +220,20 @@ class Dispatcher(KeyedProcessFunction):
                     drv.send_not_started(a.p.delivery_id, str(exc), now)
                     log.error("endpoint %s held until %d: %s", endpoint_id, drv.held_until_ms, exc)
                     continue
-                payload = self._store.payload(a.p.delivery_id) or b""
-                sends.append((a.p.delivery_id, self._sender.send(a.p, payload, a.config, keys)))
+                sends.append((a.p.delivery_id, self._send(a.p, a.config, keys)))
             elif isinstance(a, Persist):
                 p = a.p
                 assert p.intent is not None
-                full = replace(p.delivery, event=replace(
-                    p.delivery.event, payload=self._store.payload(p.delivery_id) or b""))
-                claimed = self._claim_event_row(p.delivery.event.event_id)
-                self._io.add(endpoint_id, "persist", p.delivery_id, self._history.persist(full, p.intent, claimed),
-                             now, tag=p.delivery.event.event_id if claimed else None)
+                payload = self._payload(p)
+                # Without the bytes at hand the event row was written already (they leave keyed
+                # state only once it is durable): never overwrite it with an empty payload.
+                claimed = payload is not None and self._claim_event_row(p.delivery.event.event_id)
+                full = replace(p.delivery, event=replace(p.delivery.event, payload=payload or b""))
+                done = self._history.persist(full, p.intent, claimed)
+                if claimed:
+                    self._events_written[p.delivery.event.event_id] = done
+                self._io.add(endpoint_id, "persist", p.delivery_id, done, now,
+                             tag=p.delivery.event.event_id if claimed else None)
             elif isinstance(a, Reserve):
                 assert a.p.intent is not None
                 self._io.add(endpoint_id, "reserve", a.p.delivery_id,
@@ -256,11 +270,41 @@ class Dispatcher(KeyedProcessFunction):
         self._schedule(ctx, endpoint_id, until, now)
         self._publish_counts()
 
-    # -- helpers ---------------------------------------------------------------------------------
+    # -- payloads --------------------------------------------------------------------------------
+    def _payload(self, p: dispatch.Pending) -> bytes | None:
+        """The delivery's bytes from memory or keyed state; None when only Cassandra has them."""
+        event_id = p.delivery.event.event_id
+        payload = self._payloads.get(event_id)
+        if payload is None:
+            payload = self._store.payload(p.delivery_id)
+            if payload is not None:
+                self._payloads.put(event_id, payload)
+        return payload
+
+    def _send(self, p: dispatch.Pending, cfg: EndpointConfig, keys: SigningKeys):  # type: ignore[no-untyped-def]
+        payload = self._payload(p)
+        if payload is not None:
+            self._drop_payload(p.delivery_id, p.delivery.event.event_id)
+            return self._sender.send(p, payload, cfg, keys)
+        return self._send_stored(p, cfg, keys)
+
+    async def _send_stored(self, p: dispatch.Pending, cfg: EndpointConfig, keys: SigningKeys) -> dispatch.SendReport:
+        """Read the immutable bytes back from the event row, then send them."""
+        payload = await self._history.load_payload(p.delivery.event.event_id)
+        return await self._sender.send(p, payload, cfg, keys)
+
+    def _drop_payload(self, delivery_id: str, event_id: str) -> None:
+        """Take the bytes out of keyed state once the event row holding them is durable: a
+        backlog then costs keyed state ~230 bytes a delivery, not the payload too (issue 18)."""
+        claim = self._events_written.get(event_id)
+        if claim is not None and claim.done() and claim.exception() is None:
+            self._store.remove_payload(delivery_id)
+
     def _claim_event_row(self, event_id: str) -> bool:
         """Write each event's payload row once per incarnation, not once per delivery. A failed
         persist un-claims it, and that delivery stays PERSIST until the row is written, so the
-        row is never missing for good."""
+        row is never missing for good. The claim keeps the write's completion: a payload leaves
+        keyed state only once it is known durable (_drop_payload)."""
         if event_id in self._events_written:
             self._events_written.move_to_end(event_id)
             return False

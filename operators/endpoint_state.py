@@ -66,6 +66,9 @@ class FlinkEndpointStore:
     def put_payload(self, delivery_id: str, payload: bytes) -> None:
         self._payloads.put(delivery_id, payload)
 
+    def remove_payload(self, delivery_id: str) -> None:
+        self._payloads.remove(delivery_id)
+
     def replays(self) -> Iterable[tuple[str, tuple[ManualRequest, ...]]]:
         return list(self._replays.items())
 
