@@ -28,7 +28,8 @@ from __future__ import annotations
 import enum
 import random
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from core import breaker as brk
 from core.fanout import NewDelivery
@@ -43,6 +44,19 @@ from core.outcomes import (
     is_fast_failure,
 )
 from core.retry import RetrySchedule, decide
+
+T = TypeVar("T")
+
+
+def replace(obj: T, **changes: Any) -> T:
+    """``dataclasses.replace`` for the frozen records on the dispatcher's hot path (no
+    ``__post_init__``, no defaults to compute): a copy of the instance dict, ~20x cheaper. It was
+    the largest single cost of the endpoint driver in a profile (a delivery goes through ~8)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
+
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "expired"})
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from core import breaker as brk
 from core import dispatch as d
 from core import ratelimit
-from core.dispatch import Pending, Stage
+from core.dispatch import Pending, Stage, replace
 from core.endpoint_store import EndpointStore
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
