@@ -124,7 +124,8 @@ class DriverPolicy:
     # jittered, so a thousand endpoints that started waiting together do not wake together.
     slot_wait_base_ms: int = 10
     slot_wait_max_ms: int = 1_000
-    # Storage work that did not fit the operator's write budget is retried this much later.
+    # Storage work that did not fit the operator's write budget is retried this much later,
+    # doubling while it keeps waiting (up to slot_wait_max_ms).
     write_budget_wait_ms: int = 10
 
 
@@ -153,6 +154,7 @@ class EndpointDriver:
         self.held_reason = ""
         self._hold_failures = 0
         self._slot_waits = 0
+        self._budget_waits = 0
         self._tenant = self.config.tenant_id if self.config else ""
         # Indexes over items; stale heap entries are skipped when popped.
         self._due: list[tuple[int, int, str]] = []  # READY automatic work by next attempt time
@@ -167,6 +169,7 @@ class EndpointDriver:
         for p in store.entries(endpoint_id):
             # Work an earlier incarnation held: its durable record decides what happens next.
             self.counts["adopted_after_restore"] += 1
+            self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
             self._put(d.adopt(p))
 
     # -- inputs --------------------------------------------------------------------------------
@@ -205,9 +208,10 @@ class EndpointDriver:
             if p.delivery.tenant_id != r.tenant_id:
                 self.counts["replays_refused"] += 1
                 return "refused"
-            p = replace(p, manual=(*p.manual, req))
-            self.store.put(p)
-            self._put(p)
+            # Keyed state gets the request and nothing else: the in-memory delivery may hold
+            # decisions not durable yet (an expiry or outcome being written).
+            self.store.add_manual(r.delivery_id, (req,))
+            self._put(replace(p, manual=(*p.manual, req)))
             return "queued"
         # The tenant is checked once the delivery is loaded (it is not known before).
         self._loads[r.delivery_id] = (*self._loads.get(r.delivery_id, ()), req)
@@ -334,7 +338,8 @@ class EndpointDriver:
 
     def _end_all(self, now_ms: int) -> None:
         for p in list(self.items.values()):
-            if p.stage is Stage.READY and not p.busy:
+            # Waiting manual requests are closed first (_close_stale_manual), each with its row.
+            if p.stage is Stage.READY and not p.busy and not p.manual:
                 self._put(d.end_without_sending(p, now_ms, "failed", "failed", "endpoint deleted"))
 
     def _expire(self, now_ms: int, dec: Decision) -> None:
@@ -368,9 +373,14 @@ class EndpointDriver:
                 dec.wake_at(p.write_retry_at_ms, "storage retry")
                 continue
             if budget <= 0:
-                dec.wake_at(now_ms + self.policy.write_budget_wait_ms, "write budget")
+                # The operator's writes in flight are at their cap (a slow Cassandra): back off
+                # like a slot wait rather than poll; finished writes of this endpoint drive it too.
+                self._budget_waits += 1
+                wait = self.policy.write_budget_wait_ms * 2 ** min(self._budget_waits - 1, 7)
+                dec.wake_at(now_ms + min(self.policy.slot_wait_max_ms, wait), "write budget")
                 break
             budget -= 1
+            self._budget_waits = 0
             if p.stage is Stage.CHECK:
                 p = replace(p, busy=True)
                 dec.actions.append(Check(p))
@@ -425,6 +435,9 @@ class EndpointDriver:
             tokens, wait_ms = ratelimit.available(self.bucket, now_ms)
             if tokens == 0:
                 dec.wake_at(now_ms + wait_ms, "rate limit refill")
+        elif self.bucket is not None:  # the limit was removed: stop taking from the old bucket
+            self.bucket = None
+            self.store.put_bucket(None)
         want = min(free, tokens, len(manual) + auto_ok)
         if want <= 0:
             self.scheduler.cancel(self.endpoint_id)
@@ -473,6 +486,8 @@ class EndpointDriver:
             # More is due than this step could send: ask again after a short, growing wait.
             dec.wake_at(now_ms + self._slot_wait_ms(), "more due than slots granted")
         else:
+            if t is not None:  # what was due is sent: the next retry is the reason to wake
+                dec.wake_at(t.next_attempt_at_ms, "next retry due")
             self.scheduler.cancel(self.endpoint_id)
 
     def _take_slots(self, want: int, kind: Literal["new", "retry"], since_ms: int, now_ms: int) -> int:
@@ -539,13 +554,20 @@ class EndpointDriver:
         assert isinstance(result, tuple)
         delivery, durable = result
         assert isinstance(delivery, NewDelivery) and isinstance(durable, d.DurableRecord)
-        if delivery.endpoint_id != self.endpoint_id or any(r.tenant_id != delivery.tenant_id for r in requests):
-            # A forged or misrouted replay: never send one tenant's payload to another's URL.
-            self.counts["replays_refused"] += 1
+        # A forged or misrouted request: never send one tenant's payload to another's URL. Only
+        # that request is refused; valid ones loaded with it go ahead.
+        valid = () if delivery.endpoint_id != self.endpoint_id else tuple(
+            r for r in requests if r.tenant_id == delivery.tenant_id)
+        self.counts["replays_refused"] += len(requests) - len(valid)
+        if not valid:
             return
+        requests = valid
+        self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
         p = self.items.get(did)
         if p is not None:
-            p = replace(p, manual=(*p.manual, *requests))
+            self.store.add_manual(did, requests)
+            self._put(replace(p, manual=(*p.manual, *requests)))
+            return
         else:
             self._tenant = self._tenant or delivery.tenant_id
             auto = durable.auto_retry_active and not durable.final

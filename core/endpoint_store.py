@@ -73,11 +73,17 @@ def decode(t: StoredDelivery, endpoint_id: str, delivery_id: str) -> Pending:
                    auto_retry_active=auto, manual=tuple(ManualRequest(*m) for m in manual))
 
 
+def with_manual(t: StoredDelivery, requests: tuple[ManualRequest, ...]) -> StoredDelivery:
+    """The stored delivery with more manual requests owed, and nothing else of it changed."""
+    return (*t[:-1], (*t[-1], *((m.request_id, m.requested_by, m.requested_at_ms, m.tenant_id) for m in requests)))
+
+
 class EndpointStore(Protocol):
     """One endpoint's keyed state (the adapter binds it to the current key)."""
 
     def entries(self, endpoint_id: str) -> Iterable[Pending]: ...
     def put(self, p: Pending) -> None: ...
+    def add_manual(self, delivery_id: str, requests: tuple[ManualRequest, ...]) -> None: ...
     def remove(self, delivery_id: str) -> None: ...
 
     def replays(self) -> Iterable[tuple[str, tuple[ManualRequest, ...]]]: ...
@@ -116,6 +122,10 @@ class InMemoryEndpointStore:
     def put(self, p: Pending) -> None:
         self.writes += 1
         self.pending[p.delivery_id] = encode(p)
+
+    def add_manual(self, delivery_id: str, requests: tuple[ManualRequest, ...]) -> None:
+        self.writes += 1
+        self.pending[delivery_id] = with_manual(self.pending[delivery_id], requests)
 
     def remove(self, delivery_id: str) -> None:
         self.writes += 1

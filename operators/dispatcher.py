@@ -182,6 +182,8 @@ class Dispatcher(KeyedProcessFunction):
         for signal in decision.signals:
             yield signal.to_json().decode()
         wake = decision.wake.at_ms if decision.wake else None
+        if drv.held_until_ms > now and (wake is None or drv.held_until_ms < wake):
+            wake = drv.held_until_ms  # held by send_not_started, after the step chose its wake
         poll = self._io.poll_at(endpoint_id, now, self._settings.dispatch.harvest_interval_ms)
         if poll is not None and (wake is None or poll < wake):
             wake = poll

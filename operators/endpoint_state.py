@@ -16,7 +16,7 @@ from pyflink.datastream.state import MapStateDescriptor, StateTtlConfig, ValueSt
 
 from core.breaker import BreakerState
 from core.dispatch import ManualRequest, Pending
-from core.endpoint_store import decode, encode
+from core.endpoint_store import decode, encode, with_manual
 from core.ratelimit import TokenBucket
 from core.records import EndpointConfig
 
@@ -55,6 +55,9 @@ class FlinkEndpointStore:
 
     def put(self, p: Pending) -> None:
         self._pending.put(p.delivery_id, encode(p))
+
+    def add_manual(self, delivery_id: str, requests: tuple[ManualRequest, ...]) -> None:
+        self._pending.put(delivery_id, with_manual(self._pending.get(delivery_id), requests))
 
     def remove(self, delivery_id: str) -> None:
         self._pending.remove(delivery_id)
