@@ -157,8 +157,11 @@ class EndpointDriver:
         self._budget_waits = 0
         self._tenant = self.config.tenant_id if self.config else ""
         # Indexes over items; stale heap entries are skipped when popped.
-        self._due: list[tuple[int, int, str]] = []  # READY automatic work by next attempt time
-        self._deadlines: list[tuple[int, int, str]] = []  # automatic work by deadline
+        # Waiting automatic work by (next attempt time, READY before ADOPTED, arrival), and by
+        # deadline; entries that no longer match items[] are stale and skipped when popped.
+        self._due: list[tuple[int, int, int, str]] = []
+        self._deadlines: list[tuple[int, int, int, str]] = []
+        self._readying: set[str] = set()  # restored deliveries being checked to be sent
         self._manual: set[str] = set()  # READY with a manual request waiting
         self._work: set[str] = set()  # storage stages whose I/O has not started
         self._seq = 0
@@ -211,7 +214,7 @@ class EndpointDriver:
             # Keyed state gets the request and nothing else: the in-memory delivery may hold
             # decisions not durable yet (an expiry or outcome being written).
             self.store.add_manual(r.delivery_id, (req,))
-            self._put(replace(p, manual=(*p.manual, req)))
+            self._put(_with_manual(p, (req,)))
             return "queued"
         # The tenant is checked once the delivery is loaded (it is not known before).
         self._loads[r.delivery_id] = (*self._loads.get(r.delivery_id, ()), req)
@@ -339,7 +342,7 @@ class EndpointDriver:
     def _end_all(self, now_ms: int) -> None:
         for p in list(self.items.values()):
             # Waiting manual requests are closed first (_close_stale_manual), each with its row.
-            if p.stage is Stage.READY and not p.busy and not p.manual:
+            if p.stage in d.WAITING_STAGES and not p.busy and not p.manual:
                 self._put(d.end_without_sending(p, now_ms, "failed", "failed", "endpoint deleted"))
 
     def _expire(self, now_ms: int, dec: Decision) -> None:
@@ -458,11 +461,21 @@ class EndpointDriver:
                 _, bucket, _ = ratelimit.try_take(bucket, now_ms)
             self._start_send(m, dec)
             sent += 1
-        while sent < slots and auto_ok > 0:
+        checks = 0
+        while sent + checks < slots and auto_ok > 0:
             top = self._top(self._due)
             if top is None or top.next_attempt_at_ms > now_ms:
                 break
             p = top
+            if p.stage is Stage.ADOPTED:
+                if len(self._readying) >= slots:
+                    break  # as many being checked as could be sent: no more reads yet
+                # Restored and now due: read its durable record first (it may be final already).
+                heapq.heappop(self._due)
+                self._readying.add(p.delivery_id)
+                self._put(replace(p, stage=Stage.CHECK))
+                checks += 1
+                continue
             allowed, after = brk.allow(breaker, now_ms)
             if not allowed:
                 break
@@ -476,6 +489,8 @@ class EndpointDriver:
             sent += 1
         if slots > sent:
             self.scheduler.release(self._tenant, slots - sent)
+        if checks:
+            dec.wake_at(now_ms, "restored deliveries due: read their records")
         if breaker != self.breaker:
             self.breaker = breaker
             self.store.put_breaker(breaker)
@@ -566,7 +581,7 @@ class EndpointDriver:
         p = self.items.get(did)
         if p is not None:
             self.store.add_manual(did, requests)
-            self._put(replace(p, manual=(*p.manual, *requests)))
+            self._put(_with_manual(p, requests))
             return
         else:
             self._tenant = self._tenant or delivery.tenant_id
@@ -585,31 +600,35 @@ class EndpointDriver:
         self.items[did] = p
         self._work.discard(did)
         self._manual.discard(did)
+        if p.stage not in (Stage.CHECK, Stage.RESERVE, Stage.PERSIST):
+            self._readying.discard(did)
         if p.busy:
             return
         if p.stage in d.STORAGE_STAGES:
             self._work.add(did)
-        elif p.stage is Stage.READY:
+        elif p.stage in d.WAITING_STAGES:
             if p.manual:
                 self._manual.add(did)
             elif p.auto_retry_active and not _indexed_same(prev, p):
                 self._seq += 1
-                heapq.heappush(self._due, (p.next_attempt_at_ms, self._seq, did))
-                heapq.heappush(self._deadlines, (p.delivery.expires_at_ms, self._seq, did))
+                rank = 1 if p.stage is Stage.ADOPTED else 0
+                heapq.heappush(self._due, (p.next_attempt_at_ms, rank, self._seq, did))
+                heapq.heappush(self._deadlines, (p.delivery.expires_at_ms, rank, self._seq, did))
 
     def _forget(self, did: str) -> None:
+        self._readying.discard(did)
         self.items.pop(did, None)
         self._work.discard(did)
         self._manual.discard(did)
         self.store.remove(did)
 
-    def _top(self, heap: list[tuple[int, int, str]]) -> Pending | None:
+    def _top(self, heap: list[tuple[int, int, int, str]]) -> Pending | None:
         """The valid head of a heap (READY, idle, automatic), dropping stale entries."""
         deadlines = heap is self._deadlines
         while heap:
-            at, _, did = heap[0]
+            at, _, _, did = heap[0]
             p = self.items.get(did)
-            if (p is not None and p.stage is Stage.READY and not p.busy and p.auto_retry_active
+            if (p is not None and p.stage in d.WAITING_STAGES and not p.busy and p.auto_retry_active
                     and not p.manual
                     and at == (p.delivery.expires_at_ms if deadlines else p.next_attempt_at_ms)):
                 return p
@@ -617,10 +636,16 @@ class EndpointDriver:
         return None
 
 
+def _with_manual(p: Pending, requests: tuple[d.ManualRequest, ...]) -> Pending:
+    """More manual requests owed; a restored delivery a person now waits for is checked at once."""
+    stage = Stage.CHECK if p.stage is Stage.ADOPTED else p.stage
+    return replace(p, manual=(*p.manual, *requests), stage=stage)
+
+
 def _indexed_same(prev: Pending | None, p: Pending) -> bool:
     """Whether ``prev`` already has valid heap entries with the same keys as ``p``."""
-    return (prev is not None and prev.stage is Stage.READY and not prev.busy and prev.auto_retry_active
-            and not prev.manual and prev.next_attempt_at_ms == p.next_attempt_at_ms)
+    return (prev is not None and prev.stage is p.stage and prev.stage in d.WAITING_STAGES and not prev.busy
+            and prev.auto_retry_active and not prev.manual and prev.next_attempt_at_ms == p.next_attempt_at_ms)
 
 
 def _probe_at(b: brk.BreakerState) -> int | None:
