@@ -63,11 +63,6 @@ NEW = "delivery"
 REPLAY = "replay"
 CONFIG = "config"
 
-# Deliveries whose Kafka time is before the operator opened (plus this margin for clock skew
-# between brokers and TaskManagers) may have been handled by the incarnation a restore replaced:
-# they read their durable record before being sent (see DriverPolicy.check_created_before_ms).
-_RESTORE_SKEW_MS = 5_000
-
 # Every count the driver keeps, exported as a Flink counter of the same name.
 METRICS = (
     "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled", "adopted_after_restore",
@@ -91,7 +86,10 @@ class Dispatcher(KeyedProcessFunction):
         self._policy = DriverPolicy(
             schedule=RetrySchedule.from_settings(s.dispatch), breaker=brk.BreakerConfig.from_settings(s.dispatch),
             default_max_in_flight=s.dispatch.default_max_in_flight,
-            check_created_before_ms=int(time.time() * 1000) + _RESTORE_SKEW_MS,
+            # Deliveries whose Kafka time is before this operator opened (plus the clock skew
+            # between producers/brokers and TaskManagers) may have been handled by the incarnation
+            # a restore replaced: they read their durable record before being sent.
+            check_created_before_ms=int(time.time() * 1000) + s.dispatch.restore_check_skew_ms,
             manual_wait_ms=int(s.dispatch.manual_wait_s * 1000))
         self._scheduler = FairScheduler(pool_size=s.dispatch.max_in_flight,
                                         tenant_quota=s.dispatch.tenant_max_in_flight)
