@@ -342,7 +342,9 @@ class EndpointDriver:
     def _end_all(self, now_ms: int) -> None:
         for p in list(self.items.values()):
             # Waiting manual requests are closed first (_close_stale_manual), each with its row.
-            if p.stage in d.WAITING_STAGES and not p.busy and not p.manual:
+            if p.stage is Stage.ADOPTED and not p.busy:
+                self._put(replace(p, stage=Stage.CHECK))  # read its durable record first
+            elif p.stage is Stage.READY and not p.busy and not p.manual:
                 self._put(d.end_without_sending(p, now_ms, "failed", "failed", "endpoint deleted"))
 
     def _expire(self, now_ms: int, dec: Decision) -> None:
@@ -351,6 +353,11 @@ class EndpointDriver:
             if p is None or p.delivery.expires_at_ms > now_ms:
                 return
             heapq.heappop(self._deadlines)
+            if p.stage is Stage.ADOPTED:
+                # Restored: read its durable record first (it may be final, or have more attempts
+                # than keyed state knows); it expires after that if still due to.
+                self._put(replace(p, stage=Stage.CHECK))
+                continue
             self._put(d.end_without_sending(p, now_ms, "expired", "expired", "retry deadline passed while waiting"))
         nxt = self._top(self._deadlines)
         if nxt is not None and nxt.delivery.expires_at_ms <= now_ms:
@@ -497,11 +504,18 @@ class EndpointDriver:
         if bucket is not self.bucket or (bucket is not None and sent):
             self.bucket = bucket
             self.store.put_bucket(bucket)
-        if self._manual or ((t := self._top(self._due)) is not None and t.next_attempt_at_ms <= now_ms):
+        t = self._top(self._due)
+        more_auto = t is not None and t.next_attempt_at_ms <= now_ms
+        if more_auto and t is not None and t.stage is Stage.ADOPTED and self._readying:
+            more_auto = False  # restored work waits for the reads in progress: they drive it
+        elif more_auto and not brk.allow(self.breaker, now_ms)[0]:
+            more_auto = False  # what is left waits for the breaker, not for a slot
+            dec.wake_at(_probe_at(self.breaker), "breaker probe")
+        if self._manual or more_auto:
             # More is due than this step could send: ask again after a short, growing wait.
             dec.wake_at(now_ms + self._slot_wait_ms(), "more due than slots granted")
         else:
-            if t is not None:  # what was due is sent: the next retry is the reason to wake
+            if t is not None and t.next_attempt_at_ms > now_ms:  # the next retry is the reason to wake
                 dec.wake_at(t.next_attempt_at_ms, "next retry due")
             self.scheduler.cancel(self.endpoint_id)
 

@@ -40,7 +40,7 @@ in Cassandra, every valid manual request must have its own attempt row (sent or 
 the scheduler must be empty.
 
 The deterministic tests below the machine are the issue's defects as seeds, then the defects
-this machine found (regression tests once fixed; strict xfail while open, see KNOWN_DEFECTS).
+this machine found (each a regression test now).
 Explore harder locally with e.g. ``max_examples=1000, stateful_step_count=100`` (about a minute).
 """
 
@@ -52,7 +52,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -97,16 +96,6 @@ MAX_WAKES_PER_S = 5
 WAKE_SLACK = 20  # back-off ramps (slot wait 10 ms -> 1 s), a few expiry passes
 
 
-# Defects this machine found that are still open. Each has a strict-xfail reproduction at the
-# bottom of this file; until it is fixed the simulation works around it narrowly (equivalent to
-# the proposed fix) so that the machine keeps checking everything else. When a reproduction
-# starts to XPASS, drop its name here, its workaround and its marker. (Fixed since: see the
-# regression tests after the seeds.)
-KNOWN_DEFECTS = frozenset({
-    "ticket_for_breaker_blocked_work",  # EndpointDriver._send: "more due" ignores the open breaker
-    "adopted_ended_without_check",  # _expire / _end_all end a restored delivery without reading it
-    "restored_work_slot_wait_loop",  # _send polls every 5-10 ms while restored work waits for a read
-})
 
 
 def make_policy(**changes: object) -> DriverPolicy:
@@ -262,8 +251,7 @@ class Sim:
     """The Flink adapter (operators.dispatcher) and everything around it, in memory."""
 
     def __init__(self, seed: int = 0, pool: int = 4, quota: int = 2, write_budget: int = 6,
-                 policy: DriverPolicy | None = None, rate_bound: bool = True,
-                 workarounds: frozenset[str] = KNOWN_DEFECTS) -> None:
+                 policy: DriverPolicy | None = None, rate_bound: bool = True) -> None:
         self.now = T0
         self.seed = seed
         self.rng = random.Random(seed)  # the adapter's one random source, shared by its drivers
@@ -271,7 +259,6 @@ class Sim:
         self.base_policy = policy or make_policy()
         self.policy = self.base_policy
         self.rate_bound = rate_bound
-        self.workarounds = workarounds
         self.db = FakeCassandra()
         # the receiver: attempt numbers of the requests it saw, per delivery, and whether manual
         self.requests: dict[str, list[int]] = {}
@@ -404,13 +391,6 @@ class Sim:
 
     def pass_(self, ep: str) -> Decision:
         drv = self.driver(ep)
-        if "adopted_ended_without_check" in self.workarounds:
-            # the proposed fix: a restored delivery at its deadline (or of a deleted endpoint) reads
-            # its durable record before anything is written for it
-            deleted = drv.config is not None and drv.config.status is EndpointStatus.DELETED
-            for p in list(drv.items.values()):
-                if p.stage is Stage.ADOPTED and not p.busy and (deleted or p.delivery.expires_at_ms <= self.now):
-                    drv._put(replace(p, stage=Stage.CHECK))
         dec = drv.step(self.now, self.write_budget - self.storage_in_flight())
         self.signals += [s.signal for s in dec.signals]
         self.start(ep, drv, dec)
@@ -421,17 +401,7 @@ class Sim:
             assert dec.wake.at_ms > self.now or dec.wake.reason in AT_ONCE, (
                 f"{ep} asked to be woken at {dec.wake.at_ms - self.now} ms from now: {dec.wake.reason}")
             wake, reason = dec.wake.at_ms, dec.wake.reason
-            if "restored_work_slot_wait_loop" in self.workarounds and reason == "more due than slots granted" \
-                    and not drv._manual and drv._readying and (top := drv._top(drv._due)) is not None \
-                    and top.stage is Stage.ADOPTED:
-                # what is due waits for the reads in progress (they drive it), not for a slot
-                self.scheduler.cancel(ep)
-                wake, reason = self.now + self.policy.slot_wait_max_ms, "restored work waits for its reads"
             self.schedule(ep, wake, reason)
-        if "ticket_for_breaker_blocked_work" in self.workarounds and dec.wake is not None \
-                and dec.wake.reason == "more due than slots granted" and not drv._manual \
-                and not brk.allow(drv.breaker, self.now)[0]:
-            self.scheduler.cancel(ep)  # the proposed fix: what is left is not sendable, want no slot
         if drv.held_until_ms > self.now:  # held by send_not_started, after the step chose its wake
             self.schedule(ep, drv.held_until_ms, "hold after internal error ends")
         if drv.idle and not self.io_busy(ep):
@@ -840,12 +810,11 @@ CONFIG_CHANGES = ("disable", "enable", "delete", "url", "rate_limit", "no_rate_l
 
 class DriverMachine(RuleBasedStateMachine):
     sim: Sim
-    workarounds = KNOWN_DEFECTS
 
     @initialize(seed=st.integers(0, 2**16), lag=st.sampled_from(EPS + [""]), pool=st.sampled_from([2, 4]),
                 quota=st.sampled_from([1, 2, 2]))
     def init(self, seed: int, lag: str, pool: int, quota: int) -> None:
-        self.sim = Sim(seed=seed, pool=pool, quota=quota, workarounds=self.workarounds)
+        self.sim = Sim(seed=seed, pool=pool, quota=quota)
         for ep in EPS:
             self.sim.publish(ep, deliver=ep != lag)
 
@@ -1284,19 +1253,11 @@ def test_write_budget_wait_is_not_a_poll() -> None:
     assert passes["ep_b1"] <= MAX_WAKES_PER_S * 3 + WAKE_SLACK, f"{passes['ep_b1']} passes in 2.9 s"
 
 
-# -- defects the machine found, still open (strict xfail: each flips to XPASS once fixed) -----------
+# -- defects the machine found after the lazy restore read (fixed; regression tests) -----------------
 
 
-def without(name: str) -> frozenset[str]:
-    """Every open defect worked around but ``name``: its test shows exactly that one."""
-    assert name in KNOWN_DEFECTS
-    return KNOWN_DEFECTS - {name}
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a restored delivery past its deadline is expired without reading its record")
 def test_a_restored_delivery_reads_its_record_before_it_is_expired() -> None:
-    sim = Sim(workarounds=without("adopted_ended_without_check"))
+    sim = Sim()
     sim.publish("ep_a2")
     d = sim.new_delivery("ep_a2")
     assert d is not None
@@ -1316,10 +1277,8 @@ def test_a_restored_delivery_reads_its_record_before_it_is_expired() -> None:
     check_all(sim)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="restored work waiting for a read makes _send poll every 5-10 ms")
 def test_restored_work_waiting_for_its_read_is_not_polled() -> None:
-    sim = Sim(quota=1, workarounds=without("restored_work_slot_wait_loop"))
+    sim = Sim(quota=1)
     sim.publish("ep_a2")
     for _ in range(2):
         sim.new_delivery("ep_a2")
@@ -1332,15 +1291,12 @@ def test_restored_work_waiting_for_its_read_is_not_polled() -> None:
     sim.advance(400)  # retried in 500 ms; meanwhile: "woken 59 times in 400 ms" (the rate bound)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="after a manual send, breaker-blocked automatic work keeps a slot ticket")
 def test_breaker_blocked_work_files_no_slot_ticket() -> None:
     """The machine's example, as it printed it: ep_a1's breaker opens on a DNS failure while a
     manual request is in flight; once that request's record is durable and the manual request
     after it is sent, the automatic work left is due but breaker-blocked, and the driver keeps a
     ticket for it ("more due than slots granted") that any grant() may fill."""
     m = DriverMachine()
-    m.workarounds = without("ticket_for_breaker_blocked_work")
     m.init(seed=0, lag="ep_a2", pool=2, quota=2)
     m.deliver_lagging_config(ep="ep_a2")
     m.new_deliveries(age=0, ep="ep_a1", n=1)
