@@ -53,9 +53,10 @@ from core.settings import Settings
 from operators.async_runtime import AsyncRuntime
 from operators.endpoint_state import FlinkEndpointStore
 from operators.history_store import CassandraHistory, PayloadUnavailable
-from operators.io_tracker import Completion, Finished, IoTracker
+from operators.io_tracker import Finished, IoTracker
 from operators.payload_cache import PayloadCache
 from operators.sender import Sender, SigningKeys, SigningKeyUnavailable
+from operators.write_batcher import Completion
 
 log = logging.getLogger(__name__)
 

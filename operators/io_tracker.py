@@ -7,15 +7,10 @@ thread, in the endpoint's keyed context, when a timer or an element for that end
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from core.endpoint_driver import IoKind
-
-
-class Completion(Protocol):
-    def done(self) -> bool: ...
-    def exception(self) -> BaseException | None: ...
-    def result(self) -> Any: ...
+from operators.write_batcher import Completion
 
 
 @dataclass(frozen=True)
