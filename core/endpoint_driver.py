@@ -127,6 +127,11 @@ class DriverPolicy:
     # Storage work that did not fit the operator's write budget is retried this much later,
     # doubling while it keeps waiting (up to slot_wait_max_ms).
     write_budget_wait_ms: int = 10
+    # Deliveries one endpoint keeps in memory; fresh waiting ones beyond it go to the overflow
+    # queue in keyed state (core.endpoint_store) and come back a page at a time, so a backlog of
+    # millions behind a failing endpoint costs memory for the window only (issue 18).
+    memory_window: int = 20_000
+    page_size: int = 1_000
 
 
 def light(delivery: NewDelivery) -> NewDelivery:
@@ -169,6 +174,14 @@ class EndpointDriver:
         self._loading: set[str] = set()
         self._load_retry_at: dict[str, int] = {}
         self._signals: list[EndpointSignal] = []
+        # The overflow queue: sequence numbers [head, tail) in keyed state. Entries from
+        # _own_from on were spilled by this incarnation (their intent is unused); earlier ones
+        # are a restore's and are CHECKed. _superseded: spilled deliveries a replay loaded into
+        # memory meanwhile -- their spilled copy is CHECKed too when it comes back.
+        self._spill_head, self._spill_tail = store.spill_range()
+        self._own_from = self._spill_tail
+        self._superseded: set[str] = set()
+        self._spill_head_expires = self._peek_spill_head()
         for p in store.entries(endpoint_id):
             # Work an earlier incarnation held: its durable record decides what happens next.
             self.counts["adopted_after_restore"] += 1
@@ -188,6 +201,8 @@ class EndpointDriver:
         if (delivery.created_at_ms < self.policy.check_created_before_ms
                 or now_ms - delivery.created_at_ms > self.policy.fresh_window_ms):
             p = replace(p, stage=Stage.CHECK)
+            if self.spilled:
+                self._superseded.add(did)  # a re-creation: its spilled copy, if any, CHECKs too
         else:
             p = d.reserve(p, self.rng, now_ms)
         self.store.put(p)
@@ -268,7 +283,14 @@ class EndpointDriver:
             else:
                 self._put(nxt)
         elif kind in ("persist", "reserve"):
-            self._put(d.after_reserved(p))
+            nxt = d.after_reserved(p)
+            # Only a delivery this incarnation has just persisted is queued: one that went through
+            # CHECK (restored, re-created, loaded) may have a copy queued already, and two queued
+            # copies could both come back sendable.
+            if kind == "persist" and self._overflowing(nxt):
+                self._spill(nxt)
+            else:
+                self._put(nxt)
         elif kind == "record":
             nxt = d.after_record_written(p)
             if nxt is None:
@@ -300,6 +322,7 @@ class EndpointDriver:
         """Everything this endpoint can do now, and when to look again."""
         dec = Decision(signals=self._signals)
         self._signals = []
+        self._page_in(now_ms, dec)
         blocked = self._blocked(now_ms)
         if blocked == "deleted":
             self._end_all(now_ms)
@@ -317,7 +340,12 @@ class EndpointDriver:
     @property
     def idle(self) -> bool:
         """Nothing pending, loading or in flight: the operator may drop this driver."""
-        return not self.items and not self._loads and self.in_flight == 0
+        return not self.items and not self._loads and self.in_flight == 0 and not self.spilled
+
+    @property
+    def spilled(self) -> int:
+        """Deliveries in the overflow queue (keyed state only)."""
+        return self._spill_tail - self._spill_head
 
     def _blocked(self, now_ms: int) -> str | None:
         """Why nothing may be sent to this endpoint now (None: it may)."""
@@ -593,6 +621,8 @@ class EndpointDriver:
         requests = valid
         self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
         p = self.items.get(did)
+        if p is None and self.spilled:
+            self._superseded.add(did)  # it may be in the overflow queue too: that copy CHECKs
         if p is not None:
             self.store.add_manual(did, requests)
             self._put(_with_manual(p, requests))
@@ -605,6 +635,79 @@ class EndpointDriver:
                         next_attempt_at_ms=durable.next_attempt_at_ms or delivery.created_at_ms, manual=requests)
         self.store.put(p)
         self._put(p)
+
+    # -- the overflow queue ------------------------------------------------------------------------
+
+    def _overflowing(self, p: Pending) -> bool:
+        """A fresh delivery now waiting goes behind the queue once there is one (arrival order),
+        or starts it when memory holds a window's worth."""
+        return (p.stage is Stage.READY and not p.manual and p.auto_retry_active and p.attempt_count == 0
+                and (self.spilled > 0 or len(self.items) > self.policy.memory_window)
+                # a copy of a delivery that may be queued already stays in memory: two queued
+                # copies could both come back as sendable
+                and p.delivery_id not in self._superseded)
+
+    def _spill(self, p: Pending) -> None:
+        did = p.delivery_id
+        self.items.pop(did, None)
+        self._work.discard(did)
+        self._manual.discard(did)
+        self._readying.discard(did)
+        self.store.spill(self._spill_tail, p)
+        if not self.spilled:
+            self._spill_head_expires = p.delivery.expires_at_ms
+        self._spill_tail += 1
+        self.store.put_spill_range(self._spill_head, self._spill_tail)
+        self.counts["spilled"] += 1
+
+    def _page_in(self, now_ms: int, dec: Decision) -> None:
+        """Bring a page back when memory has room for it, or the queue's head is past its
+        deadline (then as many as one step expires, within twice the window)."""
+        if not self.spilled:
+            return
+        window, n = self.policy.memory_window, 0
+        page = min(self.policy.page_size, max(1, window // 2), self.spilled)
+        expired = self._spill_head_expires is not None and self._spill_head_expires <= now_ms
+        if window - len(self.items) >= page:
+            n = page
+        elif expired and len(self.items) < 2 * window:
+            n = min(self.policy.max_expiries_per_step, self.spilled)
+        if n:
+            head = self._spill_head
+            for seq, p, intent in self.store.unspill(self.endpoint_id, range(head, head + n)):
+                did = p.delivery_id
+                self.counts["paged_in"] += 1
+                self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
+                if did in self.items:
+                    continue  # a replay loaded it meanwhile: that copy owns its schedule
+                if intent is not None and seq >= self._own_from and did not in self._superseded:
+                    p = replace(p, stage=Stage.READY, intent=intent)  # spilled by us, intent unused
+                else:
+                    p = d.adopt(p)  # a restore's, or superseded: read its durable record first
+                self.store.put(p)
+                self._put(p)
+            self._spill_head = head + n
+            self.store.put_spill_range(self._spill_head, self._spill_tail)
+            self._spill_head_expires = self._peek_spill_head()
+            if not self.spilled:
+                self._superseded.clear()
+        at = self._spill_head_expires
+        if at is None:
+            return
+        if at > now_ms:
+            dec.wake_at(at, "deadline")  # the queue's head has its earliest deadline (arrival order)
+        elif n:
+            dec.wake_at(now_ms, "more deliveries past their deadline")
+        else:
+            # Past its deadline with memory full of expiries being written: their writes drive
+            # the endpoint; look again within a second in any case.
+            dec.wake_at(now_ms + self.policy.slot_wait_max_ms, "overflow queue waits for memory")
+
+    def _peek_spill_head(self) -> int | None:
+        if not self.spilled:
+            return None
+        got = self.store.peek_spilled(self.endpoint_id, self._spill_head)
+        return got.delivery.expires_at_ms if got is not None else None
 
     # -- the index -------------------------------------------------------------------------------
 

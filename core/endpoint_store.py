@@ -10,7 +10,12 @@ written rarely and lag behind:
 | pending delivery (no payload) | keyed map     | on arrival; after each durable       | CHECKs it against          |
 |                               |               | record (next time, counts); removed  | Cassandra before anything  |
 |                               |               | once its final record is durable     | else                       |
-| payload bytes                 | keyed map     | on arrival; removed with delivery    | read as is                 |
+| payload bytes                 | keyed map     | on arrival; removed once the event   | read as is                 |
+|                               |               | row is durable (or with delivery)    |                            |
+| overflow queue (spilled       | keyed map by  | when an endpoint holds more than its | head..tail read back a     |
+| waiting deliveries, intent)   | sequence no.  | memory window; moved back to the     | page at a time; entries of |
+|                               | + head/tail   | pending map a page at a time, FIFO   | an earlier incarnation are |
+|                               |               |                                      | CHECKed like the others    |
 | replay requests to load       | keyed map     | on arrival; removed once loaded      | loads them again           |
 | replay request ids seen       | keyed map     | on arrival (TTL 7 days)              | dedupes against them       |
 | endpoint config               | keyed value   | on a newer config version            | read as is                 |
@@ -24,6 +29,13 @@ Rules the driver keeps: (1) no request leaves before its attempt row is durable 
 never sent again, and attempt numbering continues after the highest stored number. So a crash
 re-sends only what was in flight or recorded-but-not-yet-durable, and every re-send has its own
 attempt row.
+
+The overflow queue keeps the driver's memory bounded by its window whatever the backlog (issue
+18): a waiting delivery beyond the window leaves memory *and* the pending map (so a restore reads
+only the window back), in arrival order, which for fresh deliveries is also next-attempt and
+deadline order. A spilled entry keeps its reserved intent: paged back in by the incarnation that
+spilled it, it is sent with that intent at once; paged in after a restore it is CHECKed first,
+because that incarnation may have paged it in and sent it after the checkpoint.
 """
 
 from __future__ import annotations
@@ -32,7 +44,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from core.breaker import BreakerState
-from core.dispatch import ManualRequest, Pending, Stage
+from core.dispatch import Intent, ManualRequest, Pending, Stage
 from core.fanout import NewDelivery
 from core.ratelimit import TokenBucket
 from core.records import EndpointConfig, EventRecord
@@ -73,6 +85,20 @@ def decode(t: StoredDelivery, endpoint_id: str, delivery_id: str) -> Pending:
                    auto_retry_active=auto, manual=tuple(ManualRequest(*m) for m in manual))
 
 
+SpilledDelivery = tuple
+
+
+def encode_spilled(p: Pending) -> SpilledDelivery:
+    """A spilled delivery (the map key is a sequence number): its id, stored form and, when it
+    has one, its reserved intent."""
+    intent = (p.intent.number, p.intent.attempt_id) if p.intent is not None else ()
+    return (p.delivery_id, encode(p), *intent)
+
+
+def decode_spilled(t: SpilledDelivery, endpoint_id: str) -> tuple[Pending, Intent | None]:
+    return decode(t[1], endpoint_id, t[0]), (Intent(t[2], t[3]) if len(t) > 2 else None)
+
+
 def with_manual(t: StoredDelivery, requests: tuple[ManualRequest, ...]) -> StoredDelivery:
     """The stored delivery with more manual requests owed, and nothing else of it changed."""
     return (*t[:-1], (*t[-1], *((m.request_id, m.requested_by, m.requested_at_ms, m.tenant_id) for m in requests)))
@@ -101,6 +127,12 @@ class EndpointStore(Protocol):
     def gone_at(self) -> int | None: ...
     def put_gone_at(self, version: int | None) -> None: ...
 
+    def spill_range(self) -> tuple[int, int]: ...
+    def put_spill_range(self, head: int, tail: int) -> None: ...
+    def spill(self, seq: int, p: Pending) -> None: ...
+    def unspill(self, endpoint_id: str, seqs: range) -> list[tuple[int, Pending, Intent | None]]: ...
+    def peek_spilled(self, endpoint_id: str, seq: int) -> Pending | None: ...
+
 
 class InMemoryEndpointStore:
     """The same contract in plain dicts: unit and model-based tests, no Flink. Entries go through
@@ -114,6 +146,8 @@ class InMemoryEndpointStore:
         self.breaker_state: BreakerState | None = None
         self.bucket_state: TokenBucket | None = None
         self.gone: int | None = None
+        self.spilled: dict[int, SpilledDelivery] = {}
+        self.spill_head_tail = (0, 0)
         self.writes = 0  # state writes, for tests that bound them
 
     def entries(self, endpoint_id: str) -> Iterable[Pending]:
@@ -169,3 +203,32 @@ class InMemoryEndpointStore:
 
     def put_gone_at(self, version: int | None) -> None:
         self.gone = version
+
+    def spill_range(self) -> tuple[int, int]:
+        return self.spill_head_tail
+
+    def put_spill_range(self, head: int, tail: int) -> None:
+        self.writes += 1
+        self.spill_head_tail = (head, tail)
+
+    def spill(self, seq: int, p: Pending) -> None:
+        self.writes += 2
+        self.pending.pop(p.delivery_id, None)
+        self.spilled[seq] = encode_spilled(p)
+
+    def unspill(self, endpoint_id: str, seqs: range) -> list[tuple[int, Pending, Intent | None]]:
+        out = []
+        for seq in seqs:
+            t = self.spilled.pop(seq, None)
+            if t is None:
+                continue
+            self.writes += 1
+            out.append((seq, *decode_spilled(t, endpoint_id)))
+        return out
+
+    def peek_spilled(self, endpoint_id: str, seq: int) -> Pending | None:
+        t = self.spilled.get(seq)
+        return decode_spilled(t, endpoint_id)[0] if t is not None else None
+
+    def spilled_ids(self) -> set[str]:
+        return {t[0] for t in self.spilled.values()}

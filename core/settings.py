@@ -93,6 +93,10 @@ class DispatchSettings(BaseModel):
     # Payload bytes the dispatcher keeps in memory (by event) for requests; keyed state drops a
     # payload once its event row is durable, and an evicted one is read back from Cassandra.
     payload_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    # Deliveries one endpoint keeps in the dispatcher's memory (~1.5 KB each); a backlog beyond
+    # it waits in keyed state (~250 B each) and comes back page_size at a time (issue 18).
+    memory_window: int = Field(default=20_000, ge=2)
+    page_size: int = Field(default=1_000, ge=1)
     # How often the dispatcher harvests finished requests (processing-time timer).
     harvest_interval_ms: int = Field(default=10, ge=1)
     # Extra CA bundle the dispatcher trusts (tests use a locally generated CA). None = system CAs.

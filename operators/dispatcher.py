@@ -68,7 +68,8 @@ CONFIG = "config"
 METRICS = (
     "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled", "adopted_after_restore",
     "final_not_resent", "history_write_failures", "replays", "replays_unknown", "replays_refused",
-    "replays_duplicate", "manual_not_sent", "endpoint_holds", "endpoint_internal_errors", "signing_key_errors")
+    "replays_duplicate", "manual_not_sent", "endpoint_holds", "endpoint_internal_errors", "signing_key_errors",
+    "spilled", "paged_in")
 
 
 class Dispatcher(KeyedProcessFunction):
@@ -91,7 +92,8 @@ class Dispatcher(KeyedProcessFunction):
             # between producers/brokers and TaskManagers) may have been handled by the incarnation
             # a restore replaced: they read their durable record before being sent.
             check_created_before_ms=int(time.time() * 1000) + s.dispatch.restore_check_skew_ms,
-            manual_wait_ms=int(s.dispatch.manual_wait_s * 1000))
+            manual_wait_ms=int(s.dispatch.manual_wait_s * 1000),
+            memory_window=s.dispatch.memory_window, page_size=s.dispatch.page_size)
         self._scheduler = FairScheduler(pool_size=s.dispatch.max_in_flight,
                                         tenant_quota=s.dispatch.tenant_max_in_flight)
         self._drivers: dict[str, EndpointDriver] = {}

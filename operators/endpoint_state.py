@@ -15,8 +15,8 @@ from pyflink.datastream.functions import RuntimeContext
 from pyflink.datastream.state import MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
 
 from core.breaker import BreakerState
-from core.dispatch import ManualRequest, Pending
-from core.endpoint_store import decode, encode, with_manual
+from core.dispatch import Intent, ManualRequest, Pending
+from core.endpoint_store import decode, decode_spilled, encode, encode_spilled, with_manual
 from core.ratelimit import TokenBucket
 from core.records import EndpointConfig
 
@@ -49,6 +49,8 @@ class FlinkEndpointStore:
         self._breaker = _value(rc, "breaker")
         self._bucket = _value(rc, "bucket")
         self._gone = _value(rc, "gone-at-version", Types.LONG())
+        self._spilled = rc.get_map_state(MapStateDescriptor("spilled", Types.LONG(), Types.PICKLED_BYTE_ARRAY()))
+        self._spill_range = _value(rc, "spill-range")
         # Deliveries whose payload entry exists, in memory: a state removal costs as much as a
         # put (a JNI call and, on RocksDB, a tombstone), and removing an entry that is not there
         # was a quarter of the dispatcher's task-thread time in a profile. A restore learns the
@@ -125,3 +127,30 @@ class FlinkEndpointStore:
             self._gone.clear()
         else:
             self._gone.update(version)
+
+    def spill_range(self) -> tuple[int, int]:
+        return self._spill_range.value() or (0, 0)
+
+    def put_spill_range(self, head: int, tail: int) -> None:
+        if head == tail:
+            self._spill_range.clear()
+        else:
+            self._spill_range.update((head, tail))
+
+    def spill(self, seq: int, p: Pending) -> None:
+        self._pending.remove(p.delivery_id)
+        self._spilled.put(seq, encode_spilled(p))
+
+    def unspill(self, endpoint_id: str, seqs: range) -> list[tuple[int, Pending, Intent | None]]:
+        out = []
+        for seq in seqs:
+            t = self._spilled.get(seq)
+            if t is None:
+                continue
+            self._spilled.remove(seq)
+            out.append((seq, *decode_spilled(t, endpoint_id)))
+        return out
+
+    def peek_spilled(self, endpoint_id: str, seq: int) -> Pending | None:
+        t = self._spilled.get(seq)
+        return decode_spilled(t, endpoint_id)[0] if t is not None else None

@@ -387,6 +387,7 @@ def _copy_store(s: InMemoryEndpointStore) -> InMemoryEndpointStore:
     c.pending, c.cfg, c.breaker_state = dict(s.pending), s.cfg, s.breaker_state
     c.bucket_state, c.gone, c.replay_requests = s.bucket_state, s.gone, dict(s.replay_requests)
     c.request_ids = dict(s.request_ids)
+    c.spilled, c.spill_head_tail = dict(s.spilled), s.spill_head_tail
     return c
 
 
@@ -558,3 +559,118 @@ def test_a_restored_backlog_behind_an_open_breaker_is_read_back_lazily() -> None
     before = sum(sim.requests.values())
     sim.advance(probe_at)
     assert len(checks) == 1 and sum(sim.requests.values()) == before + 1  # one record read, one probe
+
+
+# -- issue 18: a backlog beyond the memory window waits in keyed state ------------------------------
+
+WINDOW = replace(POLICY, memory_window=50, page_size=10)
+
+
+def _backlog_behind_open_breaker(n: int) -> Sim:
+    sim = Sim(policy=WINDOW)
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(None, ErrorClass.TLS)
+    for i in range(n):
+        sim.driver("ep_1").add_new(delivery(i), sim.now)
+        sim.run("ep_1")
+        sim.answer_all("ep_1")
+    assert sim.driver("ep_1").breaker.state is brk.CircuitState.OPEN
+    return sim
+
+
+def test_a_backlog_beyond_the_window_leaves_memory_and_the_pending_map() -> None:
+    sim = _backlog_behind_open_breaker(1_000)
+    drv, store = sim.driver("ep_1"), sim.stores["ep_1"]
+    assert len(drv.items) <= WINDOW.memory_window + 1
+    assert set(store.pending) == set(drv.items)  # a restore reads the window back, not the backlog
+    assert drv.spilled == len(store.spilled) == 1_000 - len(drv.items)
+    assert sim.counts["spilled"] == drv.spilled
+
+
+def test_the_queue_drains_in_arrival_order_with_its_reserved_intents_once_the_endpoint_recovers() -> None:
+    sim = _backlog_behind_open_breaker(1_000)
+    reserves = []
+    real = sim._storage
+
+    def counting(drv: EndpointDriver, a: Any) -> None:
+        if isinstance(a, Reserve | Check):
+            reserves.append(a.p.delivery_id)
+        real(drv, a)
+
+    sim._storage = counting  # type: ignore[method-assign]
+    sim.answer["ep_1"] = HttpResult(200)
+    first_sent: dict[str, int] = {}
+    for _ in range(2_000):
+        while sim.answer_all("ep_1"):  # the receiver answers what is in flight (the adapter polls it)
+            pass
+        sim.advance(sim.now + 60_000)
+        for did in sim.requests:
+            first_sent.setdefault(did, len(first_sent))
+        if all(h.status == "succeeded" for h in sim.history.values()):
+            break
+    assert len(sim.history) == 1_000 and all(h.status == "succeeded" for h in sim.history.values())
+    drv = sim.driver("ep_1")
+    assert not drv.items and drv.spilled == 0 and not sim.stores["ep_1"].spilled
+    assert reserves == []  # spilled by this incarnation: sent with the intent reserved at persist
+    # each delivery: one request that succeeded (a few more for those tried before the breaker opened)
+    assert sum(sim.requests.values()) <= 1_000 + BREAKER.failure_threshold + 20
+    queued = [f"dlv_ep_1_{i}" for i in range(1_000) if f"dlv_ep_1_{i}" in first_sent]
+    order = [first_sent[did] for did in queued[-900:]]  # the queue's part: first sent in arrival order
+    assert order == sorted(order)
+
+
+def test_a_restored_queue_is_read_back_a_page_at_a_time_and_checked_before_sending() -> None:
+    sim = _backlog_behind_open_breaker(600)
+    spilled_before = sim.driver("ep_1").spilled
+    sim.stores = {ep: _copy_store(s) for ep, s in sim.stores.items()}  # the checkpoint
+    sim.drivers, sim.sends = {}, {}
+    sim.scheduler = FairScheduler(pool_size=64, tenant_quota=64)
+    checks = []
+    real = sim._storage
+
+    def counting(drv: EndpointDriver, a: Any) -> None:
+        if isinstance(a, Check):
+            checks.append(a.p.delivery_id)
+        real(drv, a)
+
+    sim._storage = counting  # type: ignore[method-assign]
+    sim.run("ep_1")
+    drv = sim.driver("ep_1")
+    assert drv.spilled == spilled_before and len(drv.items) <= WINDOW.memory_window + 1
+    sim.answer["ep_1"] = HttpResult(200)
+    for _ in range(2_000):
+        while sim.answer_all("ep_1"):
+            pass
+        sim.advance(sim.now + 60_000)
+        if all(h.status == "succeeded" for h in sim.history.values()):
+            break
+    assert all(h.status == "succeeded" for h in sim.history.values())
+    assert len(set(checks)) == 600  # every restored delivery, queued or not, read its record first
+
+
+def test_a_queued_delivery_past_its_deadline_expires_while_the_breaker_stays_open() -> None:
+    sim = _backlog_behind_open_breaker(400)
+    sim.advance(T0 + DAY_MS + 1)
+    for _ in range(100):
+        sim.advance(sim.now + 1_000)
+    drv = sim.driver("ep_1")
+    assert drv.spilled == 0 and not drv.items
+    assert {h.status for h in sim.history.values()} == {"expired"}
+
+
+def test_a_spilled_delivery_replayed_and_finished_is_not_sent_again_from_the_queue() -> None:
+    sim = _backlog_behind_open_breaker(300)
+    drv = sim.driver("ep_1")
+    queued = sorted(sim.stores["ep_1"].spilled_ids())[0]
+    h = sim.history[queued]
+    h.status, h.auto = "succeeded", False  # say a person's replay loaded it and it succeeded
+    drv._superseded.add(queued)  # what _finish_load records for a delivery it may have queued
+    sim.answer["ep_1"] = HttpResult(200)
+    for _ in range(2_000):
+        while sim.answer_all("ep_1"):
+            pass
+        sim.advance(sim.now + 60_000)
+        if not drv.items and not drv.spilled:
+            break
+    assert not drv.items and not drv.spilled
+    assert sim.requests[queued] == 0
