@@ -615,6 +615,8 @@ def run(args: argparse.Namespace) -> int:
                # recovered endpoint is found, and the drain starts, within the run.
                "WEBHOOKS_DISPATCH__BREAKER_OPEN_S": str(min(5.0, args.probe_max_s)),
                "WEBHOOKS_DISPATCH__BREAKER_MAX_OPEN_S": str(args.probe_max_s)}
+        if args.max_in_flight:  # the per-endpoint cap bounds the drain rate (cap / latency)
+            env["WEBHOOKS_DISPATCH__DEFAULT_MAX_IN_FLIGHT"] = str(args.max_in_flight)
         settings = settings_with(env)
         keyspace = settings.cassandra.keyspace
         session = stack.enter_context(own_keyspace(settings))
@@ -784,6 +786,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-timeout", type=float, default=300.0,
                     help="max seconds for a checkpoint after the backlog is pending")
     ap.add_argument("--restore-timeout", type=float, default=600.0)
+    ap.add_argument("--max-in-flight", type=int, default=0,
+                    help="requests in flight per endpoint for the run (0: the platform default, 8)")
     ap.add_argument("--drain-timeout", type=float, default=0.0, help="max seconds for the drain (0: 300 + pending/50)")
     ap.add_argument("--keep-state", action="store_true", help="keep the run's checkpoints under .run/flink/")
     args = ap.parse_args(argv)
