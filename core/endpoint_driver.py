@@ -276,6 +276,11 @@ class EndpointDriver:
             return
         if kind == "check":
             assert isinstance(result, d.DurableRecord)
+            if result.status is None:
+                # Never persisted, so never queued (a queued copy was persisted first): after a long
+                # consumer lag every delivery arrives "old" and is checked, and must still be able
+                # to wait in the queue rather than in memory.
+                self._superseded.discard(key)
             nxt = d.after_check(p, result, self.rng, now_ms)
             if nxt is None:
                 self.counts["final_not_resent"] += 1

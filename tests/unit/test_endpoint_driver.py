@@ -674,3 +674,18 @@ def test_a_spilled_delivery_replayed_and_finished_is_not_sent_again_from_the_que
             break
     assert not drv.items and not drv.spilled
     assert sim.requests[queued] == 0
+
+
+def test_after_a_long_consumer_lag_new_deliveries_still_wait_in_the_queue() -> None:
+    """Deliveries that reach the dispatcher more than fresh_window_ms after their Kafka time (a
+    job catching up after an outage) are CHECKed like re-creations; once the check finds they
+    were never persisted they are fresh, and must queue behind the backlog, not fill memory."""
+    sim = _backlog_behind_open_breaker(200)
+    drv = sim.driver("ep_1")
+    queued = drv.spilled
+    late = sim.now - WINDOW.fresh_window_ms - 60_000
+    for i in range(1_000, 1_300):
+        drv.add_new(delivery(i, created=late), sim.now)
+        sim.run("ep_1")
+    assert drv.spilled == queued + 300
+    assert len(drv.items) <= WINDOW.memory_window + 1 and not drv._superseded
