@@ -179,6 +179,25 @@ class Sim:
                 self.answer_all(ep)
         self.now = until
 
+    def restore(self) -> None:
+        """A crash: memory, I/O and slots gone; keyed state as checkpointed now (a copy of it)."""
+        self.stores = {ep: _copy_store(s) for ep, s in self.stores.items()}
+        self.drivers, self.sends = {}, {}
+        self.scheduler = FairScheduler(pool_size=64, tenant_quota=64)
+
+    def watch(self, *kinds: type) -> list[str]:
+        """The delivery ids of the storage actions of these kinds from now on, in order."""
+        seen: list[str] = []
+        real = self._storage
+
+        def watching(drv: EndpointDriver, a: Any) -> None:
+            if isinstance(a, kinds):
+                seen.append(a.p.delivery_id)
+            real(drv, a)
+
+        self._storage = watching  # type: ignore[method-assign]
+        return seen
+
     def slots_conserved(self) -> None:
         untaken = sum(n for _, n in self.scheduler._grants.values())
         assert sum(d.in_flight for d in self.drivers.values()) + untaken == self.scheduler.in_flight_total()
@@ -539,18 +558,8 @@ def test_a_restored_backlog_behind_an_open_breaker_is_read_back_lazily() -> None
     sim.run("ep_1")
     sim.answer_all("ep_1")
     assert sim.driver("ep_1").breaker.state is brk.CircuitState.OPEN
-    sim.stores = {ep: _copy_store(s) for ep, s in sim.stores.items()}  # the checkpoint
-    sim.drivers, sim.sends = {}, {}
-    sim.scheduler = FairScheduler(pool_size=64, tenant_quota=64)
-    checks = []
-    real = sim._storage
-
-    def counting(drv: EndpointDriver, a: Any) -> None:
-        if isinstance(a, Check):
-            checks.append(a.p.delivery_id)
-        real(drv, a)
-
-    sim._storage = counting  # type: ignore[method-assign]
+    sim.restore()
+    checks = sim.watch(Check)
     sim.run("ep_1")
     assert checks == [] and len(sim.driver("ep_1").items) == 1_000  # nothing read while the breaker is open
     probe_at = sim.driver("ep_1").breaker.open_until_ms
@@ -589,15 +598,7 @@ def test_a_backlog_beyond_the_window_leaves_memory_and_the_pending_map() -> None
 
 def test_the_queue_drains_in_arrival_order_with_its_reserved_intents_once_the_endpoint_recovers() -> None:
     sim = _backlog_behind_open_breaker(1_000)
-    reserves = []
-    real = sim._storage
-
-    def counting(drv: EndpointDriver, a: Any) -> None:
-        if isinstance(a, Reserve | Check):
-            reserves.append(a.p.delivery_id)
-        real(drv, a)
-
-    sim._storage = counting  # type: ignore[method-assign]
+    reserves = sim.watch(Reserve, Check)
     sim.answer["ep_1"] = HttpResult(200)
     first_sent: dict[str, int] = {}
     for _ in range(2_000):
@@ -622,18 +623,8 @@ def test_the_queue_drains_in_arrival_order_with_its_reserved_intents_once_the_en
 def test_a_restored_queue_is_read_back_a_page_at_a_time_and_checked_before_sending() -> None:
     sim = _backlog_behind_open_breaker(600)
     spilled_before = sim.driver("ep_1").spilled
-    sim.stores = {ep: _copy_store(s) for ep, s in sim.stores.items()}  # the checkpoint
-    sim.drivers, sim.sends = {}, {}
-    sim.scheduler = FairScheduler(pool_size=64, tenant_quota=64)
-    checks = []
-    real = sim._storage
-
-    def counting(drv: EndpointDriver, a: Any) -> None:
-        if isinstance(a, Check):
-            checks.append(a.p.delivery_id)
-        real(drv, a)
-
-    sim._storage = counting  # type: ignore[method-assign]
+    sim.restore()
+    checks = sim.watch(Check)
     sim.run("ep_1")
     drv = sim.driver("ep_1")
     assert drv.spilled == spilled_before and len(drv.items) <= WINDOW.memory_window + 1
