@@ -16,8 +16,10 @@ start() {
       "$REPO/stack/conf/kafka.properties" > "$CONF"
   if [ ! -f "$DIR/data/meta.properties" ]; then
     say "formatting kafka storage"
+    # "--cluster-id=ID", not "-t ID": one id in 64 starts with "-" and was taken for an option.
     java "${JAVA_OPTS[@]}" -cp "$CP" kafka.tools.StorageTool format --standalone \
-      -t "$("$PY" -c "import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip('='))")" -c "$CONF" >>"$LOG" 2>&1 \
+      --cluster-id="$("$PY" -c "import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip('='))")" \
+      -c "$CONF" >>"$LOG" 2>&1 \
       || explain_failure kafka "$LOG" "storage format failed"
   fi
   say "starting kafka on 127.0.0.1:$PORT"
