@@ -502,20 +502,28 @@ class EndpointDriver:
             self._start_send(m, dec)
             sent += 1
         checks = 0
-        while sent + checks < slots and auto_ok > 0:
+        # Restored deliveries are read ahead of the sends while the breaker is closed (up to four
+        # times the endpoint's cap in flight, not one read per slot granted): one read per slot
+        # drained a restored backlog at slots / (read + reserve + request latency), ~270/s with
+        # 64 in flight. A probing breaker reads only what it may send.
+        closed = self.breaker.state is brk.CircuitState.CLOSED
+        read_ahead = max(slots, min(self.policy.page_size, 4 * cap)) if closed else slots
+        while auto_ok > 0:
             top = self._top(self._due)
             if top is None or top.next_attempt_at_ms > now_ms:
                 break
             p = top
             if p.stage is Stage.ADOPTED:
-                if len(self._readying) >= slots:
-                    break  # as many being checked as could be sent: no more reads yet
+                if len(self._readying) >= read_ahead or (not closed and sent + checks >= slots):
+                    break  # enough being read ahead of the sends: no more reads yet
                 # Restored and now due: read its durable record first (it may be final already).
                 heapq.heappop(self._due)
                 self._readying.add(p.delivery_id)
                 self._put(replace(p, stage=Stage.CHECK))
                 checks += 1
                 continue
+            if sent >= slots:
+                break
             allowed, after = brk.allow(breaker, now_ms)
             if not allowed:
                 break

@@ -680,3 +680,20 @@ def test_after_a_long_consumer_lag_new_deliveries_still_wait_in_the_queue() -> N
         sim.run("ep_1")
     assert drv.spilled == queued + 300
     assert len(drv.items) <= WINDOW.memory_window + 1 and not drv._superseded
+
+
+def test_a_restored_backlog_is_read_ahead_of_the_sends_while_the_breaker_is_closed() -> None:
+    """Issue 18: one record read per granted slot drained a restored backlog at ~270/s (read +
+    reserve + request latency per slot). With the breaker closed, reads run up to four times the
+    endpoint's cap ahead of the sends; a probing breaker still reads only what it may send."""
+    sim = Sim()
+    sim.config(config())
+    sim.hold_storage = True  # the checkpoint holds 500 deliveries, none sent yet
+    for n in range(500):
+        sim.driver("ep_1").add_new(delivery(n), sim.now)
+    sim.restore()
+    sim.hold_storage = False
+    drv = sim.driver("ep_1")
+    drv.step(sim.now, 1024)  # due restored work: marked to be read
+    reads = [a for a in drv.step(sim.now, 1024).actions if isinstance(a, Check)]
+    assert len(reads) == 4 * POLICY.default_max_in_flight
