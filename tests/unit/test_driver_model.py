@@ -547,6 +547,18 @@ class Sim:
             del self.wakes[ep]
         self.pass_(ep)
 
+    def count_passes(self) -> Counter[str]:
+        """Timer-driven passes per endpoint from now on."""
+        passes = Counter[str]()
+        real = self.on_timer
+
+        def counting(ep: str, ts: int) -> None:
+            passes[ep] += 1
+            real(ep, ts)
+
+        self.on_timer = counting  # type: ignore[method-assign]
+        return passes
+
     def advance(self, delta_ms: int) -> None:
         """Processing time moves on: timers fire and I/O times out, in time order."""
         target = self.now + delta_ms
@@ -1055,14 +1067,7 @@ def test_blocked_endpoints_are_not_polled() -> None:
             sim.finish(io, report=HttpResult(status=503))
     settle_storage(sim)
     assert sim.drivers["ep_b1"].breaker.state is brk.CircuitState.OPEN
-    passes = Counter[str]()
-    real = sim.on_timer
-
-    def counting(ep: str, ts: int) -> None:
-        passes[ep] += 1
-        real(ep, ts)
-
-    sim.on_timer = counting  # type: ignore[method-assign]
+    passes = sim.count_passes()
     for _ in range(10):
         sim.advance(1_000)
         for io in sends_of(sim):
@@ -1261,14 +1266,7 @@ def test_write_budget_wait_is_not_a_poll() -> None:
         sim.publish(ep)
     sim.new_delivery("ep_a1")  # its persist takes the whole budget for ~3 s (a slow Cassandra)
     sim.new_delivery("ep_b1")  # waits for the budget
-    passes = Counter[str]()
-    real = sim.on_timer
-
-    def counting(ep: str, ts: int) -> None:
-        passes[ep] += 1
-        real(ep, ts)
-
-    sim.on_timer = counting  # type: ignore[method-assign]
+    passes = sim.count_passes()
     sim.advance(2_900)
     assert passes["ep_b1"] <= MAX_WAKES_PER_S * 3 + WAKE_SLACK, f"{passes['ep_b1']} passes in 2.9 s"
 

@@ -205,6 +205,20 @@ class Sim:
             assert drv.in_flight == len(self.sends.get(ep, []))
 
 
+def backlog_behind_open_breaker(n: int, policy: DriverPolicy = POLICY) -> Sim:
+    """``n`` deliveries for ep_1 arriving one by one (each persisted, and queued, in arrival
+    order), whose TLS failures have opened its breaker."""
+    sim = Sim(policy=policy)
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(None, ErrorClass.TLS)
+    for i in range(n):
+        sim.driver("ep_1").add_new(delivery(i), sim.now)
+        sim.run("ep_1")
+        sim.answer_all("ep_1")
+    assert sim.driver("ep_1").breaker.state is brk.CircuitState.OPEN
+    return sim
+
+
 # -- defect 1: busy loops ------------------------------------------------------------------------
 
 
@@ -493,14 +507,7 @@ def test_replays_are_deduplicated_by_request_id_and_attributed() -> None:
 
 
 def test_an_open_breaker_backlog_past_its_deadline_expires_without_probes() -> None:
-    sim = Sim()
-    sim.config(config())
-    sim.answer["ep_1"] = HttpResult(None, ErrorClass.TLS)
-    for n in range(2_000):
-        sim.driver("ep_1").add_new(delivery(n), sim.now)
-    sim.run("ep_1")
-    sim.answer_all("ep_1")
-    assert sim.driver("ep_1").breaker.state is brk.CircuitState.OPEN
+    sim = backlog_behind_open_breaker(2_000)
     sim.answer["ep_1"] = HttpResult(503)  # every probe fails: the breaker stays open
     sim.advance(T0 + DAY_MS + 1_000)
     statuses = Counter(h.status for h in sim.history.values())
@@ -550,14 +557,7 @@ def test_the_stored_form_round_trips_and_is_small() -> None:
 def test_a_restored_backlog_behind_an_open_breaker_is_read_back_lazily() -> None:
     """Issue 18: a restore must not read every pending delivery's record before anything else
     (a 50,000 backlog took ~100 s of Cassandra reads while healthy endpoints waited)."""
-    sim = Sim()
-    sim.config(config())
-    sim.answer["ep_1"] = HttpResult(None, ErrorClass.TLS)
-    for n in range(1_000):
-        sim.driver("ep_1").add_new(delivery(n), sim.now)
-    sim.run("ep_1")
-    sim.answer_all("ep_1")
-    assert sim.driver("ep_1").breaker.state is brk.CircuitState.OPEN
+    sim = backlog_behind_open_breaker(1_000)
     sim.restore()
     checks = sim.watch(Check)
     sim.run("ep_1")
@@ -575,20 +575,10 @@ def test_a_restored_backlog_behind_an_open_breaker_is_read_back_lazily() -> None
 WINDOW = replace(POLICY, memory_window=50, page_size=10)
 
 
-def _backlog_behind_open_breaker(n: int) -> Sim:
-    sim = Sim(policy=WINDOW)
-    sim.config(config())
-    sim.answer["ep_1"] = HttpResult(None, ErrorClass.TLS)
-    for i in range(n):
-        sim.driver("ep_1").add_new(delivery(i), sim.now)
-        sim.run("ep_1")
-        sim.answer_all("ep_1")
-    assert sim.driver("ep_1").breaker.state is brk.CircuitState.OPEN
-    return sim
 
 
 def test_a_backlog_beyond_the_window_leaves_memory_and_the_pending_map() -> None:
-    sim = _backlog_behind_open_breaker(1_000)
+    sim = backlog_behind_open_breaker(1_000, WINDOW)
     drv, store = sim.driver("ep_1"), sim.stores["ep_1"]
     assert len(drv.items) <= WINDOW.memory_window + 1
     assert set(store.pending) == set(drv.items)  # a restore reads the window back, not the backlog
@@ -597,7 +587,7 @@ def test_a_backlog_beyond_the_window_leaves_memory_and_the_pending_map() -> None
 
 
 def test_the_queue_drains_in_arrival_order_with_its_reserved_intents_once_the_endpoint_recovers() -> None:
-    sim = _backlog_behind_open_breaker(1_000)
+    sim = backlog_behind_open_breaker(1_000, WINDOW)
     reserves = sim.watch(Reserve, Check)
     sim.answer["ep_1"] = HttpResult(200)
     first_sent: dict[str, int] = {}
@@ -621,7 +611,7 @@ def test_the_queue_drains_in_arrival_order_with_its_reserved_intents_once_the_en
 
 
 def test_a_restored_queue_is_read_back_a_page_at_a_time_and_checked_before_sending() -> None:
-    sim = _backlog_behind_open_breaker(600)
+    sim = backlog_behind_open_breaker(600, WINDOW)
     spilled_before = sim.driver("ep_1").spilled
     sim.restore()
     checks = sim.watch(Check)
@@ -640,7 +630,7 @@ def test_a_restored_queue_is_read_back_a_page_at_a_time_and_checked_before_sendi
 
 
 def test_a_queued_delivery_past_its_deadline_expires_while_the_breaker_stays_open() -> None:
-    sim = _backlog_behind_open_breaker(400)
+    sim = backlog_behind_open_breaker(400, WINDOW)
     sim.advance(T0 + DAY_MS + 1)
     for _ in range(100):
         sim.advance(sim.now + 1_000)
@@ -650,7 +640,7 @@ def test_a_queued_delivery_past_its_deadline_expires_while_the_breaker_stays_ope
 
 
 def test_a_spilled_delivery_replayed_and_finished_is_not_sent_again_from_the_queue() -> None:
-    sim = _backlog_behind_open_breaker(300)
+    sim = backlog_behind_open_breaker(300, WINDOW)
     drv = sim.driver("ep_1")
     queued = sorted(sim.stores["ep_1"].spilled_ids())[0]
     h = sim.history[queued]
@@ -671,7 +661,7 @@ def test_after_a_long_consumer_lag_new_deliveries_still_wait_in_the_queue() -> N
     """Deliveries that reach the dispatcher more than fresh_window_ms after their Kafka time (a
     job catching up after an outage) are CHECKed like re-creations; once the check finds they
     were never persisted they are fresh, and must queue behind the backlog, not fill memory."""
-    sim = _backlog_behind_open_breaker(200)
+    sim = backlog_behind_open_breaker(200, WINDOW)
     drv = sim.driver("ep_1")
     queued = drv.spilled
     late = sim.now - WINDOW.fresh_window_ms - 60_000
