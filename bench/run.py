@@ -48,7 +48,7 @@ from bench.raw_http import percentile
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
-from stack.flink_jobs import cancel, job_sh, wait_all_running
+from stack.flink_jobs import cancel, extra_taskmanagers, job_sh, wait_all_running
 from stack.isolation import isolated_env, settings_with
 from stack.topics import create_topics
 from tests.support.receiver import ReceiverControl
@@ -187,24 +187,6 @@ class TaskManagerSampler:
 
 
 # ---- settings, topics, control plane, job ---------------------------------------------------------
-
-@contextmanager
-def extra_taskmanagers(n: int) -> Iterator[None]:
-    """n more TaskManagers for this run (stack/flink.sh add-tm), stopped by their pids after."""
-    parts: list[str] = []
-    try:
-        for _ in range(n):
-            out = subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "add-tm"], check=True,
-                                 capture_output=True, text=True, timeout=180)
-            parts.append(out.stdout.strip().splitlines()[-1])
-            say(f"started TaskManager {parts[-1]}")
-        yield
-    finally:
-        for part in parts:
-            subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "stop-tm", part], check=False,
-                           capture_output=True, timeout=120)
-            say(f"stopped TaskManager {part}")
-
 
 def bench_env(run_id: str, receiver_port: int, partitions: int) -> dict[str, str]:
     """WEBHOOKS_* for this run's job and control plane: own topics, loopback egress allowance."""
@@ -538,7 +520,7 @@ def run(args: argparse.Namespace) -> int:
         rx.clear()
 
         port = int(rxp.base_url.rsplit(":", 1)[1])
-        stack.enter_context(extra_taskmanagers(args.taskmanagers - 1))
+        stack.enter_context(extra_taskmanagers(args.taskmanagers - 1, say))
         env = bench_env(run_id, port, max(args.partitions, args.taskmanagers))
         env["WEBHOOKS_FLINK__PARALLELISM"] = str(args.taskmanagers)
         settings = settings_with(env)

@@ -8,8 +8,13 @@ between the two. The endpoint row is the source of truth and carries ``published
 The config clock tells the job "every config stored before T is on the topic". A change holds
 the clock from just before its Cassandra write until Kafka confirms its config (by the request
 or, after a failure, by the republisher), so the clock can never pass a stored-but-unpublished
-config. This covers changes made by this process: with several replicas, one of them (elected) must run
-the clock and republisher loops, and the others forward their holds or do not take writes.
+config. Holds are durable because the endpoint row is: every row the republisher finds behind
+(``published_version < config_version``) is held from its ``updated_at`` until it is published,
+and a starting process publishes no tick before one full pass has read them all -- so a crash
+between the Cassandra write and the publish (or a change made by another replica) never lets the
+clock pass a stored config. A publish that fails also writes a durable hold row
+(``config_holds``) that every replica reads before each tick, so with several replicas -- each
+may tick -- none passes a change another one stored, acknowledged and could not publish.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, eq=False)  # identity equality: two holds on one version are distinct
 class Hold:
+    tenant_id: str
     endpoint_id: str
     version: int
     since_ms: int
@@ -42,8 +48,8 @@ class PublishWatermark:
     _holds: set[Hold] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def hold(self, endpoint_id: str, version: int, now_ms: int) -> Hold:
-        h = Hold(endpoint_id, version, now_ms)
+    def hold(self, tenant_id: str, endpoint_id: str, version: int, now_ms: int) -> Hold:
+        h = Hold(tenant_id, endpoint_id, version, now_ms)
         with self._lock:
             self._holds.add(h)
         return h
@@ -59,6 +65,11 @@ class PublishWatermark:
             self._holds = {
                 h for h in self._holds if not (h.endpoint_id == endpoint_id and h.version <= version)
             }
+
+    def held_before(self, since_ms: int) -> set[tuple[str, str]]:
+        """(tenant_id, endpoint_id) of the holds taken before ``since_ms``."""
+        with self._lock:
+            return {(h.tenant_id, h.endpoint_id) for h in self._holds if h.since_ms < since_ms}
 
     def clock_value(self, now_ms: int) -> int:
         with self._lock:
@@ -81,6 +92,9 @@ class ConfigPublication:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._last_clock_ms = 0
+        # No tick before one complete pass over the rows: a config stored by a process that died
+        # before publishing it must be held (or published) before the clock can pass it.
+        self._recovered = threading.Event()
 
     def _lock_for(self, endpoint_id: str) -> threading.Lock:
         with self._locks_guard:
@@ -100,9 +114,21 @@ class ConfigPublication:
             if endpoint.published_version >= endpoint.config_version:
                 self.watermark.published(endpoint_id, endpoint.published_version)
                 return endpoint
+            # Found behind (a failed publish, a process that died, another replica): hold the
+            # clock at its write until Kafka confirms it. Released by published() below.
+            since = min(endpoint.updated_at_ms, self._now_ms())
+            self.watermark.hold(tenant_id, endpoint_id, endpoint.config_version, since)
             # The audit row goes first: no config reaches the job without its version audited.
             self._store.put_version(EndpointVersion.of(endpoint))
-            self._publisher.publish_config(endpoint.to_config(self._now_ms()))
+            try:
+                self._publisher.publish_config(endpoint.to_config(self._now_ms()))
+            except PublishError:
+                # Stored (and about to be acknowledged) but not on the topic: hold every
+                # replica's clock at it, durably, until some replica's publish succeeds.
+                self._store.put_clock_hold(tenant_id, endpoint_id, endpoint.config_version, since)
+                raise
+            # Before the mark: a row marked published never leaves a durable hold behind.
+            self._store.clear_clock_holds(tenant_id, endpoint_id, endpoint.config_version)
             self._store.mark_published(tenant_id, endpoint_id, endpoint.config_version)
             self.watermark.published(endpoint_id, endpoint.config_version)
             return endpoint
@@ -118,19 +144,42 @@ class ConfigPublication:
         return 0 if endpoint is None else endpoint.config_version
 
     def republish_pending(self) -> int:
-        """One reconciliation pass; returns how many lagging rows it brought up to date."""
+        """One reconciliation pass; returns how many lagging rows it brought up to date. Raises
+        Unavailable if the rows cannot be read (then nothing is settled)."""
         published = 0
+        started = self._now_ms()
+        tried: set[tuple[str, str]] = set()
         for tenant_id, endpoint_id in self._store.iter_unpublished():
+            tried.add((tenant_id, endpoint_id))
             try:
                 if self.publish_latest(tenant_id, endpoint_id) is not None:
                     published += 1
+            except (PublishError, Unavailable) as exc:  # still held: a later pass publishes it
+                log.warning("republish of %s failed, next pass retries: %s", endpoint_id, exc)
+        # Holds older than this pass whose rows it did not find behind were published by someone
+        # else (another replica, a retried request): reading each row again releases them.
+        # Younger holds belong to requests in flight, which release their own.
+        for tenant_id, endpoint_id in self.watermark.held_before(started) - tried:
+            try:
+                self.publish_latest(tenant_id, endpoint_id)
             except (PublishError, Unavailable) as exc:
                 log.warning("republish of %s failed, next pass retries: %s", endpoint_id, exc)
+        self._recovered.set()
         return published
 
+    @property
+    def recovered(self) -> bool:
+        return self._recovered.is_set()
+
     def publish_clock(self) -> bool:
-        """Publish the clock if it moved; False while a change holds it at the same value."""
+        """Publish the clock if it moved; False while a change holds it at the same value, and
+        before the first complete republisher pass of this process."""
+        if not self._recovered.is_set():
+            return False
         value = self.watermark.clock_value(self._now_ms())
+        durable = self._store.oldest_clock_hold_ms()  # any replica's failed publishes
+        if durable is not None:
+            value = min(value, durable - 1)
         if value <= self._last_clock_ms:
             return False
         self._publisher.publish_clock(ConfigClock(published_at_ms=value))

@@ -22,6 +22,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionP
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from control_plane import faults
 from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.auth import Authenticator
@@ -53,18 +54,26 @@ def now_ms() -> int:
 class Loop:
     """Runs ``step`` every ``interval_s`` on a daemon thread; a failing step is logged, not fatal."""
 
-    def __init__(self, name: str, interval_s: float, step: Callable[[], object]) -> None:
+    def __init__(self, name: str, interval_s: float, step: Callable[[], object], first_at_start: bool = False) -> None:
         self._interval_s = interval_s
+        self._first_at_start = first_at_start
         self._step = step
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        wait = 0.0 if self._first_at_start else self._interval_s
+        quiet_until = 0.0
+        while not self._stop.wait(wait):
+            wait = self._interval_s
             try:
                 self._step()
+                quiet_until = 0.0
             except (PublishError, Unavailable) as exc:  # expected while Kafka/Cassandra is down
-                log.warning("%s: %s; next tick retries", self._thread.name, exc)
+                # The clock ticks 20 times a second: one line per 10 s of an outage is enough.
+                if time.monotonic() >= quiet_until:
+                    log.warning("%s: %s; next tick retries", self._thread.name, exc)
+                    quiet_until = time.monotonic() + 10.0
             except Exception:  # noqa: BLE001 -- the next tick retries; the loop must not die
                 log.exception("%s step failed", self._thread.name)
 
@@ -130,6 +139,7 @@ def build(
             now_ms=now_ms,
             random_bytes=os.urandom,
             default_overlap_s=cp.secret_rotation_overlap_s,
+            fault=faults.killer(cp.kill_at),
         )
     )
     deliveries = DeliveryService(
@@ -153,7 +163,8 @@ def build(
         raise RuntimeError(f"could not bind {cp.host}:{cp.port}")
     signals = SignalConsumer(settings.kafka, endpoints)
     loops = (
-        Loop("republisher", cp.republish_interval_s, publication.republish_pending),
+        # First pass at once: the clock does not tick until it has held every lagging row.
+        Loop("republisher", cp.republish_interval_s, publication.republish_pending, first_at_start=True),
         Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
         # The dispatcher's 410 Gone signals become audited disables.
         Loop("endpoint-signals", 0.2, signals.poll_once),

@@ -101,6 +101,8 @@ class Deps:
     now_ms: Callable[[], int]
     random_bytes: Callable[[int], bytes]
     default_overlap_s: int
+    # Fault injection for the crash tests (control_plane.faults); a no-op unless configured.
+    fault: Callable[[str], None] = lambda point: None
 
 
 def require_write(principal: Principal) -> None:
@@ -175,7 +177,7 @@ class EndpointService:
             endpoint_id = claim.endpoint_id
             existing = self._d.store.get_endpoint(principal.tenant_id, endpoint_id)
             if existing is not None:
-                return self._created_again(existing)
+                return self._created_again(self._published(existing))
         now = self._d.now_ms()
         secret = generate_secret(self._d.random_bytes(SECRET_BYTES))
         endpoint = Endpoint(
@@ -191,7 +193,7 @@ class EndpointService:
             changed_by=principal.key_id,
             change="create",
         )
-        hold = self._d.publication.watermark.hold(endpoint_id, 1, now)
+        hold = self._d.publication.watermark.hold(principal.tenant_id, endpoint_id, 1, now)
         inserted = False
         try:
             inserted = self._d.store.insert_endpoint(endpoint)
@@ -203,8 +205,9 @@ class EndpointService:
             existing = self._d.store.get_endpoint(principal.tenant_id, endpoint_id)
             if existing is None:
                 raise Aborted("a concurrent create with this request_id is in progress; retry")
-            return self._created_again(existing)
+            return self._created_again(self._published(existing))
         log.info("endpoint %s created for tenant %s", endpoint_id, principal.tenant_id)
+        self._d.fault("create.stored")  # stored, not yet published: the dual write's gap
         return Created(self._published(endpoint), secret)
 
     def _created_again(self, endpoint: Endpoint) -> Created:
@@ -397,7 +400,8 @@ class EndpointService:
                 # The version being replaced may never have been audited (its publish is still
                 # pending): audit it now, before it is overwritten.
                 self._d.store.put_version(EndpointVersion.of(current))
-            hold = self._d.publication.watermark.hold(endpoint_id, new.config_version, self._d.now_ms())
+            hold = self._d.publication.watermark.hold(new.tenant_id, endpoint_id, new.config_version,
+                                                      self._d.now_ms())
             committed = False
             try:
                 committed = self._d.store.replace_endpoint(new, current.config_version)

@@ -1,14 +1,17 @@
 """Consume the dispatcher's endpoint signals (webhooks.endpoint-signals) and act on them.
 
 At-least-once: offsets are committed after the batch is applied, and applying a signal twice is
-harmless (the disable is conditional on the config version the 410 was seen under).
+harmless (the disable is conditional on the config version the 410 was seen under). A signal whose
+handling fails (Cassandra down) is never skipped: the consumer seeks back to it, so the next poll
+starts there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from control_plane.errors import Unavailable
 from control_plane.service import EndpointService
@@ -46,14 +49,27 @@ class SignalConsumer:
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("unreadable endpoint signal skipped: %s", exc)
                 continue
-            if signal.signal == "gone":
-                changed = self._endpoints.disable_gone(signal)
-                if changed is not None:
-                    log.warning("endpoint %s disabled: %s", signal.endpoint_id, signal.detail)
+            try:
+                if signal.signal == "gone":
+                    changed = self._endpoints.disable_gone(signal)
+                    if changed is not None:
+                        log.warning("endpoint %s disabled: %s", signal.endpoint_id, signal.detail)
+            except Exception:
+                # Not applied: the consumer's position is already past it, so go back to it
+                # (and keep what was applied before it); the next poll retries from here.
+                self._consumer.seek(TopicPartition(m.topic(), m.partition(), m.offset()))
+                self._commit_before(m)
+                raise
             applied += 1
         if messages:
             self._consumer.commit(asynchronous=False)
         return applied
+
+    def _commit_before(self, m: Message) -> None:
+        if m.offset() > 0:
+            with contextlib.suppress(KafkaException):  # best effort: re-applying is harmless
+                self._consumer.commit(offsets=[TopicPartition(m.topic(), m.partition(), m.offset())],
+                                      asynchronous=False)
 
     def close(self) -> None:
         self._consumer.close()

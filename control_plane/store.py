@@ -65,6 +65,16 @@ class EndpointStore(Protocol):
     def get_endpoint(self, tenant_id: str, endpoint_id: str) -> Endpoint | None: ...
     def list_endpoints(self, tenant_id: str, after_id: str, limit: int) -> list[Endpoint]: ...
 
+    def put_clock_hold(self, tenant_id: str, endpoint_id: str, version: int, since_ms: int) -> None:
+        """A durable hold on the config clock (see control_plane.publication)."""
+        ...
+
+    def clear_clock_holds(self, tenant_id: str, endpoint_id: str, up_to_version: int) -> None: ...
+
+    def oldest_clock_hold_ms(self) -> int | None:
+        """The earliest ``since`` of every durable hold, from every replica; None if none."""
+        ...
+
     def iter_unpublished(self) -> Iterator[tuple[str, str]]:
         """(tenant_id, endpoint_id) of every row whose latest config Kafka has not confirmed."""
         ...
@@ -255,6 +265,11 @@ class CassandraStore:
             "WHERE tenant_id = ? AND endpoint_id = ?",
             "endpoint_list": f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints "
             "WHERE tenant_id = ? AND endpoint_id > ? LIMIT ?",
+            "hold_put": "INSERT INTO config_holds (bucket, tenant_id, endpoint_id, version, since) "
+            "VALUES (0, ?, ?, ?, ?)",
+            "hold_clear": "DELETE FROM config_holds WHERE bucket = 0 AND tenant_id = ? AND endpoint_id = ? "
+            "AND version <= ?",
+            "hold_scan": "SELECT since FROM config_holds WHERE bucket = 0",
             "endpoint_scan": "SELECT tenant_id, endpoint_id, config_version, published_version "
             "FROM endpoints",
             "version_insert": f"INSERT INTO endpoint_config_versions ({_VERSION_COLUMNS}) VALUES "
@@ -359,6 +374,20 @@ class CassandraStore:
     def mark_published(self, tenant_id: str, endpoint_id: str, version: int) -> None:
         # Not applied = someone already marked this version or a later one: nothing to do.
         self._applied("endpoint_mark", (version, tenant_id, endpoint_id, version))
+
+    @_unavailable_on_driver_error
+    def put_clock_hold(self, tenant_id: str, endpoint_id: str, version: int, since_ms: int) -> None:
+        self._session.execute(self._p["hold_put"], (tenant_id, endpoint_id, version, _dt(since_ms)))
+
+    @_unavailable_on_driver_error
+    def clear_clock_holds(self, tenant_id: str, endpoint_id: str, up_to_version: int) -> None:
+        self._session.execute(self._p["hold_clear"], (tenant_id, endpoint_id, up_to_version))
+
+    @_unavailable_on_driver_error
+    def oldest_clock_hold_ms(self) -> int | None:
+        # One partition with a row per unpublished change: normally empty.
+        sinces = [_ms(r["since"]) for r in self._execute("hold_scan", ())]
+        return min((s for s in sinces if s is not None), default=None)
 
     @_unavailable_on_driver_error
     def get_endpoint(self, tenant_id: str, endpoint_id: str) -> Endpoint | None:

@@ -248,6 +248,13 @@ class EndpointDriver:
         self._slot_waits = 0
         return True
 
+    def refuse_config(self, reason: str) -> None:
+        """A record for this endpoint could not be read: keep its last readable config but send
+        nothing until a readable one replaces it (it may have changed the URL or the keys)."""
+        if self.config is not None and self.config.refused != reason:
+            self.config = replace(self.config, refused=reason)
+            self.store.put_config(self.config)
+
     def io_done(self, kind: IoKind, key: str, result: object, exc: BaseException | None, now_ms: int) -> None:
         """Finished I/O for delivery ``key``: a DurableRecord (check), None (persist, reserve,
         record), a SendReport (send), or (NewDelivery, DurableRecord) | None (load)."""
@@ -361,6 +368,8 @@ class EndpointDriver:
             return "deleted"
         if cfg.status is not EndpointStatus.ACTIVE:
             return "disabled"
+        if cfg.refused is not None:
+            return "config unreadable"
         if self.gone_at is not None:
             if cfg.config_version <= self.gone_at:
                 return "gone (410)"

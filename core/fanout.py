@@ -9,12 +9,18 @@ job can see an event before the config of an endpoint created just before it. Th
 publishes a :class:`core.records.ConfigClock` heartbeat on the single-partition endpoints topic;
 once the job has read a clock at or after the moment an event arrived, every config published
 before that moment has been read too. Until then the event waits (it is held, never dropped).
+
+The clock is a progress signal, like a watermark: :class:`ClockFollower` predicts when the tick
+that passes a held event will be read, so a held event costs one timer, not a poll every few ms.
+If no tick has been read for ``stale_after_ms`` (the control plane is down or being deployed), held
+events are released with the configs already read -- the documented degraded mode, counted and
+logged -- so existing endpoints keep receiving events while no endpoint can be created anyway.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.records import EndpointConfig, EndpointStatus, EventRecord, delivery_id_for
 
@@ -49,6 +55,80 @@ def newer(current: EndpointConfig | None, incoming: EndpointConfig) -> bool:
 
 def clock_passed(clock_ms: int | None, arrived_at_ms: int) -> bool:
     return clock_ms is not None and clock_ms >= arrived_at_ms
+
+
+RELEASE = "release"  # the clock passed the event: every config published before it has been read
+DEGRADED = "degraded"  # no tick for stale_after_ms: released with the configs already read
+HOLD = "hold"
+
+
+@dataclass(frozen=True)
+class ClockDecision:
+    verdict: str  # RELEASE, DEGRADED or HOLD
+    recheck_at_ms: int | None = None  # HOLD: when to look again (local time)
+
+
+@dataclass
+class ClockFollower:
+    """Fan-out's view of the config clock: the newest tick value read, when (local time) it was
+    read, and the observed spacing of ticks, from which it predicts when a held event can go.
+
+    Ticks are read at roughly ``read_at + k * period`` with values ``read_at - lag``; the first
+    tick whose value reaches an event's arrival is predicted from the last one read. A late tick
+    only costs a short recheck (``period / 8``); the prediction never reaches past the moment the
+    clock would be declared stale, so the degraded release is on time.
+    """
+
+    interval_hint_ms: int  # the control plane's configured tick interval, until ticks are seen
+    stale_after_ms: int
+    started_at_ms: int  # local time the operator (re)started: a restored clock is not fresh
+    value_ms: int | None = None
+    read_at_ms: int | None = None
+    period_ms: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.period_ms = float(self.interval_hint_ms)
+
+    def observe(self, value_ms: int, now_ms: int) -> bool:
+        """A tick was read; returns False for a tick that does not move the clock."""
+        if self.value_ms is not None and value_ms <= self.value_ms:
+            return False
+        if self.value_ms is not None and self.read_at_ms is not None:  # two ticks read in this run
+            # Spacing of the values (the control plane's cadence), smoothed; a tick held back
+            # by an unpublished config shows up as one long step and is mostly ignored.
+            step = min(value_ms - self.value_ms, 4 * self.interval_hint_ms)
+            self.period_ms = max(1.0, 0.8 * self.period_ms + 0.2 * step)
+        self.value_ms = value_ms
+        self.read_at_ms = now_ms
+        return True
+
+    def restored(self, value_ms: int | None) -> None:
+        """The clock value a checkpoint kept; when it was read is unknown (counts as at start)."""
+        if value_ms is not None and (self.value_ms is None or value_ms > self.value_ms):
+            self.value_ms = value_ms
+
+    def age_ms(self, now_ms: int) -> int:
+        """Time since the last tick was read (since start if none was read in this run)."""
+        last = self.read_at_ms if self.read_at_ms is not None else self.started_at_ms
+        return max(0, now_ms - last)
+
+    def decide(self, arrived_ms: int, now_ms: int) -> ClockDecision:
+        if clock_passed(self.value_ms, arrived_ms):
+            return ClockDecision(RELEASE)
+        last = self.read_at_ms if self.read_at_ms is not None else self.started_at_ms
+        stale_at = last + self.stale_after_ms
+        if now_ms >= stale_at:
+            return ClockDecision(DEGRADED)
+        step = max(1, int(self.period_ms / 8))
+        if self.value_ms is None or self.read_at_ms is None:
+            predicted = now_ms + int(self.period_ms)
+        else:
+            lag = self.read_at_ms - self.value_ms  # value -> read delay, incl. any skew
+            ticks = -(-(arrived_ms - self.value_ms) // max(1, int(self.period_ms)))  # ceil
+            predicted = max(self.read_at_ms + ticks * int(self.period_ms), arrived_ms + lag)
+            if predicted <= now_ms:  # the predicted tick is late: look again shortly
+                predicted = now_ms + step
+        return ClockDecision(HOLD, min(predicted + 1, stale_at))
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,16 @@ class EndpointStatus(enum.StrEnum):
     DISABLED = "disabled"  # by a person, or by a 410 Gone from the endpoint
     DELETED = "deleted"
 
+    @staticmethod
+    def tolerant(raw: object) -> EndpointStatus:
+        """A status a newer control plane may publish and this job does not know is "not active":
+        nothing is sent and nothing is cancelled (deleted is the only status that ends deliveries),
+        so the endpoint waits, visibly, until a status the job knows arrives."""
+        try:
+            return EndpointStatus(str(raw))
+        except ValueError:
+            return EndpointStatus.DISABLED
+
 
 @dataclass(frozen=True)
 class SigningKey:
@@ -122,9 +132,13 @@ class EndpointConfig:
     published_at_ms: int
     rate_limit_per_s: float | None = None
     max_in_flight: int | None = None
+    # Set by the dispatcher when a later record for this endpoint could not be read: sends wait
+    # until a readable config replaces it. Never published (the control plane never sets it).
+    refused: str | None = None
 
     def to_json(self) -> bytes:
         d = asdict(self)
+        del d["refused"]
         d["status"] = self.status.value
         d["event_types"] = list(self.event_types)
         d["signing_keys"] = [asdict(k) for k in self.signing_keys]
@@ -138,7 +152,7 @@ class EndpointConfig:
             tenant_id=str(d["tenant_id"]),
             config_version=int(d["config_version"]),
             url=str(d["url"]),
-            status=EndpointStatus(d["status"]),
+            status=EndpointStatus.tolerant(d["status"]),
             event_types=tuple(str(t) for t in d["event_types"]),
             signing_keys=tuple(
                 SigningKey(
@@ -164,6 +178,16 @@ class ConfigClock:
 
     def to_json(self) -> bytes:
         return json.dumps({"schema": CLOCK_SCHEMA_V1, "published_at_ms": self.published_at_ms}).encode()
+
+
+@dataclass(frozen=True)
+class UnreadableConfig:
+    """An endpoints-topic record under an endpoint's key that this job cannot read. It is not
+    dropped: it is counted, logged, and holds the endpoint's sends until a readable config for
+    the same key arrives (the topic keeps per-key order)."""
+
+    endpoint_id: str
+    reason: str
 
 
 def _json_object(raw: bytes | str) -> dict[str, Any]:

@@ -59,6 +59,10 @@ def _endpoint_topic(env: StreamExecutionEnvironment, settings: Settings) -> Data
     k = settings.kafka
     t_env = StreamTableEnvironment.create(env)
     t_env.get_config().set("table.exec.uid.generation", "ALWAYS")
+    # One reader, one normalizer: at parallelism > 1 the planner would hash configs and clock
+    # ticks (different keys) through different subtasks, and fan-out could read a tick before a
+    # config published ahead of it. The topic is one small partition; one subtask reads it.
+    t_env.get_config().set("table.exec.resource.default-parallelism", "1")
     t_env.execute_sql(f"""
         CREATE TEMPORARY TABLE endpoint_topic (
             endpoint_id STRING,
@@ -92,8 +96,11 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
 
     events = (env.from_source(_source(settings, k.events_topic, "events", False), no_wm, "events")
               .uid(uids.EVENTS_SOURCE).name("Kafka: " + k.events_topic))
+    # Parallelism 1 from the topic to the broadcast, so fan-out reads configs and clock ticks in
+    # the topic's order at any job parallelism (one upstream channel per fan-out subtask).
     endpoint_records = (_endpoint_topic(env, settings)
                         .flat_map(ParseEndpointRecord(), Types.PICKLED_BYTE_ARRAY())
+                        .set_parallelism(1)
                         .uid(uids.PARSE_ENDPOINTS).name("parse endpoint configs"))
     replays = (env.from_source(_source(settings, k.replays_topic, "replays", False), no_wm, "replays")
                .uid(uids.REPLAYS_SOURCE).name("Kafka: " + k.replays_topic)
@@ -108,13 +115,16 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
 
     deliveries = (parsed.key_by(lambda r: r[0], Types.STRING())
                   .connect(endpoint_records.broadcast(ENDPOINT_CONFIGS))
-                  .process(FanOut(settings.flink.dedupe_ttl_s, settings.dispatch.retry_deadline_s),
+                  .process(FanOut(settings.flink.dedupe_ttl_s, settings.dispatch.retry_deadline_s,
+                                  settings.control_plane.config_clock_interval_ms,
+                                  settings.control_plane.config_clock_stale_after_ms),
                            Types.PICKLED_BYTE_ARRAY())
                   .uid(uids.FAN_OUT).name("dedupe + fan-out"))
 
     # Configs reach the dispatcher keyed by endpoint, in its one keyed input: a config change
     # drives its endpoint at once (a re-enable drains the held backlog, a new URL is used).
     keyed_configs = (endpoint_records.flat_map(key_config, Types.PICKLED_BYTE_ARRAY())
+                     .set_parallelism(1)  # chained: one endpoint's configs stay in order
                      .uid(uids.DISPATCH_CONFIGS).name("endpoint configs for dispatch"))
     signals = (deliveries.union(replays, keyed_configs)
                .key_by(lambda r: r[0], Types.STRING())

@@ -46,7 +46,7 @@ from core.endpoint_driver import (
 )
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
-from core.records import EndpointConfig, ReplayRequest
+from core.records import EndpointConfig, ReplayRequest, UnreadableConfig
 from core.retry import RetrySchedule
 from core.secrets import redact
 from core.settings import Settings
@@ -148,8 +148,10 @@ class Dispatcher(KeyedProcessFunction):
                     log.warning("replay %s of %s by %s %s", r.request_id or "-", r.delivery_id,
                                 r.requested_by, outcome)
             elif kind == CONFIG:
-                cfg: EndpointConfig = item
-                drv.set_config(cfg)
+                if isinstance(item, UnreadableConfig):
+                    drv.refuse_config(item.reason)
+                else:
+                    drv.set_config(item)
             yield from self._pass(endpoint_id, drv, ctx, now)
         except Exception as exc:  # noqa: BLE001 -- one endpoint's failure must not stop the task
             self._contain(endpoint_id, ctx, now, exc)
@@ -339,5 +341,5 @@ class Dispatcher(KeyedProcessFunction):
 
 def key_config(cfg: Any):  # type: ignore[no-untyped-def]
     """Endpoint configs join the dispatcher's keyed input (the clock ticks are fan-out's only)."""
-    if isinstance(cfg, EndpointConfig):
+    if isinstance(cfg, (EndpointConfig, UnreadableConfig)):
         yield cfg.endpoint_id, (CONFIG, cfg)

@@ -13,10 +13,10 @@ from dataclasses import replace
 
 from pyflink.common import Row, RowKind
 from pyflink.common.typeinfo import Types
-from pyflink.datastream.functions import FlatMapFunction
+from pyflink.datastream.functions import FlatMapFunction, RuntimeContext
 from pyflink.datastream.state import MapStateDescriptor
 
-from core.records import EndpointConfig, EndpointStatus, parse_endpoint_topic_value
+from core.records import CLOCK_KEY, EndpointConfig, EndpointStatus, UnreadableConfig, parse_endpoint_topic_value
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,13 @@ ENDPOINT_CONFIGS = MapStateDescriptor("endpoint-configs", Types.STRING(), Types.
 
 
 class ParseEndpointRecord(FlatMapFunction):
-    """Configs and clock ticks from the control plane. A record we cannot read is logged and
-    skipped: the control plane is the only producer, and its republisher re-sends the config."""
+    """Configs and clock ticks from the control plane. Unknown fields are ignored and an unknown
+    status reads as "not active" (:meth:`EndpointStatus.tolerant`); a record that cannot be read
+    at all becomes an :class:`UnreadableConfig` for its key -- counted (``configs_refused``),
+    logged, and holding that endpoint in the dispatcher -- never silently skipped."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self._refused = runtime_context.get_metrics_group().counter("configs_refused")
 
     def flat_map(self, value: Row):  # type: ignore[override]
         kind = value.get_row_kind()
@@ -35,7 +40,10 @@ class ParseEndpointRecord(FlatMapFunction):
         try:
             record = parse_endpoint_topic_value(value[1].encode("utf-8"))
         except (ValueError, KeyError, TypeError) as exc:
-            log.error("unreadable endpoints-topic record for key %r skipped: %s", value[0], exc)
+            self._refused.inc()
+            log.error("unreadable endpoints-topic record for key %r: %s", value[0], exc)
+            if value[0] is not None and value[0] != CLOCK_KEY:
+                yield UnreadableConfig(endpoint_id=str(value[0]), reason=f"{type(exc).__name__}: {exc}")
             return
         if kind is RowKind.DELETE:
             if isinstance(record, EndpointConfig):

@@ -1,7 +1,16 @@
 """Fan-out, keyed by event_id: drop duplicate events, wait for the config clock, then create one
-delivery per matching endpoint. A thin adapter over :mod:`core.fanout`."""
+delivery per matching endpoint. A thin adapter over :mod:`core.fanout`.
+
+A held event (the clock has not yet passed its arrival) waits on one processing-time timer at the
+moment :class:`core.fanout.ClockFollower` predicts the releasing tick will have been read, not on
+a short polling timer; a late tick costs a short recheck. With no tick for ``stale_after_ms`` the
+event is released with the configs already read (degraded mode: counted, logged once per outage).
+"""
 
 from __future__ import annotations
+
+import logging
+import time
 
 from pyflink.common import Time
 from pyflink.common.typeinfo import Types
@@ -13,14 +22,16 @@ from core.records import CLOCK_KEY, ConfigClock, EndpointConfig, EventRecord
 from operators.dispatcher import NEW
 from operators.endpoint_configs import ENDPOINT_CONFIGS
 
-# How often a held event re-checks the config clock.
-_HOLD_RECHECK_MS = 20
+log = logging.getLogger(__name__)
 
 
 class FanOut(KeyedBroadcastProcessFunction):
-    def __init__(self, dedupe_ttl_s: int, deadline_s: float) -> None:
+    def __init__(self, dedupe_ttl_s: int, deadline_s: float, clock_interval_ms: int,
+                 clock_stale_after_ms: int) -> None:
         self._ttl_s = dedupe_ttl_s
         self._deadline_ms = int(deadline_s * 1000)
+        self._clock_interval_ms = clock_interval_ms
+        self._stale_after_ms = clock_stale_after_ms
 
     def open(self, runtime_context: RuntimeContext) -> None:
         seen = ValueStateDescriptor("seen", Types.BOOLEAN())
@@ -38,23 +49,44 @@ class FanOut(KeyedBroadcastProcessFunction):
         # In-memory mirror of the broadcast state, by tenant, so matching an event reads only its
         # tenant's endpoints. Rebuilt from the broadcast state on first use after a (re)start.
         self._by_tenant: dict[str, dict[str, EndpointConfig]] | None = None
-        self._clock: int | None = None
+        self._clock = fanout.ClockFollower(self._clock_interval_ms, self._stale_after_ms, _now_ms())
+        self._clock_restored = False
+        # event_id -> arrival of the events held by this incarnation (holds a restore left are
+        # learnt when their timer fires): what the held-count and oldest-held-age gauges read.
+        self._holding: dict[str, int] = {}
+        self._degraded_since_ms: int | None = None
         m = runtime_context.get_metrics_group()
         self._duplicates = m.counter("duplicate_events_dropped")
         self._deliveries = m.counter("deliveries_created")
         self._unmatched = m.counter("events_without_endpoints")
+        self._released_without_clock = m.counter("events_released_without_clock")
+        m.gauge("events_held", lambda: len(self._holding))
+        m.gauge("oldest_held_age_ms", self._oldest_held_age_ms)
+        m.gauge("config_clock_age_ms", lambda: self._clock.age_ms(_now_ms()))
+
+    def _oldest_held_age_ms(self) -> int:
+        holding = self._holding
+        return max(0, _now_ms() - min(holding.values())) if holding else 0
 
     def process_broadcast_element(self, value, ctx):  # type: ignore[override]
         state = ctx.get_broadcast_state(ENDPOINT_CONFIGS)
         if isinstance(value, ConfigClock):
-            current = state.get(CLOCK_KEY)
-            if current is None or value.published_at_ms > current:
+            # Wall time, which is what processing time is: PyFlink 2.2's thread-mode broadcast
+            # context has no currentProcessingTime (AttributeError on the Java object).
+            now = _now_ms()
+            if self._clock.observe(value.published_at_ms, now):
                 state.put(CLOCK_KEY, value.published_at_ms)
-                self._clock = value.published_at_ms
+                if self._degraded_since_ms is not None:
+                    log.warning("config clock is back after %d ms: events wait for it again",
+                                now - self._degraded_since_ms)
+                    self._degraded_since_ms = None
         elif isinstance(value, EndpointConfig) and fanout.newer(state.get(value.endpoint_id), value):
             state.put(value.endpoint_id, value)
             if self._by_tenant is not None:
                 self._by_tenant.setdefault(value.tenant_id, {})[value.endpoint_id] = value
+        # An UnreadableConfig (counted by the parser) changes nothing here: the endpoint's last
+        # readable config stays in use for matching, and the dispatcher holds its sends until a
+        # readable config replaces it.
 
     def _tenant_configs(self, state, tenant_id: str) -> list[EndpointConfig]:
         if self._by_tenant is None:
@@ -65,10 +97,10 @@ class FanOut(KeyedBroadcastProcessFunction):
             self._by_tenant = index
         return list(self._by_tenant.get(tenant_id, {}).values())
 
-    def _config_clock(self, state) -> int | None:
-        if self._clock is None:
-            self._clock = state.get(CLOCK_KEY)
-        return self._clock
+    def _restore_clock(self, state) -> None:
+        if not self._clock_restored:
+            self._clock.restored(state.get(CLOCK_KEY))
+            self._clock_restored = True
 
     def process_element(self, value, ctx):  # type: ignore[override]
         _, (event, arrived_ms) = value
@@ -76,25 +108,41 @@ class FanOut(KeyedBroadcastProcessFunction):
             self._duplicates.inc()
             return
         self._seen.update(True)
-        yield from self._release_or_hold(event, arrived_ms, ctx)
+        yield from self._release_or_hold(event, arrived_ms, ctx, held=False)
 
     def on_timer(self, timestamp, ctx):  # type: ignore[override]
         held = self._held.value()
         if held is None:
             return
-        self._held.clear()
-        yield from self._release_or_hold(held[0], held[1], ctx)
+        yield from self._release_or_hold(held[0], held[1], ctx, held=True)
 
-    def _release_or_hold(self, event: EventRecord, arrived_ms: int, ctx):
+    def _release_or_hold(self, event: EventRecord, arrived_ms: int, ctx, held: bool):
         state = ctx.get_broadcast_state(ENDPOINT_CONFIGS)
-        if not fanout.clock_passed(self._config_clock(state), arrived_ms):
-            self._held.update((event, arrived_ms))
-            now = ctx.timer_service().current_processing_time()
-            ctx.timer_service().register_processing_time_timer(now + _HOLD_RECHECK_MS)
+        self._restore_clock(state)
+        now = ctx.timer_service().current_processing_time()
+        decision = self._clock.decide(arrived_ms, now)
+        if decision.verdict == fanout.HOLD:
+            if not held:
+                self._held.update((event, arrived_ms))
+            self._holding[event.event_id] = arrived_ms
+            ctx.timer_service().register_processing_time_timer(decision.recheck_at_ms)
             return
+        if held:
+            self._held.clear()
+        self._holding.pop(event.event_id, None)
+        if decision.verdict == fanout.DEGRADED:
+            self._released_without_clock.inc()
+            if self._degraded_since_ms is None:
+                self._degraded_since_ms = now
+                log.warning("no config clock for %d ms (control plane down?): events are released "
+                            "with the endpoint configs already read", self._clock.age_ms(now))
         chosen = fanout.select_endpoints(event, self._tenant_configs(state, event.tenant_id))
         if not chosen:
             self._unmatched.inc()
         for d in fanout.deliveries_for(event, chosen, arrived_ms, self._deadline_ms):
             self._deliveries.inc()
             yield d.endpoint_id, (NEW, d)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

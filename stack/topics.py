@@ -18,7 +18,11 @@ from core.settings import KafkaSettings, load_settings
 
 def topic_specs(k: KafkaSettings) -> list[NewTopic]:
     return [
-        NewTopic(k.events_topic, num_partitions=k.partitions, replication_factor=1),
+        # The broker stamps each event's arrival (LogAppendTime): fan-out compares it with the
+        # config clock, and a delivery's deadline counts from it -- the producers' clocks
+        # (CreateTime, any application host's) decide neither. Set it on real clusters too.
+        NewTopic(k.events_topic, num_partitions=k.partitions, replication_factor=1,
+                 config={"message.timestamp.type": "LogAppendTime"}),
         NewTopic(
             k.endpoints_topic,
             num_partitions=1,

@@ -126,7 +126,11 @@ def delivery_job(settings: Settings, job_env: dict[str, str], kafka_bootstrap: s
     job_sh(job_env, "submit")
     job_id = job_sh(job_env, "id").strip()
     assert job_id
-    wait_all_running(job_id)
+    try:
+        wait_all_running(job_id)
+    except BaseException:
+        cancel(job_id)  # a job that never ran must not restart-loop on the shared cluster
+        raise
     yield job_id
     # Fault tests stop/restore the job, so cancel whatever incarnation of it runs now.
     for jid in {job_id, job_sh(job_env, "id").strip()} - {""}:

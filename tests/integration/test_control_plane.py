@@ -549,6 +549,11 @@ def test_another_tenant_gets_not_found_on_every_call(stack: Stack) -> None:
 # -- dual write ------------------------------------------------------------------------------
 
 
+def durable_holds(stack: Stack) -> set[tuple[str, str, int]]:
+    rows = stack.session.execute("SELECT tenant_id, endpoint_id, version FROM config_holds WHERE bucket = 0")
+    return {(r[0], r[1], r[2]) for r in rows}
+
+
 def test_publish_failure_is_reconciled_by_the_republisher_and_holds_the_clock(stack: Stack) -> None:
     t = new_tenant(stack)
     watermark = stack.server.publication.watermark
@@ -563,12 +568,15 @@ def test_publish_failure_is_reconciled_by_the_republisher_and_holds_the_clock(st
             "WHERE tenant_id = %s AND endpoint_id = %s",
             (t.tenant_id, e.endpoint_id)).one()
         assert tuple(row) == (1, 0)
-        # The config clock may not pass a stored-but-unpublished config.
+        # The config clock may not pass a stored-but-unpublished config: neither this process's
+        # nor any other replica's, which reads the durable hold row.
         assert watermark.clock_value(now_ms()) < created_at
+        assert (t.tenant_id, e.endpoint_id, 1) in durable_holds(stack)
     finally:
         stack.publisher.fail_configs = False
     wait_for(lambda: stack.api.GetEndpoint(ref(e.endpoint_id), metadata=t.md).published_version == 1)
     assert watermark.clock_value(now_ms()) >= created_at
+    assert not any(h[:2] == (t.tenant_id, e.endpoint_id) for h in durable_holds(stack))
 
     topic = stack.settings.kafka.endpoints_topic
     [(_k, value)] = consume(stack, topic, lambda k, _v: k == e.endpoint_id.encode())

@@ -71,6 +71,7 @@ class MemoryStore:
     endpoints: dict[tuple[str, str], Endpoint] = field(default_factory=dict)
     versions: dict[tuple[str, str, int], EndpointVersion] = field(default_factory=dict)
     requests: dict[tuple[str, str], IdempotencyRecord] = field(default_factory=dict)
+    clock_holds: dict[tuple[str, str, int], int] = field(default_factory=dict)
     deliveries: dict[str, DeliveryDetail] = field(default_factory=dict)
     fail_mark: bool = False
 
@@ -115,6 +116,16 @@ class MemoryStore:
 
     def get_endpoint(self, tenant_id: str, endpoint_id: str) -> Endpoint | None:
         return self.endpoints.get((tenant_id, endpoint_id))
+
+    def put_clock_hold(self, tenant_id: str, endpoint_id: str, version: int, since_ms: int) -> None:
+        self.clock_holds[(tenant_id, endpoint_id, version)] = since_ms
+
+    def clear_clock_holds(self, tenant_id: str, endpoint_id: str, up_to_version: int) -> None:
+        for key in [k for k in self.clock_holds if k[:2] == (tenant_id, endpoint_id) and k[2] <= up_to_version]:
+            del self.clock_holds[key]
+
+    def oldest_clock_hold_ms(self) -> int | None:
+        return min(self.clock_holds.values(), default=None)
 
     def list_endpoints(self, tenant_id: str, after_id: str, limit: int) -> list[Endpoint]:
         rows = sorted(
@@ -224,6 +235,7 @@ def w() -> World:
     store, publisher, clock = MemoryStore(), RecordingPublisher(), Clock()
     rng = counting_random()
     publication = ConfigPublication(store, publisher, clock)
+    publication.republish_pending()  # as the server does first: the clock ticks after one pass
     endpoints = EndpointService(
         Deps(
             store=store,
@@ -488,6 +500,69 @@ def test_publish_failure_is_caught_up_by_the_republisher_and_holds_the_clock(w: 
     assert ("tenant-a", e.endpoint_id, 1) in w.store.versions
     w.publication.publish_clock()
     assert w.publisher.clocks[-1].published_at_ms == w.clock.now
+
+
+def restarted(w: World) -> ConfigPublication:
+    """The same rows and topic, a new process: no holds in memory, no pass made yet."""
+    return ConfigPublication(w.store, w.publisher, w.clock)
+
+
+def test_a_config_stored_by_a_process_that_died_before_publishing_holds_the_next_processs_clock(
+    w: World,
+) -> None:
+    w.publisher.failing = True
+    w.clock.now += 100
+    e = create(w)  # stored at T0+100; the process dies before any republish
+    publication = restarted(w)
+    w.clock.now += 1_000
+    assert publication.publish_clock() is False  # no tick before a pass has read the rows
+    assert publication.republish_pending() == 0  # Kafka still refuses: the row stays held
+    w.publisher.failing = False
+    assert publication.publish_clock() is True
+    assert w.publisher.clocks[-1].published_at_ms == T0 + 99  # never past the stored config
+    assert publication.republish_pending() == 1
+    assert w.publisher.configs[-1].endpoint_id == e.endpoint_id
+    w.clock.now += 10
+    publication.publish_clock()
+    assert w.publisher.clocks[-1].published_at_ms == w.clock.now
+
+
+def test_a_change_one_replica_could_not_publish_holds_every_replicas_clock(w: World) -> None:
+    other = restarted(w)  # a second replica on the same rows and topic
+    other.republish_pending()
+    w.clock.now += 100
+    w.publisher.failing = True
+    e = create(w)  # acknowledged with published_version 0 by this replica
+    assert e.published_version == 0
+    w.publisher.failing = False
+    w.clock.now += 1_000
+    assert other.publish_clock() is True
+    assert w.publisher.clocks[-1].published_at_ms == T0 + 99  # the other replica is held too
+    other.republish_pending()  # whichever replica publishes it releases everyone
+    assert w.store.clock_holds == {}
+    assert other.publish_clock() is True and w.publisher.clocks[-1].published_at_ms == w.clock.now
+
+
+def test_a_hold_satisfied_elsewhere_is_settled_by_the_next_full_pass(w: World) -> None:
+    w.publisher.failing = True
+    e = create(w)
+    w.publisher.failing = False
+    restarted(w).republish_pending()  # another replica publishes the row
+    assert w.publication.watermark.clock_value(w.clock.now + 10) < w.clock.now  # still held here
+    w.clock.now += 10
+    w.publication.republish_pending()  # nothing lagging any more: the old hold goes
+    assert w.publication.watermark.clock_value(w.clock.now) == w.clock.now
+    assert w.store.endpoints[("tenant-a", e.endpoint_id)].published_version == 1
+
+
+def test_a_retried_create_publishes_a_config_its_first_attempt_left_unpublished(w: World) -> None:
+    w.publisher.failing = True
+    first = create(w, request_id="req-1")
+    assert first.published_version == 0 and w.publisher.configs == []
+    w.publisher.failing = False
+    again = create(w, request_id="req-1")  # the client retries: success means "on the topic"
+    assert again.endpoint_id == first.endpoint_id and again.published_version == 1
+    assert [c.endpoint_id for c in w.publisher.configs] == [first.endpoint_id]
 
 
 def test_failed_mark_is_republished_and_refused_change_releases_the_clock(w: World) -> None:

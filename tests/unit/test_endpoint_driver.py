@@ -268,6 +268,20 @@ def test_deliveries_held_while_disabled_go_as_soon_as_the_endpoint_is_enabled() 
     assert sum(sim.requests.values()) == 5  # in the same pass as the config
 
 
+def test_an_unreadable_config_holds_the_endpoint_until_a_readable_one_replaces_it() -> None:
+    sim = Sim()
+    sim.config(config())
+    drv = sim.driver("ep_1")
+    drv.refuse_config("KeyError: 'url'")  # it may have changed the URL or the keys: send nothing
+    assert sim.stores["ep_1"].config().refused == "KeyError: 'url'"  # kept in keyed state
+    for n in range(3):
+        sim.new(delivery(n))
+    sim.advance(T0 + 60_000)
+    assert sum(sim.requests.values()) == 0
+    sim.config(config())  # the control plane republishes the same version, readable this time
+    assert sum(sim.requests.values()) == 3
+
+
 def test_clearing_a_410_mark_with_a_new_config_drains_the_endpoint() -> None:
     sim = Sim()
     sim.config(config())

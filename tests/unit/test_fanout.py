@@ -6,7 +6,18 @@ from dataclasses import replace
 
 import pytest
 
-from core.fanout import NewDelivery, clock_passed, deliveries_for, filter_accepts, newer, select_endpoints
+from core.fanout import (
+    DEGRADED,
+    HOLD,
+    RELEASE,
+    ClockFollower,
+    NewDelivery,
+    clock_passed,
+    deliveries_for,
+    filter_accepts,
+    newer,
+    select_endpoints,
+)
 from core.records import EndpointConfig, EndpointStatus, EventRecord, delivery_id_for
 
 NOW = 1_700_000_000_000
@@ -129,6 +140,55 @@ CLOCK_TABLE = [
 @pytest.mark.parametrize(("clock_ms", "arrived_ms", "passed"), CLOCK_TABLE)
 def test_clock_passed(clock_ms: int | None, arrived_ms: int, passed: bool) -> None:
     assert clock_passed(clock_ms, arrived_ms) is passed
+
+
+def follower_after_tick(value_ms: int = 1_000, read_at_ms: int = 1_010) -> ClockFollower:
+    """Ticks every 100 ms (hint), stale after 5 s, one tick read with a 10 ms value->read lag."""
+    f = ClockFollower(interval_hint_ms=100, stale_after_ms=5_000, started_at_ms=0)
+    assert f.observe(value_ms, read_at_ms)
+    return f
+
+
+FOLLOW_TABLE = [
+    # arrival  now     -> verdict   recheck at   why
+    (990, 1_020, RELEASE, None),  # the clock already passed the event
+    (1_000, 1_020, RELEASE, None),  # ... exactly at its arrival
+    (1_050, 1_020, HOLD, 1_111),  # next tick (value ~1100) is read at ~1110
+    (1_250, 1_020, HOLD, 1_311),  # three ticks ahead
+    (1_050, 1_200, HOLD, 1_213),  # the predicted tick is late: recheck after period/8
+    (1_050, 6_009, HOLD, 6_010),  # never past the moment the clock goes stale
+    (1_050, 6_010, DEGRADED, None),  # no tick for stale_after_ms: release with what is known
+]
+
+
+@pytest.mark.parametrize(("arrived_ms", "now_ms", "verdict", "recheck_at_ms"), FOLLOW_TABLE)
+def test_clock_follower_predicts_the_tick_that_releases_a_held_event(
+    arrived_ms: int, now_ms: int, verdict: str, recheck_at_ms: int | None
+) -> None:
+    d = follower_after_tick().decide(arrived_ms, now_ms)
+    assert (d.verdict, d.recheck_at_ms) == (verdict, recheck_at_ms)
+
+
+def test_clock_follower_without_a_tick_holds_for_stale_after_from_its_start() -> None:
+    f = ClockFollower(interval_hint_ms=100, stale_after_ms=5_000, started_at_ms=1_000)
+    f.restored(900)  # a checkpoint's clock: its value counts, but it was not read in this run
+    assert f.decide(800, 1_001).verdict == RELEASE
+    d = f.decide(950, 1_001)
+    assert (d.verdict, d.recheck_at_ms) == (HOLD, 1_102)
+    assert f.age_ms(3_000) == 2_000
+    assert f.decide(950, 6_000).verdict == DEGRADED
+
+
+def test_clock_follower_ignores_ticks_that_do_not_move_it_and_learns_the_tick_spacing() -> None:
+    f = follower_after_tick(1_000, 1_010)
+    assert not f.observe(1_000, 2_000)  # a re-read tick is not a sign of life
+    assert f.age_ms(2_000) == 990
+    for k in range(1, 40):  # the control plane ticks every 50 ms, not the 100 ms hint
+        assert f.observe(1_000 + 50 * k, 1_010 + 50 * k)
+    assert 49 <= f.period_ms <= 51
+    # One long step (a tick held back by an unpublished config) barely moves the estimate.
+    f.observe(f.value_ms + 5_000, f.read_at_ms + 5_000)
+    assert f.period_ms < 0.8 * 51 + 0.2 * 400 + 1
 
 
 # -- new deliveries ------------------------------------------------------------------------------

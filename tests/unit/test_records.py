@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -90,6 +91,16 @@ def test_endpoint_config_json_is_documented_shape() -> None:
     assert doc["status"] == "disabled"
     assert doc["event_types"] == ["invoice.*", "customer.created"]
     assert doc["signing_keys"][0] == {"version": 1, "ciphertext_b64": "AAAA", "not_after_ms": NOW + 1000}
+
+
+def test_a_config_from_a_newer_control_plane_is_read_not_refused() -> None:
+    """Unknown fields are ignored; a status this job does not know reads as not active (nothing
+    sent, nothing cancelled), never as a refused record."""
+    doc = json.loads(CONFIGS[0].to_json())
+    doc.update(status="paused_by_billing", ordering_key="object_id", future={"nested": [1]})
+    parsed = parse_endpoint_topic_value(json.dumps(doc))
+    assert parsed == replace(CONFIGS[0], status=EndpointStatus.DISABLED)
+    assert "refused" not in json.loads(CONFIGS[0].to_json())  # the dispatcher's mark is never published
 
 
 REPLAYS = [
