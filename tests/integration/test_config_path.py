@@ -184,8 +184,10 @@ def test_with_the_control_plane_stopped_for_60s_existing_endpoints_keep_receivin
     assert p99 <= OBJECTIVE_S
     # They went out in the documented degraded mode (released without a clock), counted.
     # Flink's REST serves metrics from a cache refreshed every 10 s (metrics.fetcher.update-interval).
-    released = eventually(lambda: operator_metric(config_stack.job_id, "events_released_without_clock") > degraded_before
-                          and operator_metric(config_stack.job_id, "events_released_without_clock"),
+    def released_now() -> float:
+        return operator_metric(config_stack.job_id, "events_released_without_clock")
+
+    released = eventually(lambda: released_now() > degraded_before and released_now(),
                           timeout=30, what="the degraded-release counter to rise")
     print(f"released without a clock during the outage: {released:.0f} events")
     # ...and the clock's age is visible while the control plane is away (a gauge).
