@@ -3,7 +3,8 @@
     webhookctl [--target HOST:PORT] [--json] GROUP COMMAND ...
 
 Credentials come from the environment so they stay out of shell history and `ps`:
-WEBHOOKCTL_API_KEY for tenant commands, WEBHOOKCTL_ADMIN_TOKEN for `tenants` and `keys`.
+WEBHOOKCTL_API_KEY for tenant commands, WEBHOOKCTL_ADMIN_TOKEN for `tenants`, `keys` and
+`reconcile`.
 Output is a readable table, or the API's JSON with --json. Exit status: 0 ok, 1 API error,
 2 usage error.
 """
@@ -124,6 +125,32 @@ class ProgressBar:
         sys.stderr.flush()
 
 
+# The report's counts, boundary by boundary (see core/reconcile.py), in reading order.
+REPORT_ROWS = (
+    ("1. topic -> fan-out", ("events_on_topic", "events_dead_lettered", "events_fanned_out",
+                             "events_without_subscriber", "events_released_without_clock")),
+    ("2. fan-out -> deliveries", ("deliveries_expected", "deliveries_found")),
+    ("3. deliveries -> status", ("succeeded", "failed", "expired", "pending_in_progress", "pending_held",
+                                 "pending_orphaned")),
+    ("4. status -> attempts", ("attempts", "unrecorded_requests")),
+)
+
+
+def reconcile_report(r: Any) -> str:
+    counts = dict(r.counts)
+    rows = [(boundary, name, counts.get(name, 0)) for boundary, names in REPORT_ROWS for name in names]
+    rows += [("gaps", name[4:], n) for name, n in sorted(counts.items()) if name.startswith("gap_")]
+    parts = [f"window {_when(r.start_time)} .. {_when(r.end_time)} UTC, tenant {r.tenant_id or 'all'}: "
+             + ("clean" if r.clean else f"{len(r.gaps)} gap(s)"),
+             table(["boundary", "count", "value"], rows)]
+    if r.gaps:
+        parts.append(table(["gap", "id", "tenant", "detail"], [(g.kind, g.id, g.tenant_id, g.detail) for g in r.gaps]))
+    if r.repairs:
+        parts.append(table(["repaired", "id", "action", "detail"], [(x.kind, x.id, x.action, x.detail)
+                                                                     for x in r.repairs]))
+    return "\n\n".join(parts)
+
+
 # -- commands ---------------------------------------------------------------------------------
 
 
@@ -156,7 +183,7 @@ def _metadata(pairs: list[str] | None) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace, tenant: Any, admin: Any, emit: Out, show: Callable[[str], None]) -> None:
-    group, cmd = args.group, args.command
+    group, cmd = args.group, getattr(args, "command", "")
     ref = pb.GetEndpointRequest(endpoint_id=getattr(args, "endpoint_id", "") or "")
 
     def out(message: Any, text: Callable[[Any], str]) -> None:
@@ -172,6 +199,11 @@ def run(args: argparse.Namespace, tenant: Any, admin: Any, emit: Out, show: Call
     elif group == "keys":
         admin.RevokeApiKey(pb.RevokeApiKeyRequest(tenant_id=args.tenant, key_id=args.key_id))
         out(pb.RevokeApiKeyResponse(), lambda _: f"key {args.key_id} revoked")
+    elif group == "reconcile":
+        r = admin.Reconcile(pb.ReconcileRequest(
+            start_time=_ts(args.since), end_time=_ts(args.until), tenant_id=args.tenant or "",
+            repair=args.repair, overdue_after_seconds=args.overdue_after), timeout=max(args.timeout, 600))
+        out(r, reconcile_report)
     elif group == "endpoints":
         run_endpoints(args, tenant, ref, out)
     else:
@@ -282,6 +314,14 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--tenant", required=True)
     k.add_argument("key_id")
 
+    rec = groups.add_parser("reconcile", help="(admin) check every durable boundary for a window")
+    rec.add_argument("--since", required=True, help="ISO 8601: window of event arrivals, from")
+    rec.add_argument("--until", required=True, help="ISO 8601: to (exclusive)")
+    rec.add_argument("--tenant")
+    rec.add_argument("--repair", action="store_true", help="re-drive what is missing (idempotent)")
+    rec.add_argument("--overdue-after", type=int, default=0, metavar="SECONDS",
+                     help="a pending delivery due longer ago, on an endpoint no job holds, is orphaned")
+
     ep = groups.add_parser("endpoints").add_subparsers(dest="command", required=True)
     c = ep.add_parser("create")
     c.add_argument("--url", required=True)
@@ -357,7 +397,7 @@ class _Timeout(grpc.UnaryUnaryClientInterceptor):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    admin_group = args.group in ("tenants", "keys")
+    admin_group = args.group in ("tenants", "keys", "reconcile")
     env = "WEBHOOKCTL_ADMIN_TOKEN" if admin_group else "WEBHOOKCTL_API_KEY"
     token = os.environ.get(env, "")
     if not token:

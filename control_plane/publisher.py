@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from core.records import CLOCK_KEY, ConfigClock, EndpointConfig, EventRecord, ReplayRequest
+from core.records import CLOCK_KEY, ConfigClock, EndpointConfig, EventRecord, RedriveRequest, ReplayRequest
 from core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ class Publisher(Protocol):
     def publish_clock(self, clock: ConfigClock) -> None: ...
     def publish_replay(self, request: ReplayRequest) -> None: ...
     def publish_event(self, event: EventRecord) -> None: ...
+    def publish_redrive(self, request: RedriveRequest) -> None: ...
     def close(self) -> None: ...
 
 
@@ -92,6 +93,10 @@ class KafkaPublisher:
 
     def publish_event(self, event: EventRecord) -> None:
         self._send(self._topics.events_topic, event.event_id, event.to_json())
+
+    def publish_redrive(self, request: RedriveRequest) -> None:
+        # The replays topic: keyed into the dispatcher by endpoint, like a manual replay.
+        self._send(self._topics.replays_topic, request.delivery_id, request.to_json())
 
     def close(self) -> None:
         self._stop.set()

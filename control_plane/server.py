@@ -30,6 +30,7 @@ from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.errors import Unavailable
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import KafkaPublisher, Publisher, PublishError
+from control_plane.reconcile import Reconciler
 from control_plane.service import Deps, EndpointService
 from control_plane.servicer import AdminServicer, ControlPlaneServicer
 from control_plane.signals import SignalConsumer
@@ -152,7 +153,9 @@ def build(
     rpc.add_ControlPlaneServicer_to_server(
         ControlPlaneServicer(auth, endpoints, deliveries, now_ms), server
     )
-    rpc.add_AdminServicer_to_server(AdminServicer(auth, AdminService(store, now_ms, os.urandom)), server)
+    reconciler = Reconciler(settings, session, store, publisher, now_ms)
+    rpc.add_AdminServicer_to_server(
+        AdminServicer(auth, AdminService(store, now_ms, os.urandom), reconciler), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -30,6 +30,7 @@ from control_plane.domain import (
     EndpointVersion,
     StoredKey,
 )
+from control_plane.reconcile import Reconciler
 from control_plane.service import EndpointService
 from core.records import EndpointStatus
 from core.secrets import redact
@@ -350,9 +351,26 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
 
 
 class AdminServicer(rpc.AdminServicer):
-    def __init__(self, auth: Authenticator, admin: AdminService) -> None:
+    def __init__(self, auth: Authenticator, admin: AdminService, reconciler: Reconciler | None = None) -> None:
         self._auth = auth
         self._admin = admin
+        self._reconciler = reconciler
+
+    @mapped
+    def Reconcile(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._auth.admin(context.invocation_metadata())
+        if self._reconciler is None:
+            raise errors.Unavailable("reconciliation is not configured on this server")
+        out = self._reconciler.run(ms_of(request, "start_time"), ms_of(request, "end_time"),
+                                   request.tenant_id or None, request.repair, "admin",
+                                   request.overdue_after_seconds)
+        r = out.report
+        return pb.ReconcileReport(
+            start_time=ts(r.since_ms), end_time=ts(r.until_ms), tenant_id=r.tenant_id or "",
+            counts=dict(r.counts), clean=r.clean,
+            gaps=[pb.ReconcileGap(kind=g.kind, id=g.id, tenant_id=g.tenant_id, detail=g.detail) for g in r.gaps],
+            repairs=[pb.ReconcileRepair(kind=x.kind, id=x.id, action=x.action, detail=x.detail)
+                     for x in out.repairs])
 
     @mapped
     def CreateTenant(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -190,15 +190,16 @@ class EndpointDriver:
 
     # -- inputs --------------------------------------------------------------------------------
 
-    def add_new(self, delivery: NewDelivery, now_ms: int) -> bool:
-        """A delivery from fan-out (payload already stored by the adapter). False: known."""
+    def add_new(self, delivery: NewDelivery, now_ms: int, recheck: bool = False) -> bool:
+        """A delivery from fan-out (payload already stored by the adapter). False: known.
+        ``recheck``: a re-creation (reconciliation's redrive) whatever its age: CHECK it first."""
         did = delivery.delivery_id
         if did in self.items:
             return False
         self._tenant = self._tenant or delivery.tenant_id
         self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
         p = Pending(delivery=light(delivery), stage=Stage.PERSIST, next_attempt_at_ms=delivery.created_at_ms)
-        if (delivery.created_at_ms < self.policy.check_created_before_ms
+        if (recheck or delivery.created_at_ms < self.policy.check_created_before_ms
                 or now_ms - delivery.created_at_ms > self.policy.fresh_window_ms):
             p = replace(p, stage=Stage.CHECK)
             if self.spilled:
@@ -348,6 +349,15 @@ class EndpointDriver:
         if top is not None:
             dec.wake_at(top.delivery.expires_at_ms, "deadline")
         return dec
+
+    @property
+    def tenant_id(self) -> str:
+        return self._tenant
+
+    @property
+    def held(self) -> int:
+        """Deliveries this driver holds: in memory and in the overflow queue."""
+        return len(self.items) + self.spilled
 
     @property
     def idle(self) -> bool:

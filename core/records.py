@@ -40,6 +40,7 @@ CLOCK_SCHEMA_V1 = "webhooks.clock/v1"
 REPLAY_SCHEMA_V1 = "webhooks.replay/v1"
 DLQ_SCHEMA_V1 = "webhooks.dlq/v1"
 SIGNAL_SCHEMA_V1 = "webhooks.endpoint-signal/v1"
+REDRIVE_SCHEMA_V1 = "webhooks.redrive/v1"
 CLOCK_KEY = "__clock__"
 
 
@@ -288,3 +289,59 @@ class EndpointSignal:
             detail=str(d["detail"]),
             at_ms=int(d["at_ms"]),
         )
+
+
+@dataclass(frozen=True)
+class RedriveRequest:
+    """Reconciliation's repair of one delivery: re-create it in the dispatcher from the stored
+    fan-out snapshot (or the stored delivery row), whatever the event-level dedupe remembers.
+    The dispatcher reads the delivery's durable record before anything is sent, so a redrive of
+    a delivery that is already final sends nothing, and one already held is ignored."""
+
+    delivery_id: str
+    tenant_id: str
+    endpoint_id: str
+    endpoint_config_version: int
+    created_at_ms: int
+    expires_at_ms: int
+    event: EventRecord
+    reason: str
+    requested_by: str
+
+    def to_json(self) -> bytes:
+        d = {k: v for k, v in asdict(self).items() if k != "event"}
+        d["event"] = json.loads(self.event.to_json())
+        d["schema"] = REDRIVE_SCHEMA_V1
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_json(raw: bytes | str) -> RedriveRequest:
+        from core.ingest import IngestError, parse_event  # ingest imports this module
+
+        d = _json_object(raw)
+        if d.get("schema") != REDRIVE_SCHEMA_V1:
+            raise ValueError(f"unknown redrive schema {d.get('schema')!r}")
+        try:
+            event = parse_event(json.dumps(d["event"]).encode(), max_payload_bytes=1 << 30)
+        except IngestError as exc:
+            raise ValueError(f"redrive of {d.get('delivery_id')!r}: unreadable event: {exc}") from exc
+        return RedriveRequest(
+            delivery_id=str(d["delivery_id"]),
+            tenant_id=str(d["tenant_id"]),
+            endpoint_id=str(d["endpoint_id"]),
+            endpoint_config_version=int(d["endpoint_config_version"]),
+            created_at_ms=int(d["created_at_ms"]),
+            expires_at_ms=int(d["expires_at_ms"]),
+            event=event,
+            reason=str(d["reason"]),
+            requested_by=str(d["requested_by"]),
+        )
+
+
+def record_schema(raw: bytes | str) -> str:
+    """The ``schema`` field of a JSON record ('' when absent or unreadable): which parser to use."""
+    try:
+        value = _json_object(raw).get("schema")
+    except ValueError:
+        return ""
+    return value if isinstance(value, str) else ""

@@ -46,7 +46,7 @@ from core.endpoint_driver import (
 )
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
-from core.records import EndpointConfig, ReplayRequest, UnreadableConfig
+from core.records import EndpointConfig, RedriveRequest, ReplayRequest, UnreadableConfig
 from core.retry import RetrySchedule
 from core.secrets import redact
 from core.settings import Settings
@@ -56,6 +56,7 @@ from operators.history_store import CassandraHistory, PayloadUnavailable
 from operators.io_tracker import Finished, IoTracker
 from operators.payload_cache import PayloadCache
 from operators.sender import Sender, SigningKeys, SigningKeyUnavailable
+from operators.snapshot_writer import SNAPSHOT_KEY_PREFIX, SnapshotWriter
 from operators.write_batcher import Completion
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,18 @@ log = logging.getLogger(__name__)
 NEW = "delivery"
 REPLAY = "replay"
 CONFIG = "config"
+SNAPSHOT = "fanout-snapshot"
+REDRIVE = "redrive"
+
+# How often the endpoints this operator holds deliveries for are reported (endpoint_backlogs).
+BACKLOG_REPORT_MS = 30_000
 
 # Every count the driver keeps, exported as a Flink counter of the same name.
 METRICS = (
     "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled", "adopted_after_restore",
     "final_not_resent", "history_write_failures", "replays", "replays_unknown", "replays_refused",
     "replays_duplicate", "manual_not_sent", "endpoint_holds", "endpoint_internal_errors", "signing_key_errors",
-    "spilled", "paged_in")
+    "spilled", "paged_in", "redrives", "redrives_known")
 
 
 class Dispatcher(KeyedProcessFunction):
@@ -111,6 +117,10 @@ class Dispatcher(KeyedProcessFunction):
 
         self._sender = Sender(s.dispatch, self._rt.call(HttpSender.create(s.dispatch, policy)), s.master_key_bytes())
         self._history = CassandraHistory(s.cassandra)
+        self._next_backlog_report = 0
+        self._reported: dict[str, int] = {}  # endpoints reported holding deliveries
+        self._snapshots = SnapshotWriter(runtime_context, self._history,
+                                         group.counter("fanout_snapshot_write_failures"), recheck_ms=200)
         # Thread mode: this interpreter lives as long as the TaskManager and holds ~150k
         # long-lived objects (PyFlink, aiohttp, the Cassandra driver) that every full collection
         # walked: a ~100 ms pause every 10-25 s, measured as the whole first-attempt p99 tail at
@@ -132,6 +142,9 @@ class Dispatcher(KeyedProcessFunction):
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context):  # type: ignore[override]
         endpoint_id, (kind, item) = value
         now = ctx.timer_service().current_processing_time()
+        if kind == SNAPSHOT:  # its own key: no endpoint is touched
+            self._snapshots.received(endpoint_id, item, ctx, now)
+            return
         try:
             drv = self._driver(endpoint_id)
             if kind == NEW:
@@ -141,6 +154,21 @@ class Dispatcher(KeyedProcessFunction):
                     self._store.put_payload(d.delivery_id, d.event.payload)
                     self._payloads.put(d.event.event_id, d.event.payload)
                     drv.add_new(d, now)
+            elif kind == REDRIVE:
+                # Reconciliation's repair: CHECKed against Cassandra first, so a delivery that is
+                # final there is not sent again; one this driver already holds is left alone.
+                rd: RedriveRequest = item
+                self._counts["redrives"] += 1
+                nd = NewDelivery(delivery_id=rd.delivery_id, event=rd.event, endpoint_id=rd.endpoint_id,
+                                 tenant_id=rd.tenant_id, endpoint_config_version=rd.endpoint_config_version,
+                                 created_at_ms=rd.created_at_ms, expires_at_ms=rd.expires_at_ms)
+                if nd.delivery_id in drv.items:
+                    self._counts["redrives_known"] += 1
+                else:
+                    self._store.put_payload(nd.delivery_id, nd.event.payload)
+                    self._payloads.put(nd.event.event_id, nd.event.payload)
+                    drv.add_new(nd, now, recheck=True)
+                log.info("redrive of %s (%s) by %s", rd.delivery_id, rd.reason, rd.requested_by)
             elif kind == REPLAY:
                 r: ReplayRequest = item
                 outcome = drv.add_replay(r, now)
@@ -158,6 +186,9 @@ class Dispatcher(KeyedProcessFunction):
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):  # type: ignore[override]
         key = ctx.get_current_key()
+        if key.startswith(SNAPSHOT_KEY_PREFIX):
+            self._snapshots.on_timer(key, ctx, ctx.timer_service().current_processing_time())
+            return
         if self._wakes.get(key) == timestamp:
             del self._wakes[key]
         now = ctx.timer_service().current_processing_time()
@@ -193,7 +224,21 @@ class Dispatcher(KeyedProcessFunction):
         self._schedule(ctx, endpoint_id, wake, now)
         if drv.idle and not self._io.busy(endpoint_id):
             del self._drivers[endpoint_id]  # keyed state keeps its config, breaker and bucket
+            if self._reported.pop(endpoint_id, None) is not None:
+                self._history.report_backlog(endpoint_id, drv.tenant_id, 0, now)  # holds none now
+        if now >= self._next_backlog_report:
+            self._report_backlogs(now)
         self._publish_counts()
+
+    def _report_backlogs(self, now: int) -> None:
+        """Which endpoints this job holds deliveries for, so reconciliation can tell a delivery
+        waiting behind a failing endpoint from one nothing holds (fire and forget: the next
+        report is 30 s away, and a missing one only makes the sweeper re-queue, idempotently)."""
+        self._next_backlog_report = now + BACKLOG_REPORT_MS
+        for endpoint_id, drv in self._drivers.items():
+            if drv.held:
+                self._history.report_backlog(endpoint_id, drv.tenant_id, drv.held, now)
+                self._reported[endpoint_id] = now
 
     def _finished(self, drv: EndpointDriver, f: Finished, now: int) -> None:
         result = f.result

@@ -19,8 +19,9 @@ from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
 
 from core import fanout
 from core.records import CLOCK_KEY, ConfigClock, EndpointConfig, EventRecord
-from operators.dispatcher import NEW
+from operators.dispatcher import NEW, SNAPSHOT
 from operators.endpoint_configs import ENDPOINT_CONFIGS
+from operators.snapshot_writer import snapshot_key
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,10 @@ class FanOut(KeyedBroadcastProcessFunction):
         chosen = fanout.select_endpoints(event, self._tenant_configs(state, event.tenant_id))
         if not chosen:
             self._unmatched.inc()
+        # The durable record of this decision (reconciliation's "expected"), written by the
+        # dispatcher; emitted first, so a snapshot exists wherever its deliveries do.
+        snapshot = fanout.snapshot_for(event, chosen, arrived_ms, decision.verdict == fanout.DEGRADED)
+        yield snapshot_key(event.event_id), (SNAPSHOT, snapshot)
         for d in fanout.deliveries_for(event, chosen, arrived_ms, self._deadline_ms):
             self._deliveries.inc()
             yield d.endpoint_id, (NEW, d)

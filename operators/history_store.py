@@ -34,7 +34,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionP
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
 from core.dispatch import FINAL_STATUSES, AttemptRecord, DurableRecord, Intent
-from core.fanout import NewDelivery
+from core.fanout import FanoutSnapshot, NewDelivery
 from core.records import EventRecord
 from core.settings import CassandraSettings
 from operators.write_batcher import AllOf, BatchCompletion, Completion, Statement, WriteBatcher
@@ -140,6 +140,13 @@ class CassandraHistory:
         self._select_top_attempt = p(
             "SELECT attempt_number FROM attempts WHERE delivery_id=? ORDER BY attempt_number DESC LIMIT 1"
         )
+        self._insert_snapshot = p(
+            "INSERT INTO fanout_snapshots (hour, bucket, arrived_at, event_id, tenant_id, endpoints, degraded,"
+            " source) VALUES (?,?,?,?,?,?,?,'job') USING TIMESTAMP ?"
+        )
+        self._report_backlog = p(
+            "INSERT INTO endpoint_backlogs (endpoint_id, tenant_id, pending, reported_at) VALUES (?,?,?,?)"
+        )
         self._select_payload = p("SELECT payload FROM events WHERE event_id=?")
         self._select_event = p(
             "SELECT event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
@@ -179,6 +186,17 @@ class CassandraHistory:
         alone = BatchCompletion()
         self._session.execute_async(*event).add_callbacks(alone.succeed, alone.fail)
         return AllOf([self._batcher.add(statements), alone])
+
+    def write_snapshot(self, s: FanoutSnapshot) -> Completion:
+        """Fan-out's decision for one event (identical cells on every re-write)."""
+        hour_ms, bucket = s.partition
+        return self._batcher.add([(self._insert_snapshot, (
+            _ts(hour_ms), bucket, _ts(s.arrived_at_ms), s.event_id, s.tenant_id, dict(s.endpoints), s.degraded,
+            s.arrived_at_ms * 1000))])
+
+    def report_backlog(self, endpoint_id: str, tenant_id: str, pending: int, at_ms: int) -> Completion:
+        """This job holds ``pending`` deliveries of the endpoint (see endpoint_backlogs)."""
+        return self._batcher.add([(self._report_backlog, (endpoint_id, tenant_id, pending, _ts(at_ms)))])
 
     def reserve(self, d: NewDelivery, intent: Intent, at_ms: int) -> Completion:
         """The attempt row of the next request, durable before that request leaves."""

@@ -1,4 +1,5 @@
-"""Manual replays from the control plane, keyed like deliveries (by endpoint)."""
+"""Manual replays and reconciliation's redrives from the control plane, keyed like deliveries (by
+endpoint). The record's ``schema`` says which it is."""
 
 from __future__ import annotations
 
@@ -6,16 +7,21 @@ import logging
 
 from pyflink.datastream.functions import FlatMapFunction
 
-from core.records import ReplayRequest
-from operators.dispatcher import REPLAY
+from core.records import REDRIVE_SCHEMA_V1, RedriveRequest, ReplayRequest, record_schema
+from operators.dispatcher import REDRIVE, REPLAY
 
 log = logging.getLogger(__name__)
 
 
 class ParseReplays(FlatMapFunction):
     def flat_map(self, value: str):  # type: ignore[override]
+        raw = value.encode("latin-1")
         try:
-            r = ReplayRequest.from_json(value.encode("latin-1"))
+            if record_schema(raw) == REDRIVE_SCHEMA_V1:
+                d = RedriveRequest.from_json(raw)
+                yield d.endpoint_id, (REDRIVE, d)
+                return
+            r = ReplayRequest.from_json(raw)
         except (ValueError, KeyError, TypeError) as exc:
             log.error("unreadable replay request skipped: %s", exc)
             return

@@ -13,10 +13,16 @@ class RecordingStub:
         self.calls: list[tuple[str, Any]] = []
 
     def __getattr__(self, name: str) -> Any:
-        def call(request: Any) -> Any:
+        def call(request: Any, **_options: Any) -> Any:
             self.calls.append((name, request))
             if name == "RecoverFailedDeliveries":
                 return iter([pb.RecoverProgress(total=2), pb.RecoverProgress(total=2, replayed=2, done=True)])
+            if name == "Reconcile":
+                return pb.ReconcileReport(
+                    tenant_id=request.tenant_id, counts={"events_on_topic": 3, "succeeded": 4,
+                                                         "gap_delivery_missing": 1},
+                    gaps=[pb.ReconcileGap(kind="delivery_missing", id="dlv_x", tenant_id="t_1", detail="no row")],
+                    repairs=[pb.ReconcileRepair(kind="delivery_missing", id="dlv_x", action="redriven")])
             return pb.Endpoint(endpoint_id="ep_1", url="https://h.example.com:443/")
 
         return call
@@ -45,3 +51,16 @@ def test_recover_draws_a_progress_bar(capsys: Any) -> None:
 
 def test_table_aligns_columns() -> None:
     assert cli.table(["a", "bb"], [("xxx", 1)]).splitlines() == ["A    BB", "xxx  1"]
+
+
+def test_reconcile_maps_its_window_and_renders_counts_gaps_and_repairs() -> None:
+    stub, shown = run(["reconcile", "--since", "2026-11-01T00:00:00Z", "--until", "2026-11-01T01:00:00Z",
+                       "--tenant", "t_1", "--repair"])
+    [(name, request)] = stub.calls
+    assert name == "Reconcile" and request.repair and request.tenant_id == "t_1"
+    assert request.end_time.ToSeconds() - request.start_time.ToSeconds() == 3600
+    text = shown[0]
+    assert "1 gap(s)" in text
+    assert any(line.split()[-2:] == ["events_on_topic", "3"] for line in text.splitlines())
+    assert any("dlv_x" in line and "no row" in line for line in text.splitlines())
+    assert any("dlv_x" in line and "redriven" in line for line in text.splitlines())

@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pytest
+
 from core import breaker as brk
 from core import dispatch as dsp
 from core.endpoint_driver import (
@@ -90,8 +92,8 @@ class Sim:
         return self.drivers[ep]
 
     # inputs, each followed by a pass like the adapter's process_element
-    def new(self, d: NewDelivery) -> None:
-        self.driver(d.endpoint_id).add_new(d, self.now)
+    def new(self, d: NewDelivery, recheck: bool = False) -> None:
+        self.driver(d.endpoint_id).add_new(d, self.now, recheck=recheck)
         self.run(d.endpoint_id)
 
     def config(self, cfg: EndpointConfig) -> None:
@@ -450,6 +452,29 @@ def test_a_recreated_old_delivery_is_checked_and_not_resent() -> None:
     assert sim.requests[old.delivery_id] == 0
     assert sim.history[old.delivery_id].status == "succeeded"
     assert old.delivery_id not in sim.driver("ep_1").items
+
+
+@pytest.mark.parametrize(("durable", "requests", "status"), [
+    # reconciliation redrives a fresh delivery: what Cassandra says decides, whatever its age
+    (Durable(status="succeeded", attempt_count=1, auto=False, rows={1: "succeeded"}), 0, "succeeded"),
+    (Durable(status="failed", attempt_count=3, auto=False, rows={1: "retry", 2: "retry", 3: "failed"}), 0,
+     "failed"),
+    (None, 1, "succeeded"),  # no row at all: persisted, then sent
+    (Durable(status="pending", attempt_count=1, next_attempt_at_ms=T0, rows={1: "retry"}), 1, "succeeded"),
+])
+def test_a_redriven_fresh_delivery_is_checked_first(durable: Durable | None, requests: int, status: str) -> None:
+    sim = Sim()
+    sim.config(config())
+    d = delivery(0)  # created now: without recheck it would be sent at once, unchecked
+    before = max(durable.rows) if durable is not None and durable.rows else 0
+    if durable is not None:
+        sim.history[d.delivery_id] = durable
+    sim.new(d, recheck=True)
+    sim.answer_all("ep_1")
+    assert sim.requests[d.delivery_id] == requests
+    assert sim.history[d.delivery_id].status == status
+    if requests:  # numbering goes on after the attempts already recorded
+        assert max(sim.history[d.delivery_id].rows) == before + 1
 
 
 def test_a_fresh_delivery_does_not_pay_for_a_check() -> None:

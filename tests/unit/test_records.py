@@ -157,3 +157,31 @@ def test_endpoints_topic_refuses_unknown_records(raw: bytes, why: str) -> None:
     # ValueError is what the endpoint-config operator skips; anything else would fail the job.
     with pytest.raises(ValueError):
         parse_endpoint_topic_value(raw)
+
+
+# -- reconciliation's redrive -----------------------------------------------------------------------
+
+
+def test_a_redrive_round_trips_with_its_event_bytes_exactly() -> None:
+    from core.records import REDRIVE_SCHEMA_V1, EventRecord, RedriveRequest, record_schema
+
+    event = EventRecord(event_id="evt_1", tenant_id="t_1", event_type="invoice.paid", schema_version="2",
+                        object_id="in_1", object_version=3, occurred_at_ms=NOW, payload=b'{"a":1}\xff')
+    r = RedriveRequest(delivery_id=delivery_id_for("evt_1", "ep_1"), tenant_id="t_1", endpoint_id="ep_1",
+                       endpoint_config_version=4, created_at_ms=NOW, expires_at_ms=NOW + 86_400_000, event=event,
+                       reason="reconcile: no deliveries row", requested_by="admin")
+    raw = r.to_json()
+    assert record_schema(raw) == REDRIVE_SCHEMA_V1
+    assert RedriveRequest.from_json(raw) == r
+    assert record_schema(ReplayRequest("d", "t", "e", "u", NOW).to_json()) != REDRIVE_SCHEMA_V1
+
+
+@pytest.mark.parametrize("raw", [b"[]", b"{}", b'{"schema":"webhooks.redrive/v1"}',
+                                 b'{"schema":"webhooks.redrive/v1","delivery_id":"d","tenant_id":"t",'
+                                 b'"endpoint_id":"e","endpoint_config_version":1,"created_at_ms":1,'
+                                 b'"expires_at_ms":2,"reason":"r","requested_by":"a","event":{"x":1}}'])
+def test_an_unreadable_redrive_is_a_value_or_key_error(raw: bytes) -> None:
+    from core.records import RedriveRequest
+
+    with pytest.raises((ValueError, KeyError)):
+        RedriveRequest.from_json(raw)
