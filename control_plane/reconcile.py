@@ -97,6 +97,7 @@ class Reconciler:
         self._store = store
         self._publisher = publisher
         self._now_ms = now_ms
+        self.last_report: rc.Report | None = None  # the periodic reconciler's latest
         p = session.prepare
         self._q_snapshots = p(
             "SELECT event_id, tenant_id, arrived_at, endpoints, degraded FROM fanout_snapshots"
@@ -150,6 +151,17 @@ class Reconciler:
             for r in outcome.repairs:
                 log.info("reconcile repair %s %s: %s (%s)", r.kind, r.id, r.action, r.detail)
         return outcome
+
+    def periodic(self) -> None:
+        """One pass of the periodic reconciler (a control-plane loop): report only, never repair."""
+        cp = self._settings.control_plane
+        until = self._now_ms() - cp.reconcile_settle_s * 1000
+        out = self.run(until - cp.reconcile_window_s * 1000, until, None, repair=False, requested_by="periodic")
+        self.last_report = out.report
+        if out.report.gaps:
+            log.warning("periodic reconciliation found %d gap(s) in the last %d s: %s; run "
+                        "`webhookctl reconcile --repair` over the window", len(out.report.gaps),
+                        cp.reconcile_window_s, {k: v for k, v in out.report.gap_counts().items() if v})
 
     # -- reading -------------------------------------------------------------------------------------
     def _read(self, since_ms: int, until_ms: int, tenant_id: str | None) -> _Window:

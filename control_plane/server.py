@@ -171,6 +171,7 @@ def build(
         Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
         # The dispatcher's 410 Gone signals become audited disables.
         Loop("endpoint-signals", 0.2, signals.poll_once),
+        *([Loop("reconciler", cp.reconcile_interval_s, reconciler.periodic)] if cp.reconcile_interval_s else []),
     )
     return ControlPlaneServer(server, bound, publication, publisher, loops, health_servicer, signals)
 

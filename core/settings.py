@@ -149,6 +149,13 @@ class ControlPlaneSettings(BaseModel):
     # holding (the dispatcher reports every 30 s, and passes at least every breaker_max_open_s)
     # is orphaned, and --repair re-queues it.
     reconcile_overdue_after_s: int = Field(default=900, ge=1)
+    # The periodic reconciler: every this many seconds (0: off), the same checks over the last
+    # reconcile_window_s of arrivals, ending reconcile_settle_s ago (events still in flight are not
+    # gaps); gaps are logged as a warning with their counts. Its cost grows with the deliveries in
+    # the window (about three point reads each), so benchmarks turn it off.
+    reconcile_interval_s: float = Field(default=600.0, ge=0)
+    reconcile_window_s: int = Field(default=3600, ge=60)
+    reconcile_settle_s: int = Field(default=120, ge=0)
     # Crash tests only: a point at which the server SIGKILLs itself (control_plane.faults).
     kill_at: str = ""
 
