@@ -49,8 +49,10 @@ log = logging.getLogger(__name__)
 # The longest window one call reconciles: the history window. Longer asks are refused, not cut.
 MAX_WINDOW_MS = 30 * 24 * 3_600_000
 
-# Write timestamps of restored rows, as the job writes them (operators/history_store.py): creation
-# cells at the creation time, a succeeded status two bands up so nothing non-final overrides it.
+# Restored rows are written at the repair's time, not at the creation time the job uses: a row that
+# is missing may have been deleted, and a tombstone newer than the creation time would shadow it.
+# A succeeded status goes two bands up, as the job writes it (operators/history_store.py), so
+# nothing non-final overrides it.
 _BAND_US = 365 * 24 * 3600 * 1_000_000
 
 
@@ -326,9 +328,8 @@ class Reconciler:
 
     def _write_index(self, gap: rc.Gap, w: _Window) -> Repair:
         r = w.rows[gap.id]
-        created = _ms(r.created_at) or 0
         self._session.execute(self._w_by_event, (r.event_id, r.endpoint_id, gap.id, r.tenant_id,
-                                                 r.endpoint_config_version, r.created_at, created * 1000))
+                                                 r.endpoint_config_version, r.created_at, self._now_ms() * 1000))
         return Repair(gap.kind, gap.id, "index_written", f"deliveries_by_event {r.event_id}/{r.endpoint_id}")
 
     def _sweep(self, gap: rc.Gap, w: _Window, requested_by: str) -> Repair:
@@ -359,10 +360,10 @@ class Reconciler:
         status_ts = now * 1000 + 2 * _BAND_US
         s = self._session
         s.execute(self._w_delivery, (delivery_id, event.event_id, event.tenant_id, endpoint_id, version,
-                                     event.event_type, _ts(created), _ts(created + deadline_ms), created * 1000))
+                                     event.event_type, _ts(created), _ts(created + deadline_ms), now * 1000))
         s.execute(self._w_status, (status_ts, attempt_count, _ts(now), delivery_id))
         s.execute(self._w_by_event, (event.event_id, endpoint_id, delivery_id, event.tenant_id, version,
-                                     _ts(created), created * 1000))
+                                     _ts(created), now * 1000))
         s.execute(self._w_by_endpoint, (event.tenant_id, endpoint_id, _ts(created).date(), _ts(created), delivery_id,
                                         event.event_id, event.event_type, attempt_count, _ts(now), status_ts))
 
