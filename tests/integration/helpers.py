@@ -75,3 +75,37 @@ def eventually_tolerant(fn: Callable[[], T | None], timeout: float = 60, interva
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or fn}; last value {last!r}; "
                          f"last error {last_error!r}")
+
+
+def reconcile(channel: grpc.Channel, settings: Settings, tenant_id: str, since_ms: int, repair: bool = False,
+              overdue_after_s: int = 0) -> pb.ReconcileReport:
+    """The admin Reconcile RPC over [since_ms, now) for one tenant."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    start, end = Timestamp(), Timestamp()
+    start.FromMilliseconds(since_ms)
+    end.FromMilliseconds(int(time.time() * 1000))
+    return rpc.AdminStub(channel).Reconcile(
+        pb.ReconcileRequest(start_time=start, end_time=end, tenant_id=tenant_id, repair=repair,
+                            overdue_after_seconds=overdue_after_s),
+        metadata=auth(settings.control_plane.admin_token.get_secret_value()), timeout=120)
+
+
+def assert_reconciled(channel: grpc.Channel, settings: Settings, tenant_id: str, since_ms: int,
+                      expected_deliveries: int, timeout: float = 60) -> pb.ReconcileReport:
+    """Reconciliation of the tenant's window reports no gap, and every expected delivery succeeded
+    (polled: a snapshot or status write may still be on its way after a recovery)."""
+    last: list[pb.ReconcileReport] = []
+
+    def clean() -> pb.ReconcileReport | None:
+        r = reconcile(channel, settings, tenant_id, since_ms)
+        last[:] = [r]
+        c = r.counts
+        return r if r.clean and c["deliveries_expected"] == c["succeeded"] == expected_deliveries else None
+
+    try:
+        return eventually(clean, timeout=timeout, interval=2, what="a clean reconciliation")
+    except AssertionError:
+        r = last[-1] if last else None
+        detail = (dict(r.counts), [(g.kind, g.id, g.detail) for g in r.gaps][:10]) if r else None
+        raise AssertionError(f"reconciliation not clean after {timeout}s: {detail}") from None

@@ -27,7 +27,15 @@ from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from stack.flink_jobs import rest, wait_all_running
 from tests.integration.conftest import RUN, job_script
-from tests.integration.helpers import auth, event, eventually, eventually_tolerant, new_tenant, produce
+from tests.integration.helpers import (
+    assert_reconciled,
+    auth,
+    event,
+    eventually,
+    eventually_tolerant,
+    new_tenant,
+    produce,
+)
 from tests.support.receiver import Receiver
 
 pytestmark = pytest.mark.integration
@@ -144,6 +152,7 @@ def test_savepoint_stop_and_upgrade_loses_nothing(settings, job_env, grpc_channe
     # Each answer takes 1 s (inside the job's total timeout), so requests are in flight at the stop.
     tenant_id, endpoint_ids = _endpoints(grpc_channel, settings, receiver, n_endpoints, "sp", "slow 1")
     started = time.monotonic()
+    window_start_ms = int(time.time() * 1000) - 1000
     before = [event(tenant_id, "order.created", f'{{"n":{i}}}'.encode()) for i in range(40)]
     produce(settings, [e.to_json() for e in before], keys=[e.event_id for e in before])
     eventually(lambda: len({r.webhook_id for r in receiver.requests()
@@ -181,6 +190,9 @@ def test_savepoint_stop_and_upgrade_loses_nothing(settings, job_env, grpc_channe
           f"{len(shortfall)}, elapsed {elapsed:.1f} s")
     assert dups <= bound, f"{dups} duplicates after a stop-with-savepoint; at most {bound} can have been in flight"
     assert not shortfall, _shortfall_message(shortfall, requests)
+    # Durable counts agree: every event fanned out, every expected delivery succeeded, no gap.
+    r = assert_reconciled(grpc_channel, settings, tenant_id, window_start_ms, len(before + during) * n_endpoints)
+    print(f"reconciled: {dict(r.counts)}")
 
 
 def test_taskmanager_killed_mid_fanout_every_delivery_accounted_for(settings, job_env, grpc_channel, receiver,
@@ -192,6 +204,7 @@ def test_taskmanager_killed_mid_fanout_every_delivery_accounted_for(settings, jo
     events = [event(tenant_id, "order.shipped", f'{{"k":{i}}}'.encode()) for i in range(n_events)]
     expected = {delivery_id_for(e.event_id, ep) for e in events for ep in endpoint_ids}
     started = time.monotonic()
+    window_start_ms = int(time.time() * 1000) - 1000
     produce(settings, [e.to_json() for e in events], keys=[e.event_id for e in events])
 
     # Kill the TaskManager once a quarter of the 2,000 deliveries reached the receiver, and, while
@@ -258,3 +271,7 @@ def test_taskmanager_killed_mid_fanout_every_delivery_accounted_for(settings, jo
     assert dups <= bound, (f"{dups} duplicates after a TaskManager crash; at most {bound} (in flight + one "
                            f"history batch) may be re-sent; {len(at_kill)} had reached the receiver at the kill")
     assert not shortfall, _shortfall_message(shortfall, requests)
+    # The kill came mid fan-out: after recovery every event has its snapshot and every expected
+    # delivery its rows and success (the durable counts, not only the receiver's).
+    r = assert_reconciled(grpc_channel, settings, tenant_id, window_start_ms, len(expected))
+    print(f"reconciled: {dict(r.counts)}")
