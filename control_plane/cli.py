@@ -132,7 +132,7 @@ REPORT_ROWS = (
     ("2. fan-out -> deliveries", ("deliveries_expected", "deliveries_found")),
     ("3. deliveries -> status", ("succeeded", "failed", "expired", "pending_in_progress", "pending_held",
                                  "pending_orphaned")),
-    ("4. status -> attempts", ("attempts", "unrecorded_requests")),
+    ("4. status -> attempts", ("attempts", "requests_outcome_unknown")),
 )
 
 

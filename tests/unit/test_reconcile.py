@@ -57,7 +57,7 @@ def test_a_clean_window_has_no_gaps_and_its_counts_add_up() -> None:
     assert c["deliveries_expected"] == c["deliveries_found"] == 3
     assert c["deliveries_expected"] == (c["succeeded"] + c["failed"] + c["expired"] + c["pending_in_progress"]
                                         + c["pending_held"] + c["pending_orphaned"])
-    assert (c["succeeded"], c["pending_in_progress"], c["attempts"], c["unrecorded_requests"]) == (2, 1, 3, 0)
+    assert (c["succeeded"], c["pending_in_progress"], c["attempts"], c["requests_outcome_unknown"]) == (2, 1, 3, 0)
     assert all(c["gap_" + k] == 0 for k in rc.GAP_KINDS)
 
 
@@ -124,7 +124,7 @@ def test_a_reserved_row_behind_a_final_status_is_an_unrecorded_request_not_a_gap
     i = replace(i, attempts={**i.attempts, did: [rc.AttemptRow(1, "reserved", False),
                                                  rc.AttemptRow(2, "succeeded", False)]})
     r = run(i)
-    assert r.clean and r.counts["unrecorded_requests"] == 1
+    assert r.clean and r.counts["requests_outcome_unknown"] == 1
 
 
 def test_snapshot_partitions_are_stable_and_spread() -> None:
