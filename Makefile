@@ -28,6 +28,10 @@ status:
 bench: setup up ## end-to-end benchmark; last line is the comparable summary
 	@$(PY) -m bench.run
 
+.PHONY: chaos
+chaos: setup ## the brief's fault matrix on the real stack; report and charts in .run/chaos/
+	@bash stack/test.sh --chaos
+
 .PHONY: bench-backlog
 bench-backlog: setup up ## N pending deliveries behind a failing endpoint, TaskManager kill, drain (BACKLOG_ARGS="--pending 50000")
 	@$(PY) -m bench.backlog $(BACKLOG_ARGS)

@@ -1,0 +1,390 @@
+"""What the crash tests and the fault matrix (`make chaos`) share: endpoints on the recording
+receiver, the duplicate bound, the history check that explains duplicates, a TaskManager kill, and
+the per-fault verdict (:class:`FaultResult`) with its report.
+
+A verdict is durable counts, not a demo: reconciliation of the fault's tenants reports no gap and
+every expected delivery final (lost = 0); every duplicate is explained by attempt rows; and the
+figures the brief asks for -- the oldest age a new delivery reached before its first request,
+retry amplification, healthy tenants' first-attempt p99 during the fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import struct
+import subprocess
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cassandra.cluster import Session
+from cassandra.concurrent import execute_concurrent_with_args
+
+from control_plane.api import pb, rpc
+from core.records import EventRecord, delivery_id_for
+from core.settings import REPO_ROOT, Settings
+from stack.flink_jobs import rest, wait_all_running
+from tests.integration.helpers import auth, event, eventually, eventually_tolerant, new_tenant, produce, reconcile
+from tests.support.receiver import Receiver
+
+RUN = REPO_ROOT / ".run"
+
+
+# -- endpoints and bounds ------------------------------------------------------------------------------
+
+def endpoints(grpc_channel, settings: Settings, receiver: Receiver, n: int, prefix: str,  # type: ignore[no-untyped-def]
+              behaviour: str | None = None) -> tuple[str, list[str]]:
+    """A new tenant with ``n`` endpoints for `order.*` at /ep/<prefix>-<tenant>-<i>."""
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    cp = rpc.ControlPlaneStub(grpc_channel)
+    ids = []
+    for i in range(n):
+        path = f"/ep/{prefix}-{tenant_id}-{i}"
+        if behaviour is not None:
+            receiver.set_behaviour(path, behaviour)
+        r = cp.CreateEndpoint(pb.CreateEndpointRequest(url=f"{receiver.base_url}{path}", event_types=["order.*"]),
+                              metadata=auth(api_key))
+        ids.append(r.endpoint.endpoint_id)
+    return tenant_id, ids
+
+
+def in_flight_limit(settings: Settings, n_endpoints: int, default_max_in_flight: int | None = None) -> int:
+    """Most requests of one tenant's ``n_endpoints`` the job can have in flight at once: the tenant
+    quota (per dispatcher instance) or every endpoint's own cap, whichever is smaller."""
+    d, p = settings.dispatch, settings.flink.parallelism
+    per_endpoint = default_max_in_flight or d.default_max_in_flight
+    return min(p * d.tenant_max_in_flight, n_endpoints * per_endpoint)
+
+
+def duplicate_bound(settings: Settings, n_endpoints: int, default_max_in_flight: int | None = None) -> int:
+    """What a restored job may send again: requests in flight when the state it restores was taken
+    (or sent after it), plus finished ones whose records were not yet durable -- at most one
+    history batch, i.e. history_batch_max_statements // 4 deliveries (a sent attempt's record is at
+    least 4 statements: status, status by endpoint, attempt row, attempt by endpoint). Everything
+    recorded is found final by the restored job's CHECK and not sent again (issue 11)."""
+    batch = settings.flink.parallelism * (settings.cassandra.history_batch_max_statements // 4)
+    return in_flight_limit(settings, n_endpoints, default_max_in_flight) + batch
+
+
+def requests_by_delivery(receiver: Receiver, expected: set[str]) -> Counter[str]:
+    return Counter(r.webhook_id for r in receiver.requests() if r.webhook_id in expected)
+
+
+def wait_all_reached(receiver: Receiver, expected: set[str], timeout: float) -> Counter[str]:
+    """Every expected delivery reached the receiver (lost = 0 from its side)."""
+    def missing() -> set[str]:
+        return expected - set(requests_by_delivery(receiver, expected))
+
+    try:
+        eventually(lambda: not missing() or None, timeout=timeout, interval=1,
+                   what=f"all {len(expected)} deliveries at the receiver")
+    except AssertionError:
+        raise AssertionError(f"lost: {len(missing())} of {len(expected)} deliveries never reached the "
+                             f"receiver (e.g. {sorted(missing())[:3]})") from None
+    return requests_by_delivery(receiver, expected)
+
+
+def history_shortfall(cassandra_session: Session, requests: Counter[str],
+                      timeout: float = 30) -> dict[str, tuple[int, int]]:
+    """Deliveries whose `attempts` rows are fewer than the requests the receiver saw for them:
+    delivery_id -> (attempt rows, requests). Polls while history writes land; {} when explained."""
+    count = cassandra_session.prepare("SELECT count(*) FROM attempts WHERE delivery_id=?")
+    ids = list(requests)
+    last: dict[str, tuple[int, int]] | None = None
+
+    def explained() -> bool | None:
+        nonlocal last
+        results = execute_concurrent_with_args(cassandra_session, count, [(d,) for d in ids],
+                                               concurrency=64, raise_on_first_error=True)
+        rows = {d: res.result_or_exc.one()[0] for d, res in zip(ids, results, strict=True)}
+        last = {d: (rows[d], requests[d]) for d in ids if rows[d] < requests[d]}
+        return not last or None
+
+    with contextlib.suppress(AssertionError):
+        eventually_tolerant(explained, timeout=timeout, interval=2, what="attempt rows for every request")
+    assert last is not None, "could not read the attempts table"
+    return last
+
+
+def shortfall_message(shortfall: dict[str, tuple[int, int]], requests: Counter[str]) -> str:
+    missing_rows = sum(n - rows for rows, n in shortfall.values())
+    return (f"history does not explain the duplicates: {len(shortfall)} deliveries have fewer attempt "
+            f"rows than requests ({missing_rows} requests without a row, of {sum(requests.values())}); "
+            f"e.g. (rows, requests) {sorted(shortfall.items())[:3]}")
+
+
+# -- faults the project injects -------------------------------------------------------------------------
+
+def kill_taskmanager(job_id: str) -> int:
+    """SIGKILL the stack's TaskManager (its process group, as an OOM kill or a lost host would),
+    start a new one, and wait until every task of the job was redeployed after the kill. Returns
+    the kill time (ms)."""
+    tm_pid = int((RUN / "flink-tm" / "pid").read_text())
+    killed_at_ms = int(time.time() * 1000)
+    try:
+        os.killpg(tm_pid, signal.SIGKILL)
+        time.sleep(1)
+    finally:  # whatever happens, leave a TaskManager running
+        restarted = subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "start"], check=True,
+                                   capture_output=True, text=True)
+    assert "starting flink taskmanager" in restarted.stdout, restarted.stdout
+
+    # Flink notices the lost TaskManager, then redeploys every task on the new one from the last
+    # checkpoint: wait for tasks started after the kill, not for the stale RUNNING status.
+    def redeployed():  # type: ignore[no-untyped-def]
+        d = rest(f"/jobs/{job_id}")
+        return d["state"] == "RUNNING" and all(
+            v["status"] == "RUNNING" and v["start-time"] > killed_at_ms for v in d["vertices"]) or None
+
+    eventually_tolerant(redeployed, timeout=180, interval=1, what="job restored on the new TaskManager")
+    wait_all_running(job_id, timeout=60)
+    return killed_at_ms
+
+
+def stack_part(script: str, *actions: str) -> None:
+    for action in actions:
+        out = subprocess.run(["bash", str(REPO_ROOT / "stack" / script), action], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, f"{script} {action}:\n{out.stdout}\n{out.stderr}"
+
+
+def sigkill_part(part: str) -> None:
+    """SIGKILL a server the stack scripts started (by the pid they recorded)."""
+    pid = int((RUN / part / "pid").read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# -- the healthy tenant beside a fault ------------------------------------------------------------------
+
+class SteadyTenant:
+    """A healthy tenant producing at a fixed rate while a fault runs, for its first-attempt p99."""
+
+    def __init__(self, grpc_channel, settings: Settings, receiver: Receiver, name: str,  # type: ignore[no-untyped-def]
+                 per_s: float = 10.0) -> None:
+        self.tenant_id, self.endpoint_ids = endpoints(grpc_channel, settings, receiver, 1, f"healthy-{name}")
+        self._settings, self._receiver, self._per_s = settings, receiver, per_s
+        self.produced: dict[str, float] = {}  # delivery_id -> produce time
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"steady-{name}")
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.wait(1 / self._per_s):
+            e = event(self.tenant_id, "order.created", f'{{"steady":{n}}}'.encode())
+            at = time.time()
+            with contextlib.suppress(Exception):  # Kafka may be the fault: what was not acked is not counted
+                produce(self._settings, [e.to_json()], keys=[e.event_id])
+                self.produced[delivery_id_for(e.event_id, self.endpoint_ids[0])] = at
+            n += 1
+
+    def __enter__(self) -> SteadyTenant:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def p99_ms(self, timeout: float = 120) -> float:
+        got = wait_all_reached(self._receiver, set(self.produced), timeout)
+        assert got, "the healthy tenant produced nothing"
+        first = first_request_at(self._receiver, set(self.produced))
+        lat = sorted((first[d] - self.produced[d]) * 1000 for d in self.produced)
+        return lat[max(0, int(len(lat) * 0.99) - 1)]
+
+
+def first_request_at(receiver: Receiver, ids: set[str]) -> dict[str, float]:
+    first: dict[str, float] = {}
+    for r in receiver.requests():
+        if r.webhook_id in ids and (r.webhook_id not in first or r.received_at < first[r.webhook_id]):
+            first[r.webhook_id] = r.received_at
+    return first
+
+
+# -- the verdict ------------------------------------------------------------------------------------
+
+@dataclass
+class FaultResult:
+    fault: str
+    expected: int
+    succeeded: int
+    final_other: int  # failed or expired: final, not lost
+    gaps: int
+    duplicates: int
+    duplicate_bound: int
+    unexplained_duplicates: int
+    max_oldest_new_age_s: float
+    retry_amplification: float
+    healthy_p99_ms: float | None
+    series: list[tuple[float, int, float]] = field(default_factory=list)  # (s since start, deliveries/s, oldest age s)
+    note: str = ""
+
+    @property
+    def lost(self) -> int:
+        return self.expected - self.succeeded - self.final_other
+
+    @property
+    def passed(self) -> bool:
+        return (self.lost == 0 and self.gaps == 0 and self.unexplained_duplicates == 0
+                and self.duplicates <= self.duplicate_bound)
+
+    def line(self) -> str:
+        p99 = "-" if self.healthy_p99_ms is None else f"{self.healthy_p99_ms:.0f}"
+        return (f"fault {self.fault}: {'PASS' if self.passed else 'FAIL'} expected={self.expected} "
+                f"lost={self.lost} gaps={self.gaps} duplicates={self.duplicates} (bound {self.duplicate_bound}) "
+                f"unexplained={self.unexplained_duplicates} max_oldest_new_age_s={self.max_oldest_new_age_s:.1f} "
+                f"retry_amplification={self.retry_amplification:.2f} healthy_p99_ms={p99}"
+                + (f" -- {self.note}" if self.note else ""))
+
+
+def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  # type: ignore[no-untyped-def]
+            cassandra_session: Session, tenant_ids: list[str], since_ms: int, produced: dict[str, float],
+            bound: int, healthy: SteadyTenant | None = None, timeout: float = 180, final_statuses: bool = False,
+            note: str = "") -> FaultResult:
+    """Wait for the fault's deliveries, then measure. ``produced``: delivery_id -> produce time of
+    its event. ``final_statuses``: the fault's deliveries may end failed/expired (a hanging tenant)
+    instead of reaching the receiver; they still must all be final."""
+    expected = set(produced)
+    if not final_statuses:
+        wait_all_reached(receiver, expected, timeout)
+    counts: Counter[str] = Counter()
+    gaps: list[str] = []
+
+    def settled() -> bool | None:
+        counts.clear()
+        gaps.clear()
+        for tenant_id in tenant_ids:
+            r = reconcile(grpc_channel, settings, tenant_id, since_ms)
+            counts.update(dict(r.counts))
+            gaps.extend(f"{g.kind} {g.id}" for g in r.gaps)
+        done = counts["succeeded"] + counts["failed"] + counts["expired"]
+        return (not gaps and counts["deliveries_expected"] == done == len(expected)) or None
+
+    with contextlib.suppress(AssertionError):  # the verdict reports what was found
+        eventually(settled, timeout=timeout, interval=2, what=f"{fault}: a clean, final reconciliation")
+    requests = requests_by_delivery(receiver, expected)
+    shortfall = history_shortfall(cassandra_session, requests) if requests else {}
+    first = first_request_at(receiver, expected)
+    ages = [first[d] - produced[d] for d in first]
+    result = FaultResult(
+        fault=fault, expected=len(expected), succeeded=counts["succeeded"],
+        final_other=counts["failed"] + counts["expired"], gaps=len(gaps),
+        duplicates=sum(requests.values()) - len(requests), duplicate_bound=bound,
+        unexplained_duplicates=sum(n - rows for rows, n in shortfall.values()),
+        max_oldest_new_age_s=max(ages, default=0.0), retry_amplification=counts["attempts"] / max(1, len(expected)),
+        healthy_p99_ms=healthy.p99_ms() if healthy is not None else None,
+        series=_series(receiver, expected, produced), note=note + (f"; gaps: {gaps[:5]}" if gaps else ""))
+    print("\n" + result.line())
+    _record(result)
+    return result
+
+
+def _series(receiver: Receiver, expected: set[str], produced: dict[str, float]) -> list[tuple[float, int, float]]:
+    """Per second since the first produce: deliveries first reached, and the age of the oldest
+    delivery produced but not yet reached (the queue age a new delivery would see)."""
+    if not produced:
+        return []
+    t0 = min(produced.values())
+    first = first_request_at(receiver, expected)
+    end = max([*first.values(), *produced.values()])
+    out = []
+    for s in range(int(end - t0) + 2):
+        t = t0 + s
+        rate = sum(1 for v in first.values() if t - 1 < v <= t)
+        waiting = [produced[d] for d in expected if produced[d] <= t and first.get(d, float("inf")) > t]
+        out.append((float(s), rate, t - min(waiting) if waiting else 0.0))
+    return out
+
+
+# -- the report (.run/chaos/) -------------------------------------------------------------------------
+
+REPORT_DIR = RUN / "chaos"
+
+
+def _record(result: FaultResult) -> None:
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    (REPORT_DIR / f"{result.fault}.json").write_text(json.dumps(asdict(result)))
+    _chart(result, REPORT_DIR / f"{result.fault}.png")
+
+
+def summary(results: list[FaultResult]) -> str:
+    passed = sum(r.passed for r in results)
+    return (f"chaos: faults={len(results)} passed={passed} lost={sum(max(0, r.lost) for r in results)} "
+            f"unexplained_duplicates={sum(r.unexplained_duplicates for r in results)} "
+            f"max_oldest_new_age_s={max((r.max_oldest_new_age_s for r in results), default=0):.1f} "
+            f"retry_amplification={max((r.retry_amplification for r in results), default=0):.2f}")
+
+
+def write_report(results: list[FaultResult]) -> Path:
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    lines = ["# Fault matrix", "", summary(results), "",
+             "| fault | verdict | expected | lost | gaps | duplicates (bound) | unexplained | "
+             "oldest new age s | retry amplification | healthy p99 ms |", "|---" * 10 + "|"]
+    for r in results:
+        lines.append(f"| {r.fault} | {'PASS' if r.passed else 'FAIL'} | {r.expected} | {r.lost} | {r.gaps} | "
+                     f"{r.duplicates} ({r.duplicate_bound}) | {r.unexplained_duplicates} | "
+                     f"{r.max_oldest_new_age_s:.1f} | {r.retry_amplification:.2f} | "
+                     f"{'-' if r.healthy_p99_ms is None else round(r.healthy_p99_ms)} |")
+    lines.append("")
+    for r in results:
+        lines += [f"## {r.fault}", "", r.note or "", "", f"![{r.fault}]({r.fault}.png)",
+                  "(top: deliveries reaching the receiver per second; bottom: age of the oldest delivery "
+                  "not yet sent, seconds)", ""]
+    path = REPORT_DIR / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _chart(r: FaultResult, path: Path, width: int = 480, height: int = 240) -> None:
+    """Two stacked line charts (delivery rate, oldest age) as a PNG, written without a plotting
+    library: a white canvas, axes, and one polyline each."""
+    px = bytearray(b"\xff" * (width * height * 3))
+
+    def dot(x: int, y: int, rgb: tuple[int, int, int]) -> None:
+        if 0 <= x < width and 0 <= y < height:
+            i = (y * width + x) * 3
+            px[i:i + 3] = bytes(rgb)
+
+    def line(x0: int, y0: int, x1: int, y1: int, rgb: tuple[int, int, int]) -> None:
+        n = max(abs(x1 - x0), abs(y1 - y0), 1)
+        for k in range(n + 1):
+            dot(x0 + (x1 - x0) * k // n, y0 + (y1 - y0) * k // n, rgb)
+
+    panels = [([s[1] for s in r.series], (31, 119, 180)), ([s[2] for s in r.series], (214, 39, 40))]
+    half = height // 2
+    for p, (values, rgb) in enumerate(panels):
+        top, bottom, left, right = p * half + 8, (p + 1) * half - 8, 8, width - 8
+        line(left, bottom, right, bottom, (0, 0, 0))
+        line(left, top, left, bottom, (0, 0, 0))
+        if len(values) < 2:
+            continue
+        peak = max(values) or 1
+        pts = [(left + (right - left) * i // (len(values) - 1), bottom - int((bottom - top) * v / peak))
+               for i, v in enumerate(values)]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+            line(x0, y0, x1, y1, rgb)
+    raw = b"".join(b"\x00" + bytes(px[y * width * 3:(y + 1) * width * 3]) for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+@contextlib.contextmanager
+def produced_events(settings: Settings, tenant_id: str, endpoint_ids: list[str], n: int,
+                    event_type: str = "order.shipped") -> Iterator[tuple[list[EventRecord], dict[str, float]]]:
+    """``n`` events for the tenant, produced on entry; yields (events, delivery_id -> produce time)."""
+    events = [event(tenant_id, event_type, f'{{"k":{i}}}'.encode()) for i in range(n)]
+    at = time.time()
+    produce(settings, [e.to_json() for e in events], keys=[e.event_id for e in events])
+    yield events, {delivery_id_for(e.event_id, ep): at for e in events for ep in endpoint_ids}
