@@ -291,7 +291,8 @@ def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  #
         final_other=counts["failed"] + counts["expired"], gaps=len(gaps),
         duplicates=sum(requests.values()) - len(requests), duplicate_bound=bound,
         unexplained_duplicates=sum(n - rows for rows, n in shortfall.values()),
-        max_oldest_new_age_s=max(ages, default=0.0), retry_amplification=counts["attempts"] / max(1, len(expected)),
+        # Requests the receivers saw per delivery: retries, re-sends after a crash, manual replays.
+        max_oldest_new_age_s=max(ages, default=0.0), retry_amplification=sum(requests.values()) / max(1, len(expected)),
         healthy_p99_ms=healthy.p99_ms() if healthy is not None else None,
         series=_series(receiver, expected, produced), note=note + (f"; gaps: {gaps[:5]}" if gaps else ""))
     print("\n" + result.line())
