@@ -348,9 +348,12 @@ def write_report(results: list[FaultResult]) -> Path:
                      f"{'-' if r.healthy_p99_ms is None else round(r.healthy_p99_ms)} |")
     lines.append("")
     for r in results:
-        lines += [f"## {r.fault}", "", r.note or "", "", f"![{r.fault}]({r.fault}.png)",
-                  "(top: deliveries reaching the receiver per second; bottom: age of the oldest delivery "
-                  "not yet sent, seconds)", ""]
+        peak_rate = max((s[1] for s in r.series), default=0)
+        peak_age = max((s[2] for s in r.series), default=0.0)
+        lines += [f"## {r.fault}", "", r.note or "", "", f"![{r.fault}]({r.fault}.png)", "",
+                  f"Top: deliveries first reaching the receiver per second (peak {peak_rate}/s); bottom: age of "
+                  f"the oldest delivery produced and not yet sent (peak {peak_age:.1f} s); x: {len(r.series)} s "
+                  "from the fault's first event.", ""]
     path = REPORT_DIR / "report.md"
     path.write_text("\n".join(lines))
     return path
