@@ -38,6 +38,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fault_report() -> Iterator[None]:
+    """After the session: the fault matrix's report (.run/chaos/report.md) and its summary line,
+    if any fault ran (tests/integration/faults.py)."""
+    yield
+    from tests.integration.faults import RESULTS, summary, write_report
+
+    if RESULTS:
+        path = write_report(RESULTS)
+        print(f"\n{summary(RESULTS)}\nreport: {path}")
+
+
 @pytest.fixture(scope="session")
 def certs() -> Path:
     out = RUN / "certs"

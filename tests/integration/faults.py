@@ -37,6 +37,9 @@ from tests.support.receiver import Receiver
 
 RUN = REPO_ROOT / ".run"
 
+# Every verdict of this pytest session, for the report the session writes at its end (conftest).
+RESULTS: list[FaultResult] = []
+
 
 # -- endpoints and bounds ------------------------------------------------------------------------------
 
@@ -297,6 +300,7 @@ def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  #
         series=_series(receiver, expected, produced), note=note + (f"; gaps: {gaps[:5]}" if gaps else ""))
     print("\n" + result.line())
     _record(result)
+    RESULTS.append(result)
     return result
 
 

@@ -6,7 +6,8 @@ duplicated queue messages, a worker killed after the receiver processed its POST
 runs them all (the rest are marked ``chaos_full``: minutes each) and writes `.run/chaos/report.md`
 with a chart per fault. Every fault has a healthy tenant producing beside it whose first-attempt
 p99 is reported. Fault 8 (the control plane down for 60 s) is tests/integration/test_config_path.py,
-which needs a control plane of its own to stop.
+which needs a control plane of its own to stop; `make chaos` runs it too, and its verdict joins the
+report (written at the end of the pytest session, tests/integration/conftest.py).
 """
 
 from __future__ import annotations
@@ -29,32 +30,18 @@ from tests.integration.faults import (
     requests_by_delivery,
     sigkill_part,
     stack_part,
-    summary,
     verdict,
     wait_all_reached,
-    write_report,
 )
 from tests.integration.helpers import auth, event, eventually, produce
 
 pytestmark = pytest.mark.integration
-
-RESULTS: list[FaultResult] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report():  # type: ignore[no-untyped-def]
-    yield
-    if RESULTS:
-        path = write_report(RESULTS)
-        print(f"\n{summary(RESULTS)}\nreport: {path}")
-
 
 def _now_ms() -> int:
     return int(time.time() * 1000) - 1000
 
 
 def _check(result: FaultResult) -> None:
-    RESULTS.append(result)
     assert result.passed, result.line()
 
 
