@@ -147,19 +147,20 @@ def test_fault_4_worker_killed_after_the_receiver_processed_the_post(settings, j
 
 @pytest.mark.chaos_full
 def test_fault_5_synchronised_retry_after_storm(settings, grpc_channel, receiver, delivery_job, cassandra_session):
-    """Every endpoint of three tenants answers 429 with Retry-After: 2 twice, then 200."""
+    """Every endpoint of three tenants answers its first ten requests 429 with Retry-After: 2, all
+    at once, then 200: every delivery is retried once, in a synchronised wave."""
     with SteadyTenant(grpc_channel, settings, receiver, "f5") as healthy:
         since = _now_ms()
         tenants, produced = [], {}
         for t in range(3):
             tenant_id, ids = endpoints(grpc_channel, settings, receiver, 8, f"f5{t}",
-                                       "retry_after 429 2 then retry_after 429 2 then ok")
+                                       "retry_after 429 2 then " * 10 + "ok")
             tenants.append(tenant_id)
             with produced_events(settings, tenant_id, ids, 10) as (_, got):
                 produced.update(got)
         result = verdict("5-retry-after-storm", grpc_channel, settings, receiver, cassandra_session, tenants,
                          since, produced, bound=0, healthy=healthy, note="3 tenants x 8 endpoints x 10 events")
-    assert result.retry_amplification >= 3, "every delivery needed three attempts"
+    assert result.retry_amplification >= 2, "every delivery needed a second attempt"
     _check(result)
 
 
@@ -176,7 +177,7 @@ def test_fault_6_one_tenant_hangs(settings, grpc_channel, receiver, delivery_job
         for i in range(len(ids)):
             receiver.set_behaviour(f"/ep/f6-{tenant_id}-{i}", "ok")
         result = verdict("6-one-tenant-hangs", grpc_channel, settings, receiver, cassandra_session, [tenant_id],
-                         since, produced, bound=len(produced) * settings.dispatch.max_attempts, healthy=healthy,
+                         since, produced, bound=0, healthy=healthy,
                          timeout=300, note="20 endpoints x 20 events hang for 30 s beside a tenant at 20 events/s")
     _check(result)
 
