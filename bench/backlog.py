@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cassandra.cluster import Cluster, Session
+from cassandra.policies import ExponentialReconnectionPolicy
 from cassandra.query import SimpleStatement
 from confluent_kafka import Producer
 
@@ -102,7 +103,8 @@ def say(msg: str) -> None:
 def own_keyspace(settings: Settings) -> Iterator[Session]:
     """The run's keyspace with the project's schema; dropped at the end, also after an error."""
     c = settings.cassandra
-    cluster = Cluster(c.contact_points, port=c.port)
+    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=ExponentialReconnectionPolicy(
+        0.5, c.reconnect_max_delay_s, max_attempts=None))  # back within seconds of an outage
     try:
         session = cluster.connect()
         apply(session, c.keyspace, c.replication_factor)

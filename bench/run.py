@@ -40,6 +40,7 @@ from pathlib import Path
 
 import grpc
 from cassandra.cluster import Cluster
+from cassandra.policies import ExponentialReconnectionPolicy
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
@@ -225,7 +226,8 @@ def control_plane(settings: Settings) -> Iterator[grpc.Channel]:
     from control_plane.server import build
 
     c = settings.cassandra
-    cluster = Cluster(c.contact_points, port=c.port)
+    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=ExponentialReconnectionPolicy(
+        0.5, c.reconnect_max_delay_s, max_attempts=None))  # back within seconds of an outage
     server = None
     try:
         server = build(settings, cluster.connect(c.keyspace), port=0)

@@ -319,6 +319,8 @@ def parser() -> argparse.ArgumentParser:
     rec.add_argument("--until", required=True, help="ISO 8601: to (exclusive)")
     rec.add_argument("--tenant")
     rec.add_argument("--repair", action="store_true", help="re-drive what is missing (idempotent)")
+    rec.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                     help="print the report as JSON (same as the global --json)")
     rec.add_argument("--overdue-after", type=int, default=0, metavar="SECONDS",
                      help="a pending delivery due longer ago, on an endpoint no job holds, is orphaned")
 

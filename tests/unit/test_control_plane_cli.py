@@ -64,3 +64,9 @@ def test_reconcile_maps_its_window_and_renders_counts_gaps_and_repairs() -> None
     assert any(line.split()[-2:] == ["events_on_topic", "3"] for line in text.splitlines())
     assert any("dlv_x" in line and "no row" in line for line in text.splitlines())
     assert any("dlv_x" in line and "redriven" in line for line in text.splitlines())
+
+
+def test_reconcile_takes_json_after_its_arguments_too() -> None:
+    args = cli.parser().parse_args(["reconcile", "--since", "2026-11-01", "--until", "2026-11-02", "--json"])
+    assert args.json is True
+    assert cli.parser().parse_args(["reconcile", "--since", "2026-11-01", "--until", "2026-11-02"]).json is False
