@@ -197,3 +197,32 @@ def _snapshot_row(cassandra_session, event_id: str, window):  # type: ignore[no-
         if row is not None:
             return hour, bucket, row.arrived_at
     return None
+
+
+def test_the_periodic_reconciler_reports_a_gap_it_finds(window, settings, cassandra_session, caplog):  # type: ignore[no-untyped-def]
+    """The control plane's loop step: the last hour of arrivals (here ending now), report only."""
+    import logging
+
+    from control_plane.publisher import KafkaPublisher
+    from control_plane.reconcile import Reconciler
+    from control_plane.store import CassandraStore
+
+    did = window["ids"]["e1b"]
+    cassandra_session.execute("DELETE FROM deliveries WHERE delivery_id=%s", (did,))
+    cp = settings.control_plane.model_copy(update={"reconcile_settle_s": 0, "reconcile_window_s": 3600})
+    publisher = KafkaPublisher(settings.kafka)
+    try:
+        reconciler = Reconciler(settings.model_copy(update={"control_plane": cp}), cassandra_session,
+                                CassandraStore(cassandra_session), publisher, lambda: int(time.time() * 1000))
+        with caplog.at_level(logging.WARNING, logger="control_plane.reconcile"):
+            reconciler.periodic()
+    finally:
+        publisher.close()
+    report = reconciler.last_report
+    assert report is not None and report.counts["events_on_topic"] >= 3
+    assert ("delivery_missing", did) in {(g.kind, g.id) for g in report.gaps}
+    assert any("periodic reconciliation found" in r.getMessage() and "delivery_missing" in r.getMessage()
+               for r in caplog.records)
+    assert window["check"]().counts["gap_delivery_missing"] == 1  # report only: nothing was repaired
+    window["check"](repair=True)
+    assert window["check"]().clean
