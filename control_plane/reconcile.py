@@ -33,7 +33,7 @@ from typing import Any
 
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
-from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from control_plane.errors import InvalidArgument
 from control_plane.publisher import Publisher
@@ -43,17 +43,13 @@ from core import reconcile as rc
 from core.ingest import IngestError, parse_event
 from core.records import EventRecord, RedriveRequest, delivery_id_for
 from core.settings import Settings
+from operators.history_store import status_write_ts
 
 log = logging.getLogger(__name__)
 
 # The longest window one call reconciles: the history window. Longer asks are refused, not cut.
 MAX_WINDOW_MS = 30 * 24 * 3_600_000
 
-# Restored rows are written at the repair's time, not at the creation time the job uses: a row that
-# is missing may have been deleted, and a tombstone newer than the creation time would shadow it.
-# A succeeded status goes two bands up, as the job writes it (operators/history_store.py), so
-# nothing non-final overrides it.
-_BAND_US = 365 * 24 * 3600 * 1_000_000
 
 
 @dataclass(frozen=True)
@@ -177,7 +173,7 @@ class Reconciler:
         attempts = {did: [rc.AttemptRow(a.attempt_number, a.outcome or "", bool(a.manual)) for a in rs]
                     for did, rs in self._many(self._q_attempts, list(rows)).items()}
         endpoints = sorted({r.endpoint_id for r in rows.values()})
-        reported = {eid: _ms(row.reported_at) for eid, row in self._by_key(self._q_backlog, endpoints).items()
+        reported = {eid: _ms(row.reported_at) or 0 for eid, row in self._by_key(self._q_backlog, endpoints).items()
                     if row is not None and row.reported_at is not None and (row.pending or 0) > 0}
         deliveries = {
             did: rc.DeliveryRow(did, r.event_id, r.tenant_id, r.endpoint_id, r.status or "pending",
@@ -186,7 +182,7 @@ class Reconciler:
         inputs = rc.Inputs(
             topic_events=[rc.TopicEvent(e.event_id, e.tenant_id, at) for e, at in topic_events.values()],
             dead_lettered=dead, snapshots=snapshots, deliveries=deliveries, indexed=indexed,
-            attempts=attempts, backlog_reported_at={k: v for k, v in reported.items() if v is not None})
+            attempts=attempts, backlog_reported_at=reported)
         return _Window(inputs, topic_events, rows)
 
     def _topic(self, since_ms: int, until_ms: int,
@@ -213,7 +209,7 @@ class Reconciler:
             assign = []
             for start, end in zip(starts, ends, strict=True):
                 high = consumer.get_watermark_offsets(TopicPartition(topic, start.partition), timeout=10)[1]
-                last = high if end.offset in (-1, OFFSET_END) or end.offset < 0 else end.offset
+                last = end.offset if end.offset >= 0 else high  # none at or after until: to the end
                 if 0 <= start.offset < last:
                     stop[start.partition] = last
                     assign.append(TopicPartition(topic, start.partition, start.offset))
@@ -328,6 +324,7 @@ class Reconciler:
 
     def _write_index(self, gap: rc.Gap, w: _Window) -> Repair:
         r = w.rows[gap.id]
+        # At the repair's time, like every restored row (see _write_succeeded).
         self._session.execute(self._w_by_event, (r.event_id, r.endpoint_id, gap.id, r.tenant_id,
                                                  r.endpoint_config_version, r.created_at, self._now_ms() * 1000))
         return Repair(gap.kind, gap.id, "index_written", f"deliveries_by_event {r.event_id}/{r.endpoint_id}")
@@ -354,10 +351,13 @@ class Reconciler:
 
     def _write_succeeded(self, delivery_id: str, event: EventRecord, snap: fanout.FanoutSnapshot, endpoint_id: str,
                          version: int, attempt_count: int) -> None:
+        # Restored rows are written at the repair's time, not at the creation time the job uses: a
+        # missing row may have been deleted, and its tombstone would shadow creation-time cells.
+        # The status carries the job's band for a success, so nothing non-final overrides it.
         created = snap.arrived_at_ms
         deadline_ms = int(self._settings.dispatch.retry_deadline_s * 1000)
         now = self._now_ms()
-        status_ts = now * 1000 + 2 * _BAND_US
+        status_ts = status_write_ts("succeeded", now)
         s = self._session
         s.execute(self._w_delivery, (delivery_id, event.event_id, event.tenant_id, endpoint_id, version,
                                      event.event_type, _ts(created), _ts(created + deadline_ms), now * 1000))

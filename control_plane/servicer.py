@@ -351,7 +351,7 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
 
 
 class AdminServicer(rpc.AdminServicer):
-    def __init__(self, auth: Authenticator, admin: AdminService, reconciler: Reconciler | None = None) -> None:
+    def __init__(self, auth: Authenticator, admin: AdminService, reconciler: Reconciler) -> None:
         self._auth = auth
         self._admin = admin
         self._reconciler = reconciler
@@ -359,8 +359,6 @@ class AdminServicer(rpc.AdminServicer):
     @mapped
     def Reconcile(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._auth.admin(context.invocation_metadata())
-        if self._reconciler is None:
-            raise errors.Unavailable("reconciliation is not configured on this server")
         out = self._reconciler.run(ms_of(request, "start_time"), ms_of(request, "end_time"),
                                    request.tenant_id or None, request.repair, "admin",
                                    request.overdue_after_seconds)

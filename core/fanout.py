@@ -107,16 +107,19 @@ class ClockFollower:
         if value_ms is not None and (self.value_ms is None or value_ms > self.value_ms):
             self.value_ms = value_ms
 
+    @property
+    def _last_read_ms(self) -> int:
+        """When the last tick was read (the start if none was read in this run)."""
+        return self.read_at_ms if self.read_at_ms is not None else self.started_at_ms
+
     def age_ms(self, now_ms: int) -> int:
         """Time since the last tick was read (since start if none was read in this run)."""
-        last = self.read_at_ms if self.read_at_ms is not None else self.started_at_ms
-        return max(0, now_ms - last)
+        return max(0, now_ms - self._last_read_ms)
 
     def decide(self, arrived_ms: int, now_ms: int) -> ClockDecision:
         if clock_passed(self.value_ms, arrived_ms):
             return ClockDecision(RELEASE)
-        last = self.read_at_ms if self.read_at_ms is not None else self.started_at_ms
-        stale_at = last + self.stale_after_ms
+        stale_at = self._last_read_ms + self.stale_after_ms
         if now_ms >= stale_at:
             return ClockDecision(DEGRADED)
         step = max(1, int(self.period_ms / 8))

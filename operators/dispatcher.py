@@ -118,7 +118,7 @@ class Dispatcher(KeyedProcessFunction):
         self._sender = Sender(s.dispatch, self._rt.call(HttpSender.create(s.dispatch, policy)), s.master_key_bytes())
         self._history = CassandraHistory(s.cassandra)
         self._next_backlog_report = 0
-        self._reported: dict[str, int] = {}  # endpoints reported holding deliveries
+        self._reported: set[str] = set()  # endpoints last reported holding deliveries
         self._snapshots = SnapshotWriter(runtime_context, self._history,
                                          group.counter("fanout_snapshot_write_failures"), recheck_ms=200)
         # Thread mode: this interpreter lives as long as the TaskManager and holds ~150k
@@ -148,12 +148,7 @@ class Dispatcher(KeyedProcessFunction):
         try:
             drv = self._driver(endpoint_id)
             if kind == NEW:
-                d: NewDelivery = item
-                if d.delivery_id not in drv.items:
-                    # In keyed state only until its event row is durable (see _drop_payload).
-                    self._store.put_payload(d.delivery_id, d.event.payload)
-                    self._payloads.put(d.event.event_id, d.event.payload)
-                    drv.add_new(d, now)
+                self._add_new(drv, item, now)
             elif kind == REDRIVE:
                 # Reconciliation's repair: CHECKed against Cassandra first, so a delivery that is
                 # final there is not sent again; one this driver already holds is left alone.
@@ -162,12 +157,8 @@ class Dispatcher(KeyedProcessFunction):
                 nd = NewDelivery(delivery_id=rd.delivery_id, event=rd.event, endpoint_id=rd.endpoint_id,
                                  tenant_id=rd.tenant_id, endpoint_config_version=rd.endpoint_config_version,
                                  created_at_ms=rd.created_at_ms, expires_at_ms=rd.expires_at_ms)
-                if nd.delivery_id in drv.items:
+                if not self._add_new(drv, nd, now, recheck=True):
                     self._counts["redrives_known"] += 1
-                else:
-                    self._store.put_payload(nd.delivery_id, nd.event.payload)
-                    self._payloads.put(nd.event.event_id, nd.event.payload)
-                    drv.add_new(nd, now, recheck=True)
                 log.info("redrive of %s (%s) by %s", rd.delivery_id, rd.reason, rd.requested_by)
             elif kind == REPLAY:
                 r: ReplayRequest = item
@@ -183,6 +174,15 @@ class Dispatcher(KeyedProcessFunction):
             yield from self._pass(endpoint_id, drv, ctx, now)
         except Exception as exc:  # noqa: BLE001 -- one endpoint's failure must not stop the task
             self._contain(endpoint_id, ctx, now, exc)
+
+    def _add_new(self, drv: EndpointDriver, d: NewDelivery, now: int, recheck: bool = False) -> bool:
+        """A delivery the driver does not hold yet joins it; False when it already does."""
+        if d.delivery_id in drv.items:
+            return False
+        # In keyed state only until its event row is durable (see _drop_payload).
+        self._store.put_payload(d.delivery_id, d.event.payload)
+        self._payloads.put(d.event.event_id, d.event.payload)
+        return drv.add_new(d, now, recheck=recheck)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):  # type: ignore[override]
         key = ctx.get_current_key()
@@ -224,7 +224,8 @@ class Dispatcher(KeyedProcessFunction):
         self._schedule(ctx, endpoint_id, wake, now)
         if drv.idle and not self._io.busy(endpoint_id):
             del self._drivers[endpoint_id]  # keyed state keeps its config, breaker and bucket
-            if self._reported.pop(endpoint_id, None) is not None:
+            if endpoint_id in self._reported:
+                self._reported.discard(endpoint_id)
                 self._history.report_backlog(endpoint_id, drv.tenant_id, 0, now)  # holds none now
         if now >= self._next_backlog_report:
             self._report_backlogs(now)
@@ -238,7 +239,7 @@ class Dispatcher(KeyedProcessFunction):
         for endpoint_id, drv in self._drivers.items():
             if drv.held:
                 self._history.report_backlog(endpoint_id, drv.tenant_id, drv.held, now)
-                self._reported[endpoint_id] = now
+                self._reported.add(endpoint_id)
 
     def _finished(self, drv: EndpointDriver, f: Finished, now: int) -> None:
         result = f.result
