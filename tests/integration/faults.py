@@ -20,7 +20,6 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -423,11 +422,10 @@ def _chart(r: FaultResult, path: Path, width: int = 480, height: int = 240) -> N
                      + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
-@contextlib.contextmanager
-def produced_events(settings: Settings, tenant_id: str, endpoint_ids: list[str], n: int,
-                    event_type: str = "order.shipped") -> Iterator[tuple[list[EventRecord], dict[str, float]]]:
-    """``n`` events for the tenant, produced on entry; yields (events, delivery_id -> produce time)."""
+def produce_events(settings: Settings, tenant_id: str, endpoint_ids: list[str], n: int,
+                   event_type: str = "order.shipped") -> tuple[list[EventRecord], dict[str, float]]:
+    """Produce ``n`` events for the tenant; returns them and delivery_id -> produce time."""
     events = [event(tenant_id, event_type, f'{{"k":{i}}}'.encode()) for i in range(n)]
     at = time.time()
     produce(settings, [e.to_json() for e in events], keys=[e.event_id for e in events])
-    yield events, {delivery_id_for(e.event_id, ep): at for e in events for ep in endpoint_ids}
+    return events, {delivery_id_for(e.event_id, ep): at for e in events for ep in endpoint_ids}

@@ -26,7 +26,7 @@ from tests.integration.faults import (
     duplicate_bound,
     endpoints,
     kill_taskmanager,
-    produced_events,
+    produce_events,
     requests_by_delivery,
     sigkill_part,
     stack_part,
@@ -52,9 +52,9 @@ def test_fault_1_relay_publishes_every_event_twice(settings, grpc_channel, recei
     with SteadyTenant(grpc_channel, settings, receiver, "f1") as healthy:
         since = _now_ms()
         tenant_id, ids = endpoints(grpc_channel, settings, receiver, 5, "f1")
-        with produced_events(settings, tenant_id, ids, 40) as (events, produced):
-            time.sleep(1)
-            produce(settings, [e.to_json() for e in events], keys=[e.event_id for e in events])
+        events, produced = produce_events(settings, tenant_id, ids, 40)
+        time.sleep(1)
+        produce(settings, [e.to_json() for e in events], keys=[e.event_id for e in events])
         result = verdict("1-relay-double-publish", grpc_channel, settings, receiver, cassandra_session,
                          [tenant_id], since, produced, bound=0, healthy=healthy)
     _check(result)
@@ -70,11 +70,11 @@ def test_fault_2_taskmanager_killed_mid_fanout(settings, job_env, grpc_channel, 
         # hundreds are already recorded.
         tenant_id, ids = endpoints(grpc_channel, settings, receiver, n_endpoints, "f2", "slow 0.2")
         job_id = job_script(job_env, "id").strip() or delivery_job  # an earlier test may resubmit it
-        with produced_events(settings, tenant_id, ids, 100) as (_, produced):
-            eventually(lambda: len(requests_by_delivery(receiver, set(produced))) >= len(produced) // 4 or None,
-                       timeout=90, interval=0.05, what="a quarter of the burst at the receiver")
-            at_kill = len(requests_by_delivery(receiver, set(produced)))
-            kill_taskmanager(job_id)
+        _, produced = produce_events(settings, tenant_id, ids, 100)
+        eventually(lambda: len(requests_by_delivery(receiver, set(produced))) >= len(produced) // 4 or None,
+                   timeout=90, interval=0.05, what="a quarter of the burst at the receiver")
+        at_kill = len(requests_by_delivery(receiver, set(produced)))
+        kill_taskmanager(job_id)
         # After a restore the job may re-send only what it could not know had finished: requests
         # in flight at the kill, plus finished ones whose history write was still in the batch.
         result = verdict("2-taskmanager-killed-mid-fanout", grpc_channel, settings, receiver, cassandra_session,
@@ -132,11 +132,11 @@ def test_fault_4_worker_killed_after_the_receiver_processed_the_post(settings, j
         since = _now_ms()
         tenant_id, ids = endpoints(grpc_channel, settings, receiver, n_endpoints, "f4", "slow 1.5")
         job_id = job_script(job_env, "id").strip() or delivery_job
-        with produced_events(settings, tenant_id, ids, 30) as (_, produced):
-            eventually(lambda: len(requests_by_delivery(receiver, set(produced))) >= 40 or None,
-                       timeout=90, interval=0.05, what="forty POSTs held by the receiver")
-            held = len(requests_by_delivery(receiver, set(produced)))
-            kill_taskmanager(job_id)
+        _, produced = produce_events(settings, tenant_id, ids, 30)
+        eventually(lambda: len(requests_by_delivery(receiver, set(produced))) >= 40 or None,
+                   timeout=90, interval=0.05, what="forty POSTs held by the receiver")
+        held = len(requests_by_delivery(receiver, set(produced)))
+        kill_taskmanager(job_id)
         result = verdict("4-worker-killed-before-success-recorded", grpc_channel, settings, receiver,
                          cassandra_session, [tenant_id], since, produced,
                          bound=duplicate_bound(settings, n_endpoints), healthy=healthy,
@@ -156,8 +156,8 @@ def test_fault_5_synchronised_retry_after_storm(settings, grpc_channel, receiver
             tenant_id, ids = endpoints(grpc_channel, settings, receiver, 8, f"f5{t}",
                                        "retry_after 429 2 then " * 10 + "ok")
             tenants.append(tenant_id)
-            with produced_events(settings, tenant_id, ids, 10) as (_, got):
-                produced.update(got)
+            _, got = produce_events(settings, tenant_id, ids, 10)
+            produced.update(got)
         result = verdict("5-retry-after-storm", grpc_channel, settings, receiver, cassandra_session, tenants,
                          since, produced, bound=0, healthy=healthy, note="3 tenants x 8 endpoints x 10 events")
     assert result.retry_amplification >= 2, "every delivery needed a second attempt"
@@ -172,8 +172,8 @@ def test_fault_6_one_tenant_hangs(settings, grpc_channel, receiver, delivery_job
     with SteadyTenant(grpc_channel, settings, receiver, "f6", per_s=20) as healthy:
         since = _now_ms()
         tenant_id, ids = endpoints(grpc_channel, settings, receiver, 20, "f6", "hang")
-        with produced_events(settings, tenant_id, ids, 20) as (_, produced):
-            time.sleep(30)
+        _, produced = produce_events(settings, tenant_id, ids, 20)
+        time.sleep(30)
         for i in range(len(ids)):
             receiver.set_behaviour(f"/ep/f6-{tenant_id}-{i}", "ok")
         result = verdict("6-one-tenant-hangs", grpc_channel, settings, receiver, cassandra_session, [tenant_id],
@@ -191,8 +191,8 @@ def test_fault_7a_cassandra_down_60s_under_load(settings, grpc_channel, receiver
         time.sleep(1)  # the configs reach the job before the outage
         stack_part("cassandra.sh", "stop")
         try:
-            with produced_events(settings, tenant_id, ids, 40) as (_, produced):
-                time.sleep(60)
+            _, produced = produce_events(settings, tenant_id, ids, 40)
+            time.sleep(60)
         finally:
             stack_part("cassandra.sh", "start", "ready")
         result = verdict("7a-cassandra-down-60s", grpc_channel, settings, receiver, cassandra_session, [tenant_id],
@@ -206,11 +206,11 @@ def test_fault_7b_kafka_broker_killed_under_load(settings, grpc_channel, receive
     with SteadyTenant(grpc_channel, settings, receiver, "f7b") as healthy:
         since = _now_ms()
         tenant_id, ids = endpoints(grpc_channel, settings, receiver, 5, "f7b", "slow 0.2")
-        with produced_events(settings, tenant_id, ids, 40) as (_, produced):
-            time.sleep(2)
-            sigkill_part("kafka")
-            time.sleep(5)
-            stack_part("kafka.sh", "start", "ready")
+        _, produced = produce_events(settings, tenant_id, ids, 40)
+        time.sleep(2)
+        sigkill_part("kafka")
+        time.sleep(5)
+        stack_part("kafka.sh", "start", "ready")
         result = verdict("7b-kafka-broker-sigkill", grpc_channel, settings, receiver, cassandra_session,
                          [tenant_id], since, produced, bound=duplicate_bound(settings, 5), healthy=healthy,
                          timeout=300, note="the only broker SIGKILLed 2 s into a burst, restarted 5 s later")
