@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,10 +11,11 @@ from control_plane.auth import API_KEY_BYTES, hash_api_key, new_api_key
 from control_plane.domain import ApiKey, Tenant
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
 from control_plane.store import EndpointStore
+from core import identifiers
 
 log = logging.getLogger(__name__)
 
-_TENANT_ID = re.compile(r"[a-z0-9][a-z0-9_-]{2,63}")
+_TENANT_ID = identifiers.TENANT_ID
 MAX_NAME_CHARS = 200
 
 

@@ -2,6 +2,8 @@
 
     webhookctl [--target HOST:PORT] [--json] GROUP COMMAND ...
 
+`events publish` writes to the producer database's outbox (like an application would); every
+other group calls the control plane's gRPC API.
 Credentials come from the environment so they stay out of shell history and `ps`:
 WEBHOOKCTL_API_KEY for tenant commands, WEBHOOKCTL_ADMIN_TOKEN for `tenants`, `keys` and
 `reconcile`.
@@ -20,12 +22,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+import psycopg
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from control_plane.api import pb, rpc
 from core.settings import load_settings
+from outbox.producer import OutboxError, write_event
 
 Out = Callable[[Any], None]
 
@@ -301,16 +305,16 @@ def parser() -> argparse.ArgumentParser:
     tenants = groups.add_parser("tenants", help="(admin) tenants").add_subparsers(
         dest="command", required=True
     )
-    t = tenants.add_parser("create")
+    t = tenants.add_parser("create", help="create a tenant")
     t.add_argument("--id")
     t.add_argument("--name")
 
     keys = groups.add_parser("keys", help="(admin) API keys").add_subparsers(dest="command", required=True)
-    k = keys.add_parser("create")
+    k = keys.add_parser("create", help="issue an API key for a tenant (printed once)")
     k.add_argument("--tenant", required=True)
     k.add_argument("--description")
     k.add_argument("--read-only", action="store_true")
-    k = keys.add_parser("revoke")
+    k = keys.add_parser("revoke", help="revoke an API key at once")
     k.add_argument("--tenant", required=True)
     k.add_argument("key_id")
 
@@ -324,8 +328,8 @@ def parser() -> argparse.ArgumentParser:
     rec.add_argument("--overdue-after", type=int, default=0, metavar="SECONDS",
                      help="a pending delivery due longer ago, on an endpoint no job holds, is orphaned")
 
-    ep = groups.add_parser("endpoints").add_subparsers(dest="command", required=True)
-    c = ep.add_parser("create")
+    ep = groups.add_parser("endpoints", help="register and manage webhook endpoints").add_subparsers(dest="command", required=True)
+    c = ep.add_parser("create", help="register an endpoint (prints its signing secret once)")
     c.add_argument("--url", required=True)
     c.add_argument("--event-type", action="append", required=True, help="repeat; `invoice.*` for a prefix")
     c.add_argument("--description")
@@ -333,9 +337,14 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--max-in-flight", type=int)
     c.add_argument("--metadata", action="append", metavar="KEY=VALUE")
     c.add_argument("--request-id", help="idempotency key: a retry returns the same endpoint")
-    for name in ("get", "disable", "enable", "delete", "versions", "ping"):
-        ep.add_parser(name).add_argument("endpoint_id")
-    ls = ep.add_parser("list")
+    for name, text in (("get", "show one endpoint"),
+                       ("disable", "stop deliveries; pending ones wait until enabled"),
+                       ("enable", "resume deliveries to a disabled endpoint"),
+                       ("delete", "delete an endpoint; its pending deliveries are cancelled"),
+                       ("versions", "the endpoint's configuration history"),
+                       ("ping", "send a signed webhook.ping event to the endpoint")):
+        ep.add_parser(name, help=text).add_argument("endpoint_id")
+    ls = ep.add_parser("list", help="list the tenant's endpoints")
     ls.add_argument("--page-size", type=int, default=0)
     ls.add_argument("--cursor")
     u = ep.add_parser("update", help="only the options given change")
@@ -348,29 +357,66 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--clear-rate-limit", action="store_true")
     u.add_argument("--max-in-flight", type=int)
     u.add_argument("--clear-max-in-flight", action="store_true")
-    r = ep.add_parser("rotate-secret")
+    r = ep.add_parser("rotate-secret", help="new signing secret; the old one may keep signing for an overlap")
     r.add_argument("endpoint_id")
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--overlap", type=int, metavar="SECONDS", help="old key keeps signing (default 24 h)")
     mode.add_argument("--revoke-now", action="store_true", help="old keys stop signing at once")
 
-    dl = groups.add_parser("deliveries").add_subparsers(dest="command", required=True)
-    d = dl.add_parser("list")
+    dl = groups.add_parser("deliveries", help="delivery history, replay and recovery").add_subparsers(dest="command", required=True)
+    d = dl.add_parser("list", help="an endpoint's deliveries in a time range")
     d.add_argument("endpoint_id")
     d.add_argument("--status", action="append", choices=["pending", "succeeded", "failed", "expired"])
     d.add_argument("--since", help="ISO 8601, default 30 days ago")
     d.add_argument("--until", help="ISO 8601, default now")
     d.add_argument("--page-size", type=int, default=0)
     d.add_argument("--cursor")
-    dl.add_parser("get").add_argument("delivery_id")
-    rp = dl.add_parser("replay")
+    dl.add_parser("get", help="one delivery and every attempt").add_argument("delivery_id")
+    rp = dl.add_parser("replay", help="send a delivery again (same delivery id)")
     rp.add_argument("delivery_id")
     rp.add_argument("--request-id")
     rc = dl.add_parser("recover", help="replay failed/expired deliveries in a time range")
     rc.add_argument("endpoint_id")
     rc.add_argument("--since", required=True)
     rc.add_argument("--until", required=True)
+
+    ev = groups.add_parser("events", help="emit events through the transactional outbox (PostgreSQL)")
+    evs = ev.add_subparsers(dest="command", required=True)
+    pub = evs.add_parser("publish", help="write one event to the outbox in one transaction; prints its event_id")
+    pub.add_argument("--tenant", required=True)
+    pub.add_argument("--type", required=True, help="event type, e.g. invoice.paid")
+    pub.add_argument("--data", required=True, help="the JSON body; @FILE reads a file, - reads stdin")
+    pub.add_argument("--object-id")
+    pub.add_argument("--object-version", type=int)
+    pub.add_argument("--schema-version", default="1")
+    pub.add_argument("--event-id", help="default: a new time-ordered id")
+    pub.add_argument("--dsn", default=None, help="producer database (default: settings outbox.dsn)")
     return p
+
+
+def publish_event(args: argparse.Namespace) -> int:
+    """`events publish`: the producer library in one transaction of its own. Talks to the producer
+    database, not to the control plane, so it needs no API key."""
+    data = args.data
+    if data == "-":
+        data = sys.stdin.read()
+    elif data.startswith("@"):
+        with open(data[1:], "rb") as f:
+            data = f.read()
+    dsn = args.dsn or load_settings().outbox.dsn
+    try:
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            event_id = write_event(conn, args.tenant, args.type, data, object_id=args.object_id,
+                                   object_version=args.object_version, schema_version=args.schema_version,
+                                   event_id=args.event_id)
+    except OutboxError as exc:
+        print(f"webhookctl: invalid event: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.Error as exc:
+        print(f"webhookctl: outbox write failed: {exc}".rstrip(), file=sys.stderr)
+        return 1
+    print(json.dumps({"event_id": event_id}) if args.json else event_id)
+    return 0
 
 
 class _Auth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
@@ -399,6 +445,8 @@ class _Timeout(grpc.UnaryUnaryClientInterceptor):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.group == "events":
+        return publish_event(args)
     admin_group = args.group in ("tenants", "keys", "reconcile")
     env = "WEBHOOKCTL_ADMIN_TOKEN" if admin_group else "WEBHOOKCTL_API_KEY"
     token = os.environ.get(env, "")

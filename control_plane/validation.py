@@ -7,13 +7,13 @@ at a private address is refused at creation rather than failing every delivery l
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from control_plane.domain import EndpointSpec
 from control_plane.errors import InvalidArgument
+from core import identifiers
 from core.egress import EgressPolicy, EgressRefused, check_resolved, parse_target
 
 MAX_URL_CHARS = 2048
@@ -25,10 +25,8 @@ MAX_METADATA_VALUE_CHARS = 512
 MAX_RATE_LIMIT_PER_S = 10_000.0
 MAX_IN_FLIGHT = 1_000
 
-# Event types are dotted lower-case names (`invoice.paid`); a filter may end in `.*` for a
-# prefix, or be `*` for every type (core.fanout.filter_accepts gives these their meaning).
-_EVENT_TYPE = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
-_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_EVENT_TYPE = identifiers.EVENT_TYPE
+_ID = identifiers.ID
 
 
 class Resolver(Protocol):

@@ -14,7 +14,10 @@ Two forms are accepted, so a real Debezium connector on an outbox table can feed
 
    The outbox columns are the plain form's fields; ``occurred_at`` may be RFC 3339 text or unix
    milliseconds (Debezium renders timestamps as epoch numbers), and ``envelope_version`` (default 1)
-   versions the outbox row layout.
+   versions the outbox row layout. Version 2 is the platform's own outbox table
+   (outbox/sql/001_webhook_outbox.sql): ``payload`` is a bytea column, which Debezium renders as
+   base64, and must hold one UTF-8 JSON document (every delivery is sent as application/json);
+   anything else is refused with reason ``payload_not_json``.
 
 Every refusal is an :class:`IngestError` with a stable ``reason`` code (for the dead-letter topic
 and the metric) and a human ``detail``.
@@ -30,7 +33,7 @@ from typing import Any
 from core.records import EVENT_SCHEMA_V1, EventRecord
 from core.timeutil import iso_to_ms
 
-SUPPORTED_OUTBOX_VERSIONS = {1}
+SUPPORTED_OUTBOX_VERSIONS = {1, 2}
 _MAX_ID_LEN = 200
 
 
@@ -76,11 +79,32 @@ def _from_debezium(envelope: dict[str, Any], max_payload_bytes: int) -> EventRec
     version = after.get("envelope_version", 1)
     if version not in SUPPORTED_OUTBOX_VERSIONS:
         raise IngestError("unknown_schema", f"unsupported outbox envelope_version {version!r}")
+    if version == 2:
+        return _from_fields(after, max_payload_bytes, _json_bytea(after, max_payload_bytes))
     return _from_fields(after, max_payload_bytes)
 
 
-def _from_fields(d: dict[str, Any], max_payload_bytes: int) -> EventRecord:
-    payload = _payload_bytes(d)
+def _json_bytea(after: dict[str, Any], max_payload_bytes: int) -> bytes:
+    value = after.get("payload")
+    if value is None:
+        raise IngestError("missing_field", "payload is required")
+    if not isinstance(value, str):
+        raise IngestError("wrong_type", "payload must be base64 text (a bytea column)")
+    try:
+        payload = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise IngestError("wrong_type", f"payload is not base64: {exc}") from exc
+    if len(payload) <= max_payload_bytes:  # a larger one is refused as payload_too_large below
+        try:
+            json.loads(payload.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise IngestError("payload_not_json", f"payload is not one UTF-8 JSON document: {exc}") from exc
+    return payload
+
+
+def _from_fields(d: dict[str, Any], max_payload_bytes: int, payload: bytes | None = None) -> EventRecord:
+    if payload is None:
+        payload = _payload_bytes(d)
     if len(payload) > max_payload_bytes:
         raise IngestError(
             "payload_too_large", f"payload is {len(payload)} bytes; the limit is {max_payload_bytes}"

@@ -164,6 +164,24 @@ class IngestSettings(BaseModel):
     max_payload_bytes: int = Field(default=256 * 1024, ge=1)
 
 
+class OutboxSettings(BaseModel):
+    """The producer side: the PostgreSQL database that holds the transactional outbox, and the
+    Debezium connector that streams it to the events topic (stack/connect.sh)."""
+
+    # libpq connection string of the producer database. The local stack's cluster trusts
+    # 127.0.0.1 (like its Kafka and Cassandra); a deployment passes credentials here.
+    dsn: str = "host=127.0.0.1 port=55432 dbname=webhooks user=webhooks"
+    # Created by the migration, before any row exists, so the WAL of every outbox insert is kept
+    # until Debezium confirms it -- the connector never needs a data snapshot.
+    slot_name: str = "webhooks_outbox"
+    publication_name: str = "webhooks_outbox"
+    # Published rows older than this are deleted by housekeeping (outbox.housekeeping). Debezium
+    # reads inserts from the WAL, so deleting a row never loses its event; the retention is how
+    # far back a re-snapshot could still recover rows if the slot itself were ever lost.
+    retention_s: int = Field(default=24 * 3600, ge=60)
+    connect_rest_port: int = 8083
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="WEBHOOKS_", env_nested_delimiter="__", extra="forbid"
@@ -176,6 +194,7 @@ class Settings(BaseSettings):
     flink: FlinkSettings = FlinkSettings()
     control_plane: ControlPlaneSettings = ControlPlaneSettings()
     ingest: IngestSettings = IngestSettings()
+    outbox: OutboxSettings = OutboxSettings()
     # AES-256-GCM key (base64 of 32 bytes) that encrypts signing secrets at rest. The dev default
     # only exists so `make run` works; a deployment must set WEBHOOKS_MASTER_KEY.
     master_key: SecretStr = SecretStr(base64.b64encode(b"dev-master-key-not-for-production"[:32]).decode())

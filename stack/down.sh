@@ -6,6 +6,8 @@ source "$(dirname "$0")/lib.sh"
 stop_part receiver 5
 stop_part control-plane 10
 "$REPO/stack/flink.sh" stop  # every TaskManager (also those `flink.sh add-tm` added), then the JobManager
+"$REPO/stack/connect.sh" stop
+"$REPO/stack/postgres.sh" stop
 stop_part cassandra 40
 stop_part kafka 30
 say "stack stopped"

@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # Install everything the project needs, idempotently: the Python venv from the lock file, the JVM
-# servers and connectors from Maven Central (stack/maven/*.xml), generated gRPC code, test certs.
+# servers and connectors from Maven Central (stack/maven/*.xml), Debian's PostgreSQL server,
+# generated gRPC code, test certs.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO"
 command -v java >/dev/null || fail "java (JDK 17) not found: apt-get install openjdk-17-jdk-headless"
 command -v mvn >/dev/null || fail "mvn not found: apt-get install maven"
+
+# The producer database (stack/postgres.sh) runs Debian's PostgreSQL server binaries.
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  [ "$(id -u)" = 0 ] || fail "PostgreSQL server not found: sudo apt-get install postgresql"
+  say "installing PostgreSQL from Debian"
+  # Only the binaries: the package would otherwise create and start a system cluster on 5432.
+  if [ ! -f /etc/postgresql-common/createcluster.conf ]; then
+    mkdir -p /etc/postgresql-common && echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
+  fi
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null \
+    || fail "apt-get install postgresql failed"
+fi
 
 stamp="$VENV/.lock-$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
@@ -16,7 +29,7 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.lock-*; touch "$stamp"
 fi
 
-for part in kafka cassandra flink-connectors; do
+for part in kafka cassandra flink-connectors connect; do
   if [ ! -f "$JARS/$part/.complete" ] || [ "stack/maven/$part.xml" -nt "$JARS/$part/.complete" ]; then
     say "resolving $part from Maven Central"
     rm -rf "$JARS/$part"

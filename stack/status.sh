@@ -5,7 +5,7 @@ extra=""  # TaskManagers added by `flink.sh add-tm`, listed while they run
 for d in $(extra_tms); do
   if running "$d"; then extra="$extra $d"; fi
 done
-for part in kafka cassandra flink-jm flink-tm $extra control-plane; do
+for part in kafka cassandra flink-jm flink-tm $extra control-plane postgres connect; do
   if running "$part"; then state="running (pid $(cat "$RUN/$part/pid"))"; else state="stopped"; fi
   printf '  %-14s %s\n' "$part" "$state"
 done
@@ -14,6 +14,9 @@ cat <<TXT
   gRPC API         127.0.0.1:${WEBHOOKS_CONTROL_PLANE__PORT:-50051}   (webhookctl --help; grpcurl -plaintext 127.0.0.1:50051 list)
   Kafka            127.0.0.1:${WEBHOOKS_KAFKA_PORT:-9092}   topics webhooks.events, webhooks.endpoints, webhooks.replays, webhooks.events.dlq
   Cassandra        127.0.0.1:${WEBHOOKS_CASSANDRA_PORT:-9042}   keyspace webhooks
-  Logs             $RUN/*/  (kafka/kafka.log, cassandra/cassandra.log, flink/log/, control-plane/control-plane.log)
+  PostgreSQL       127.0.0.1:${WEBHOOKS_POSTGRES_PORT:-55432}   database webhooks, table webhook_outbox (webhookctl events publish)
+  Kafka Connect    http://127.0.0.1:${WEBHOOKS_OUTBOX__CONNECT_REST_PORT:-8083}/connectors/webhooks-outbox/status   (Debezium: outbox -> webhooks.events)
+  Logs             $RUN/*/  (kafka/kafka.log, cassandra/cassandra.log, flink/log/, control-plane/control-plane.log,
+                   postgres/postgres.log, connect/connect.log)
   Stop             make down
 TXT

@@ -5,7 +5,7 @@
 source "$(dirname "$0")/lib.sh"
 cd "$REPO"
 started=()
-for part in kafka cassandra flink-jm flink-tm control-plane; do
+for part in connect postgres kafka cassandra flink-jm flink-tm control-plane; do
   running "$part" || started+=("$part")
 done
 cleanup() {
@@ -17,6 +17,8 @@ cleanup() {
       flink-jm) stop_part flink-jm 30 ;;
       flink-tm) stop_part flink-tm 30 ;;
       control-plane) stop_part control-plane 10 ;;
+      connect) bash "$REPO/stack/connect.sh" stop ;;
+      postgres) bash "$REPO/stack/postgres.sh" stop ;;
     esac
   done
   exit $rc

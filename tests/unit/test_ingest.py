@@ -127,6 +127,19 @@ def test_debezium_inserts_and_snapshot_reads_are_events(op: str, wrapped: bool) 
     assert parse(debezium(op, wrapped)) == EXPECTED
 
 
+def outbox_v2(body: bytes, **changes: Any) -> dict[str, Any]:
+    """A row of the platform's outbox table as Debezium streams it: bytea payload in base64, the
+    timestamptz column as ISO text with microseconds, the extra created_at column."""
+    return debezium("c", wrapped=False, envelope_version=2, payload=base64.b64encode(body).decode(),
+                    occurred_at="2026-11-29T19:00:00.000000Z", created_at="2026-11-29T19:00:00.100000Z",
+                    **changes)
+
+
+def test_outbox_table_row_v2_payload_is_the_exact_bytea_bytes() -> None:
+    body = '{"id": "inv_9",  "name": "caf\u00e9 ☕"}'.encode()  # odd spacing kept byte for byte
+    assert parse(outbox_v2(body)) == EventRecord(**{**EXPECTED.__dict__, "payload": body})
+
+
 @pytest.mark.parametrize("wrapped", [True, False], ids=["with schema wrapper", "bare envelope"])
 def test_debezium_epoch_millis_timestamp_and_envelope_version(wrapped: bool) -> None:
     doc = debezium("c", wrapped, occurred_at=OCCURRED_MS, envelope_version=1)
@@ -165,7 +178,14 @@ REFUSALS: list[tuple[str, bytes, str]] = [
     ("future schema", encode(plain(schema="webhooks.event/v2")), "unknown_schema"),
     ("no schema", encode(plain(schema=...)), "unknown_schema"),
     ("unrelated object", b'{"hello": "world"}', "unknown_schema"),
-    ("envelope_version 2", encode(debezium(envelope_version=2)), "unknown_schema"),
+    ("envelope_version 3", encode(debezium(envelope_version=3)), "unknown_schema"),
+    ("v2 payload not JSON", encode(outbox_v2(b"{not json")), "payload_not_json"),
+    ("v2 payload latin-1", encode(outbox_v2('{"n": "café"}'.encode("latin-1"))), "payload_not_json"),
+    ("v2 payload two documents", encode(outbox_v2(b'{} {}')), "payload_not_json"),
+    ("v2 payload not base64", encode(debezium(envelope_version=2, payload="%%%")), "wrong_type"),
+    ("v2 payload null", encode(debezium(envelope_version=2, payload=None)), "missing_field"),
+    ("v2 payload over the limit", encode(outbox_v2(b'"' + b"x" * LIMIT + b'"')), "payload_too_large"),
+    ("v2 empty tenant_id", encode(outbox_v2(b"{}", tenant_id="")), "wrong_type"),
     ("envelope_version text", encode(debezium(wrapped=False, envelope_version="1")), "unknown_schema"),
     ("debezium update", encode(debezium("u")), "not_an_insert"),
     ("debezium delete", encode(debezium("d")), "not_an_insert"),

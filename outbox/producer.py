@@ -1,0 +1,130 @@
+"""Emit a webhook event from an application: one outbox row, inside the caller's transaction.
+
+::
+
+    with psycopg.connect(dsn) as conn:            # not autocommit: psycopg opens a transaction
+        conn.execute("UPDATE invoices SET status = 'paid' WHERE id = %s", (invoice_id,))
+        event_id = write_event(conn, "acme", "invoice.paid", {"id": invoice_id, "amount": 4200},
+                               object_id=invoice_id, object_version=7)
+        # the `with` block commits both rows together, or neither
+
+The business change and the event commit or roll back together, so there is no dual write: a
+crash after the commit still leaves the row, and Debezium publishes it from the WAL (maybe twice
+-- consumers dedupe by event_id). ``write_event`` never commits and refuses an autocommit
+connection, where the row would be committed on its own.
+
+Everything the delivery job would refuse is refused here first, with :class:`OutboxError` naming
+the field, so a bad event fails the producer's request instead of reaching the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from core import identifiers
+
+# The delivery job's default limit (ingest.max_payload_bytes); pass the deployment's own if it differs.
+DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+_MAX_TEXT = 200
+
+JsonPayload = Mapping[str, Any] | Sequence[Any] | bytes | str
+
+
+class OutboxError(ValueError):
+    """The event was refused; nothing was written. The message names the field and the rule."""
+
+
+def new_event_id(now_ms: int | None = None, random_bytes: bytes | None = None) -> str:
+    """``evt_`` + 12 hex digits of unix ms + 20 random hex digits: unique, and sorted by time so
+    ids written together sit together in indexes and logs."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    rnd = os.urandom(10) if random_bytes is None else random_bytes
+    return f"evt_{ms:012x}{rnd.hex()}"
+
+
+def canonical_payload(payload: JsonPayload, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
+    """The exact body bytes receivers get. A mapping or list is serialised compactly with sorted
+    keys (the same data always gives the same bytes); bytes or text must already be one UTF-8 JSON
+    document and are kept byte for byte, since receivers verify signatures over these bytes."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        body = bytes(payload)
+    elif isinstance(payload, str):
+        body = payload.encode("utf-8")
+    elif isinstance(payload, (Mapping, list, tuple)):
+        try:
+            body = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise OutboxError(f"payload is not JSON-serialisable: {exc}") from exc
+    else:
+        raise OutboxError(f"payload must be a mapping, a list, bytes or str, got {type(payload).__name__}")
+    if len(body) > max_bytes:
+        raise OutboxError(f"payload is {len(body)} bytes; the limit is {max_bytes}")
+    if not isinstance(payload, (Mapping, list, tuple)):
+        try:
+            json.loads(body.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise OutboxError(f"payload is not UTF-8: {exc}") from exc
+        except ValueError as exc:
+            raise OutboxError(f"payload is not one JSON document: {exc}") from exc
+    return body
+
+
+def _check(name: str, value: object, pattern: Any = None, required: bool = True) -> None:
+    if value is None and not required:
+        return
+    if not isinstance(value, str):
+        raise OutboxError(f"{name} must be a string, got {type(value).__name__}")
+    if not 1 <= len(value) <= _MAX_TEXT:
+        raise OutboxError(f"{name} must be 1..{_MAX_TEXT} characters")
+    if pattern is not None and not pattern.fullmatch(value):
+        raise OutboxError(f"{name} {value!r} must match {pattern.pattern}")
+
+
+def write_event(
+    conn: psycopg.Connection[Any],
+    tenant_id: str,
+    event_type: str,
+    payload: JsonPayload,
+    *,
+    object_id: str | None = None,
+    object_version: int | None = None,
+    schema_version: str = "1",
+    event_id: str | None = None,
+    occurred_at: datetime | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> str:
+    """Insert one outbox row in ``conn``'s open transaction and return its event_id.
+
+    Does not commit. Raises :class:`OutboxError` for invalid input (nothing is written), and
+    psycopg's ``UniqueViolation`` if ``event_id`` was already written: the caller's transaction is
+    then aborted, as for any failed statement."""
+    if conn.autocommit:
+        raise OutboxError("write_event needs a transaction: the connection is in autocommit mode")
+    _check("tenant_id", tenant_id, identifiers.TENANT_ID)
+    _check("event_type", event_type, identifiers.EVENT_TYPE)
+    _check("schema_version", schema_version)
+    _check("object_id", object_id, required=False)
+    if event_id is None:
+        event_id = new_event_id()
+    _check("event_id", event_id, identifiers.ID)
+    if object_version is not None and (isinstance(object_version, bool) or not isinstance(object_version, int)):
+        raise OutboxError(f"object_version must be an integer, got {type(object_version).__name__}")
+    if occurred_at is None:
+        occurred_at = datetime.now(UTC)
+    elif not isinstance(occurred_at, datetime) or occurred_at.tzinfo is None:
+        raise OutboxError("occurred_at must be a datetime with a time zone")
+    body = canonical_payload(payload, max_payload_bytes)
+    conn.execute(
+        "INSERT INTO webhook_outbox (event_id, tenant_id, event_type, schema_version, object_id,"
+        " object_version, occurred_at, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+        (event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at, body),
+    )
+    return event_id
