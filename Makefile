@@ -44,4 +44,5 @@ proto:
 	@$(PY) -m control_plane.codegen
 
 clean: down ## remove all local data, logs and checkpoints
+	@bash stack/postgres.sh destroy  # its cluster may live outside .run (stack/postgres.sh: home)
 	rm -rf .run

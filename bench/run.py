@@ -10,12 +10,15 @@ One run, loopback only, bounded in count and time:
    (`stack/job.sh submit`, job name `webhooks-bench-<id>`) on the running Flink cluster;
 4. N events produced at full speed (each matching all M endpoints of its tenant); deliveries/s
    and first-attempt latency (produce call -> request received) from the receiver's recordings;
+   the same through the transactional outbox (`--outbox`, on by default: one PostgreSQL
+   transaction per event, latency from its COMMIT), with a PostgreSQL cluster and a Kafka Connect
+   worker of the run's own;
 5. CPU and RSS of the TaskManager (with children) sampled from /proc meanwhile;
 6. a phase paced at half the sustained rate, and a fairness phase (tenant A with 1,000 hanging
    endpoints loaded first, healthy tenant B measured against its own baseline); both on by default;
 7. the job is cancelled, the receiver stopped by pid, the control plane stopped, topics deleted.
 
-The last line is the comparable summary:
+The last line is the comparable summary (a `bench-outbox:` line before it gives the outbox path's):
 
     bench: deliveries_per_s=N raw_http_per_s=N ratio=R p50_first_attempt_ms=N p99_first_attempt_ms=N
 """
@@ -49,8 +52,10 @@ from bench.raw_http import percentile
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
+from outbox.producer import write_event
 from stack.flink_jobs import cancel, extra_taskmanagers, job_sh, wait_all_running
 from stack.isolation import isolated_env, settings_with
+from stack.outbox_relay import OutboxRelay
 from stack.topics import create_topics
 from tests.support.receiver import ReceiverControl
 
@@ -342,6 +347,29 @@ def produce(settings: Settings, tenants: list[Tenant], n_events: int, body: byte
     return sent
 
 
+def produce_outbox(relay: OutboxRelay, tenants: list[Tenant], n_events: int, body: bytes,
+                   rate_per_s: float | None = None) -> Sent:
+    """The same events through the transactional outbox: one producer transaction each, as an
+    application commits one business change at a time; a delivery's latency starts when its
+    transaction's COMMIT returned (outbox -> WAL -> Debezium -> Kafka -> job -> receiver)."""
+    sent = Sent(paths=[path for t in tenants for _, path in t.endpoints])
+    begin = time.time()
+    with relay.connect() as conn:
+        for i in range(n_events):
+            if rate_per_s:
+                delay = begin + i / rate_per_s - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+            t = tenants[i % len(tenants)]
+            event_id = write_event(conn, t.tenant_id, EVENT_TYPE, body)
+            conn.commit()
+            now = time.time()
+            for endpoint_id, path in t.endpoints:
+                sent.produced_at[delivery_id_for(event_id, endpoint_id)] = (now, t.tenant_id, path)
+    sent.first_produce, sent.last_produce = begin, time.time()
+    return sent
+
+
 @dataclass
 class PhaseResult:
     expected: int
@@ -454,10 +482,14 @@ def raw_ceiling(base_url: str, concurrency: int, duration_s: float, body: bytes)
 
 def phase(name: str, settings: Settings, rx: ReceiverControl, tenants: list[Tenant], n_events: int,
           body: bytes, timeout_s: float, rate: float | None = None,
-          wait_paths: list[str] | None = None) -> tuple[PhaseResult, Sent]:
+          wait_paths: list[str] | None = None, relay: OutboxRelay | None = None) -> tuple[PhaseResult, Sent]:
+    """One measured phase; through ``relay``'s outbox when given, else straight to Kafka."""
     rx.clear()
     with TaskManagerSampler() as sampler:
-        sent = produce(settings, tenants, n_events, body, rate)
+        if relay is not None:
+            sent = produce_outbox(relay, tenants, n_events, body, rate)
+        else:
+            sent = produce(settings, tenants, n_events, body, rate)
         r = wait_and_measure(rx, sent, timeout_s, wait_paths)
     report(name, r, sampler.stats)
     if LATENCY_DIR is not None:
@@ -501,6 +533,27 @@ def fairness(settings: Settings, rx: ReceiverControl, channel: grpc.Channel, bas
         f"B p50 {base.p(50, b):.0f} -> {loaded.p(50, b):.0f} ms")
 
 
+def outbox_phases(stack: ExitStack, env: dict[str, str], run_id: str, settings: Settings, rx: ReceiverControl,
+                  tenants: list[Tenant], body: bytes, args: argparse.Namespace, half_rate: float) -> str:
+    """The full-speed phase again, and the half-load one at the same rate, through an outbox of the
+    run's own (PostgreSQL + Debezium, stack.outbox_relay); returns the summary line."""
+    relay = OutboxRelay(env, RUN / f"bench-outbox-{run_id}", flush_ms=10_000)
+    stack.callback(relay.stop)
+    relay.start()
+    say(f"outbox: PostgreSQL + Kafka Connect/Debezium up ({relay.settings.outbox.dsn})")
+    warm, _ = phase("outbox-warm", settings, rx, tenants, len(tenants), body, 120, relay=relay)
+    if warm.delivered != warm.expected:
+        raise RuntimeError(f"outbox warm-up: {warm.delivered}/{warm.expected} delivered")
+    full, _ = phase("outbox-max", settings, rx, tenants, args.events, body, args.timeout, relay=relay)
+    line = (f"bench-outbox: deliveries_per_s={full.sustained_per_s:.0f} "
+            f"p50_first_attempt_ms={full.p(50):.0f} p99_first_attempt_ms={full.p(99):.0f} (from COMMIT)")
+    if half_rate > 0:
+        n = max(10, min(args.events, int(half_rate * args.half_seconds)))
+        half, _ = phase("outbox-half", settings, rx, tenants, n, body, args.timeout, half_rate, relay=relay)
+        line += f" half_load_p50_ms={half.p(50):.0f} half_load_p99_ms={half.p(99):.0f}"
+    return line
+
+
 LATENCY_DIR: Path | None = None
 
 
@@ -540,7 +593,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"warm: configs broadcast, one event per tenant delivered ({time.monotonic() - started:.0f}s in)")
 
         full: PhaseResult | None = None
+        half: PhaseResult | None = None
         sustained = 0.0
+        rate = 0.0
         if args.max:
             full, _ = phase("max", settings, rx, tenants, args.events, body, args.timeout)
             sustained = full.sustained_per_s
@@ -549,13 +604,19 @@ def run(args: argparse.Namespace) -> int:
             rate = sustained / 2 / args.endpoints
             n = max(10, min(args.events, int(rate * args.half_seconds)))
             say(f"half load: {rate:.1f} events/s ({rate * args.endpoints:.0f} deliveries/s) for {n} events")
-            phase("half", settings, rx, tenants, n, body, args.timeout, rate)
+            half, _ = phase("half", settings, rx, tenants, n, body, args.timeout, rate)
+        if args.outbox:
+            outbox_line = outbox_phases(stack, env, run_id, settings, rx, tenants, body, args, rate)
         fair_rate = args.fair_rate or sustained / 4  # deliveries/s of the healthy tenant
         if args.fairness and fair_rate > 0:
             fairness(settings, rx, channel, rxp.base_url, tenants[0], args, body,
                      rate=fair_rate / args.endpoints)
 
     say(f"total run time {time.monotonic() - started:.0f}s")
+    if args.outbox:
+        direct = (f" | direct to Kafka: half_load_p50_ms={half.p(50):.0f} half_load_p99_ms={half.p(99):.0f}"
+                  if half else "")
+        print(outbox_line + direct, flush=True)
     if full is None:
         return 0
     ratio = full.sustained_per_s / raw.per_second if raw.per_second else 0.0
@@ -583,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--half-load", action=argparse.BooleanOptionalAction, default=True,
                     help="paced phase at half the sustained rate")
     ap.add_argument("--half-seconds", type=float, default=15.0)
+    ap.add_argument("--outbox", action=argparse.BooleanOptionalAction, default=True,
+                    help="repeat the full-speed and half-load phases through the transactional outbox "
+                         "(PostgreSQL -> Debezium -> Kafka) and print a bench-outbox line")
     ap.add_argument("--fairness", action=argparse.BooleanOptionalAction, default=True,
                     help="hanging tenant A vs healthy tenant B")
     ap.add_argument("--fair-hanging-endpoints", type=int, default=1000)

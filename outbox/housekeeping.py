@@ -26,10 +26,10 @@ from typing import Any
 
 import psycopg
 
-from core.settings import OutboxSettings, load_settings
+from core.settings import load_settings
 
 
-def purge_published(conn: psycopg.Connection[Any], settings: OutboxSettings, batch: int = 10_000) -> int:
+def purge_published(conn: psycopg.Connection[Any], slot_name: str, retention: timedelta, batch: int = 10_000) -> int:
     """Delete the rows proven published (see the module doc); returns how many. Deletes go in
     batches so one run never holds a long lock."""
     with conn.transaction():
@@ -37,13 +37,13 @@ def purge_published(conn: psycopg.Connection[Any], settings: OutboxSettings, bat
     row = conn.execute(
         "SELECT max(m.taken_at) FROM outbox_purge_marks m, pg_replication_slots s"
         " WHERE s.slot_name = %s AND s.confirmed_flush_lsn >= m.lsn",
-        (settings.slot_name,),
+        (slot_name,),
     ).fetchone()
     conn.commit()
     proven_at = row[0] if row else None
     if proven_at is None:
         return 0
-    cutoff = proven_at - timedelta(seconds=settings.retention_s)
+    cutoff = proven_at - retention
     total = 0
     while True:
         with conn.transaction():
@@ -65,7 +65,8 @@ def main() -> int:
     p.parse_args()
     settings = load_settings().outbox
     with psycopg.connect(settings.dsn, connect_timeout=5) as conn:
-        print(f"outbox: deleted {purge_published(conn, settings)} published rows")
+        deleted = purge_published(conn, settings.slot_name, timedelta(seconds=settings.retention_s))
+        print(f"outbox: deleted {deleted} published rows")
     return 0
 
 

@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 from core.settings import REPO_ROOT, Settings
 from stack.flink_jobs import cancel, job_sh, wait_all_running
 from stack.isolation import isolated_env, keyspace_session, settings_with
+from stack.outbox_relay import OutboxRelay
 from stack.topics import create_topics
 from tests.support.receiver import Receiver
 
@@ -147,6 +148,17 @@ def delivery_job(settings: Settings, job_env: dict[str, str], kafka_bootstrap: s
     # Fault tests stop/restore the job, so cancel whatever incarnation of it runs now.
     for jid in {job_id, job_sh(job_env, "id").strip()} - {""}:
         cancel(jid)
+
+
+@pytest.fixture(scope="session")
+def relay(job_env: dict[str, str], kafka_bootstrap: str, delivery_job: str) -> Iterator[OutboxRelay]:
+    """This session's own outbox (PostgreSQL + Kafka Connect/Debezium, stack/outbox_relay.py)
+    streaming to its events topic. Offsets are flushed only every 10 minutes, so a SIGKILL of the
+    worker is always "after publishing, before committing the offsets"."""
+    r = OutboxRelay(job_env, RUN / f"test-outbox-{RUN_ID}", flush_ms=600_000)
+    r.start()
+    yield r
+    r.stop()
 
 
 def job_script(job_env: dict[str, str], action: str, timeout: float = 300) -> str:

@@ -12,7 +12,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -20,20 +19,13 @@ from confluent_kafka import Consumer
 
 from core.records import delivery_id_for
 from outbox.producer import write_event
-from tests.integration.conftest import RUN, RUN_ID
+from stack.outbox_relay import OutboxRelay
+from tests.integration.conftest import RUN_ID
 from tests.integration.faults import endpoints, stack_part, verdict, wait_all_reached
-from tests.integration.helpers import eventually
-from tests.integration.outbox_relay import OutboxRelay, TopicWatch
+from tests.integration.helpers import eventually, produce
+from tests.integration.topic_watch import TopicWatch
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def relay(job_env, kafka_bootstrap, delivery_job) -> Iterator[OutboxRelay]:  # type: ignore[no-untyped-def]
-    r = OutboxRelay(job_env, RUN / f"test-outbox-{RUN_ID}", flush_ms=600_000)
-    r.start()
-    yield r
-    r.stop()
 
 
 def _since_ms() -> int:
@@ -233,3 +225,29 @@ def test_bad_rows_reach_the_dead_letter_topic_and_nothing_stops(relay, grpc_chan
                        f"evt_bad_size_{RUN_ID}": "payload_too_large"}
     wait_all_reached(receiver, {delivery_id_for(good, ep)}, timeout=90)
     relay.script("connect.sh", "ready")  # the connector and its task still RUNNING
+
+
+def test_a_snapshot_read_of_a_published_row_sends_nothing_again(relay, grpc_channel, settings, receiver):
+    """A Debezium snapshot (op r) re-reads rows already streamed. The stack never snapshots
+    (snapshot.mode=no_data), but if one ran, its records must not re-send final deliveries: the
+    row's exact record, replayed as a snapshot read, reaches the topic and the receiver sees
+    nothing new."""
+    tenant_id, (ep,) = endpoints(grpc_channel, settings, receiver, 1, "ob-snap")
+    watch = TopicWatch(settings)
+    try:
+        (event_id,) = _write(relay, tenant_id, 1, "snap")
+        watch.wait_for({event_id})
+        delivery_id = delivery_id_for(event_id, ep)
+        wait_all_reached(receiver, {delivery_id}, timeout=60)
+        envelope = json.loads(watch.values[event_id])
+        assert envelope["op"] == "c"
+        envelope["op"] = "r"
+        envelope["source"]["snapshot"] = "true"
+        produce(settings, [json.dumps(envelope).encode()], keys=[event_id])
+        watch.wait_for({event_id}, copies=2)
+        marker = _write(relay, tenant_id, 1, "after-snap")[0]  # arrives after the snapshot read
+        wait_all_reached(receiver, {delivery_id_for(marker, ep)}, timeout=60)
+        time.sleep(2)
+        assert len([r for r in receiver.requests() if r.webhook_id == delivery_id]) == 1
+    finally:
+        watch.close()

@@ -1,0 +1,132 @@
+"""outbox/producer.py: what write_event accepts and refuses before any SQL runs, and the canonical
+bytes it stores. The database side (the caller's transaction, rollbacks, the unique event_id, the
+table's size cap) is tested on the real PostgreSQL in tests/integration/test_outbox_producer.py."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from core.ingest import parse_event
+from outbox.producer import OutboxError, canonical_payload, new_event_id, write_event
+
+
+class RecordingConnection:
+    """Stands in for a psycopg connection: records statements, never commits."""
+
+    def __init__(self, autocommit: bool = False) -> None:
+        self.autocommit = autocommit
+        self.executed: list[tuple[str, tuple[Any, ...]]] = []
+
+    def execute(self, query: str, params: tuple[Any, ...]) -> None:
+        self.executed.append((query, params))
+
+
+def write(conn: RecordingConnection | None = None, **kw: Any) -> tuple[str, RecordingConnection]:
+    conn = conn or RecordingConnection()
+    args: dict[str, Any] = {"tenant_id": "acme", "event_type": "invoice.paid", "payload": {"id": "inv_1"}, **kw}
+    event_id = write_event(conn, **args)  # type: ignore[arg-type]
+    return event_id, conn
+
+
+def test_one_insert_with_the_canonical_bytes_and_no_commit() -> None:
+    at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    event_id, conn = write(payload={"b": 2, "a": [1, "é"]}, object_id="inv_1", object_version=7,
+                           schema_version="2026-01-01", event_id="evt_given", occurred_at=at)
+    assert event_id == "evt_given"
+    ((query, params),) = conn.executed
+    assert query.startswith("INSERT INTO webhook_outbox")
+    assert params == ("evt_given", "acme", "invoice.paid", "2026-01-01", "inv_1", 7, at,
+                      '{"a":[1,"é"],"b":2}'.encode())
+
+
+CANONICAL = [
+    # payload                                 -> stored bytes
+    ({"b": 1, "a": {"d": None, "c": True}}, b'{"a":{"c":true,"d":null},"b":1}'),
+    ([3, "x"], b'[3,"x"]'),
+    ({"n": "☕"}, '{"n":"☕"}'.encode()),
+    ('{"kept":  "as is"}', b'{"kept":  "as is"}'),         # text: the producer's exact bytes
+    (b'{"z":1,"a":2}', b'{"z":1,"a":2}'),                   # bytes: never re-serialised
+    ("[]", b"[]"),
+]
+
+
+@pytest.mark.parametrize(("payload", "stored"), CANONICAL)
+def test_canonical_payload(payload: Any, stored: bytes) -> None:
+    assert canonical_payload(payload) == stored
+
+
+REFUSED = [
+    # field changes                                          message contains
+    ({"tenant_id": "A"}, "tenant_id"),
+    ({"tenant_id": ""}, "tenant_id must be 1..200"),
+    ({"tenant_id": 7}, "tenant_id must be a string"),
+    ({"event_type": "Invoice.Paid"}, "event_type 'Invoice.Paid' must match"),
+    ({"event_type": "invoice..paid"}, "event_type"),
+    ({"event_id": "evt 1"}, "event_id"),
+    ({"event_id": ""}, "event_id must be 1..200"),
+    ({"schema_version": ""}, "schema_version"),
+    ({"object_id": 9}, "object_id must be a string"),
+    ({"object_version": "7"}, "object_version must be an integer"),
+    ({"object_version": True}, "object_version must be an integer"),
+    ({"occurred_at": datetime(2026, 1, 1)}, "occurred_at must be a datetime with a time zone"),
+    ({"occurred_at": "2026-01-01T00:00:00Z"}, "occurred_at must be a datetime"),
+    ({"payload": "{not json"}, "payload is not one JSON document"),
+    ({"payload": b"\xff\xfe"}, "payload is not UTF-8"),
+    ({"payload": '{"a":1} {"b":2}'}, "payload is not one JSON document"),
+    ({"payload": {"x": float("nan")}}, "not JSON-serialisable"),
+    ({"payload": {"x": object()}}, "not JSON-serialisable"),
+    ({"payload": 42}, "payload must be a mapping, a list, bytes or str"),
+    ({"payload": "[" + "1," * 600 + "1]", "max_payload_bytes": 1000}, "the limit is 1000"),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), REFUSED, ids=[m for _, m in REFUSED])
+def test_refusals_name_the_field_and_write_nothing(changes: dict[str, Any], message: str) -> None:
+    conn = RecordingConnection()
+    with pytest.raises(OutboxError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        write(conn, **changes)
+    assert conn.executed == []
+
+
+def test_an_autocommit_connection_is_refused() -> None:
+    """The row would commit on its own, apart from the business change: the dual write again."""
+    conn = RecordingConnection(autocommit=True)
+    with pytest.raises(OutboxError, match="autocommit"):
+        write(conn)
+    assert conn.executed == []
+
+
+def test_event_ids_are_unique_time_ordered_and_valid_ids() -> None:
+    assert new_event_id(0x0123456789AB, bytes(range(10))) == "evt_0123456789ab00010203040506070809"
+    ids = [new_event_id(now_ms=1_000 + i) for i in range(50)]
+    assert ids == sorted(ids) and len(set(ids)) == 50
+    event_id, _ = write()
+    assert event_id.startswith("evt_") and len(event_id) == 36
+
+
+def test_occurred_at_in_any_zone_is_one_instant() -> None:
+    east = datetime(2026, 12, 1, 13, 0, tzinfo=timezone(timedelta(hours=1)))
+    _, conn = write(occurred_at=east)
+    assert conn.executed[0][1][6] == datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def test_what_the_library_writes_the_job_reads_back_byte_for_byte() -> None:
+    """The row as Debezium streams it (bytea -> base64, timestamptz -> ISO text) parses to the
+    same event: the library and core.ingest agree on every field."""
+    import base64
+
+    at = datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    event_id, conn = write(payload={"id": "inv_1", "n": "☕"}, object_id="inv_1", object_version=3, occurred_at=at)
+    (_, (eid, tenant, etype, schema, obj, version, occurred, body)), = conn.executed
+    envelope = {"op": "c", "before": None, "after": {
+        "event_id": eid, "tenant_id": tenant, "event_type": etype, "schema_version": schema, "object_id": obj,
+        "object_version": version, "occurred_at": occurred.isoformat().replace("+00:00", "Z"),
+        "payload": base64.b64encode(body).decode(), "envelope_version": 2}}
+    record = parse_event(json.dumps(envelope).encode(), 256 * 1024)
+    assert (record.event_id, record.tenant_id, record.event_type, record.payload) == (
+        event_id, "acme", "invoice.paid", body)
+    assert record.occurred_at_ms == int(at.timestamp() * 1000)
