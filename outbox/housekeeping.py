@@ -11,7 +11,9 @@ ever dropped. Rows are therefore deleted only once they are provably published:
 - a row written before T - retention was committed before T (the retention, a day by default,
   is far longer than any producer transaction), so it is deleted.
 
-With no slot, or a slot that has not confirmed any mark, nothing is deleted.
+With no slot, or a slot that has not confirmed any mark, nothing is deleted. Debezium confirms
+the commit of the transaction *before* the newest one it streamed, so a mark is proven only after
+later outbox writes; on a quiet database rows simply wait for the next ones.
 
 The connector is configured with ``skipped.operations=u,d,t``, so these deletes produce no change
 events (and no tombstones) on the events topic.

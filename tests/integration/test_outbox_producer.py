@@ -5,8 +5,8 @@ replication slot has confirmed -- without a change event on the topic."""
 
 from __future__ import annotations
 
-import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
@@ -16,9 +16,21 @@ from outbox.housekeeping import purge_published
 from outbox.migrate import migrate
 from outbox.producer import write_event
 from stack.outbox_relay import OutboxRelay
+from tests.integration.conftest import RUN, RUN_ID
+from tests.integration.helpers import eventually
 from tests.integration.topic_watch import TopicWatch
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def relay_fast_flush(job_env: dict[str, str], kafka_bootstrap: str) -> Iterator[OutboxRelay]:
+    """An outbox whose Connect worker flushes its offsets (and so confirms the slot) every second,
+    like a production one (the stack's: 10 s), unlike the session relay's 10 minutes."""
+    r = OutboxRelay(job_env, RUN / f"test-outbox-fast-{RUN_ID}", flush_ms=1000)
+    r.start()
+    yield r
+    r.stop()
 
 
 def _rows(relay: OutboxRelay, event_ids: list[str]) -> int:
@@ -65,7 +77,8 @@ def test_the_migration_is_idempotent(relay: OutboxRelay) -> None:
     assert migrate(relay.settings.outbox) == []
 
 
-def test_housekeeping_deletes_only_rows_the_slot_confirmed_and_emits_nothing(relay: OutboxRelay) -> None:
+def test_housekeeping_deletes_only_rows_the_slot_confirmed_and_emits_nothing(relay_fast_flush: OutboxRelay) -> None:
+    relay = relay_fast_flush
     slot = relay.settings.outbox.slot_name
     watch = TopicWatch(relay.settings)
     try:
@@ -73,19 +86,26 @@ def test_housekeeping_deletes_only_rows_the_slot_confirmed_and_emits_nothing(rel
             ids = [write_event(conn, "acme", "order.created", {"i": i}) for i in range(3)]
         watch.wait_for(set(ids))
         with relay.connect() as conn:
-            # The session's worker flushes offsets every 10 minutes: the slot has not confirmed
-            # these inserts yet, so nothing may go, whatever the retention.
+            # Published, but not yet confirmed past this run's mark (the slot confirms the commit
+            # of the transaction before the newest one it streamed): nothing may go.
             assert purge_published(conn, slot, timedelta(0)) == 0
         assert _rows(relay, ids) == 3
-        time.sleep(0.1)
-        # A clean stop commits the connector's offsets, and with them the slot's position.
-        relay.script("connect.sh", "stop", "start", "ready")
+        later = []
+        for i in range(2):  # later writes move the slot's confirmed position past the mark
+            with relay.connect() as conn:
+                later.append(write_event(conn, "acme", "order.created", {"later": i}))
+        watch.wait_for(set(later))
+
+        def purged() -> bool | None:
+            with relay.connect() as conn:
+                purge_published(conn, slot, timedelta(0))
+            return _rows(relay, ids) == 0 or None
+
+        eventually(purged, timeout=60, interval=1, what="housekeeping to delete the confirmed rows")
         with relay.connect() as conn:
-            deleted = purge_published(conn, slot, timedelta(0))
-        assert deleted >= 3 and _rows(relay, ids) == 0
-        with relay.connect() as conn:
-            later = write_event(conn, "acme", "order.created", {"after": "purge"})
-        watch.wait_for({later})
-        assert all(watch.counts[e] == 1 for e in ids), "a housekeeping delete reached the events topic"
+            last = write_event(conn, "acme", "order.created", {"after": "purge"})
+        watch.wait_for({last})
+        watch.poll(2)
+        assert all(watch.counts[e] == 1 for e in ids + later), "a housekeeping delete reached the events topic"
     finally:
         watch.close()
