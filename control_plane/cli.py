@@ -328,7 +328,8 @@ def parser() -> argparse.ArgumentParser:
     rec.add_argument("--overdue-after", type=int, default=0, metavar="SECONDS",
                      help="a pending delivery due longer ago, on an endpoint no job holds, is orphaned")
 
-    ep = groups.add_parser("endpoints", help="register and manage webhook endpoints").add_subparsers(dest="command", required=True)
+    ep = groups.add_parser("endpoints", help="register and manage webhook endpoints").add_subparsers(
+        dest="command", required=True)
     c = ep.add_parser("create", help="register an endpoint (prints its signing secret once)")
     c.add_argument("--url", required=True)
     c.add_argument("--event-type", action="append", required=True, help="repeat; `invoice.*` for a prefix")
@@ -363,7 +364,8 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument("--overlap", type=int, metavar="SECONDS", help="old key keeps signing (default 24 h)")
     mode.add_argument("--revoke-now", action="store_true", help="old keys stop signing at once")
 
-    dl = groups.add_parser("deliveries", help="delivery history, replay and recovery").add_subparsers(dest="command", required=True)
+    dl = groups.add_parser("deliveries", help="delivery history, replay and recovery").add_subparsers(
+        dest="command", required=True)
     d = dl.add_parser("list", help="an endpoint's deliveries in a time range")
     d.add_argument("endpoint_id")
     d.add_argument("--status", action="append", choices=["pending", "succeeded", "failed", "expired"])

@@ -251,3 +251,28 @@ def test_a_snapshot_read_of_a_published_row_sends_nothing_again(relay, grpc_chan
         assert len([r for r in receiver.requests() if r.webhook_id == delivery_id]) == 1
     finally:
         watch.close()
+
+
+def test_the_stack_outbox_streams_what_webhookctl_publishes():
+    """The `make run` path of the README tour: `webhookctl events publish` writes to the stack's
+    outbox (PostgreSQL on 55432), and the stack's Debezium connector puts it on webhooks.events,
+    keyed by its event_id, as an envelope the job parses."""
+    import subprocess
+
+    from core.ingest import parse_event
+    from core.settings import REPO_ROOT, load_settings
+
+    stack = load_settings()
+    watch = TopicWatch(stack)
+    try:
+        out = subprocess.run([str(REPO_ROOT / ".venv/bin/webhookctl"), "events", "publish", "--tenant", "tour",
+                              "--type", "invoice.paid", "--data", '{"id": "inv_tour"}'],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        event_id = out.stdout.strip()
+        watch.wait_for({event_id}, timeout=60)
+        record = parse_event(watch.values[event_id], stack.ingest.max_payload_bytes)
+        assert (record.event_id, record.tenant_id, record.event_type, record.payload) == (
+            event_id, "tour", "invoice.paid", b'{"id":"inv_tour"}')
+    finally:
+        watch.close()
