@@ -2,8 +2,8 @@
 
     webhookctl [--target HOST:PORT] [--json] GROUP COMMAND ...
 
-`events publish` writes to the producer database's outbox (like an application would); every
-other group calls the control plane's gRPC API.
+`events publish` writes to the producer database's outbox (like an application would), `stats`
+reads Prometheus; every other group calls the control plane's gRPC API.
 Credentials come from the environment so they stay out of shell history and `ps`:
 WEBHOOKCTL_API_KEY for tenant commands, WEBHOOKCTL_ADMIN_TOKEN for `tenants`, `keys` and
 `reconcile`.
@@ -27,6 +27,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from control_plane import stats
 from control_plane.api import pb, rpc
 from core.settings import load_settings
 from outbox.producer import OutboxError, write_event
@@ -382,6 +383,10 @@ def parser() -> argparse.ArgumentParser:
     rc.add_argument("--since", required=True)
     rc.add_argument("--until", required=True)
 
+    st = groups.add_parser("stats", help="delivery health per job: rates, ages, p50/p99, breakers, alerts")
+    st.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus base URL")
+    st.add_argument("--job", help="only this delivery job (its Flink job name)")
+
     ev = groups.add_parser("events", help="emit events through the transactional outbox (PostgreSQL)")
     evs = ev.add_subparsers(dest="command", required=True)
     pub = evs.add_parser("publish", help="write one event to the outbox in one transaction; prints its event_id")
@@ -449,6 +454,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.group == "events":
         return publish_event(args)
+    if args.group == "stats":
+        try:
+            jobs, alerts = stats.collect(args.prometheus, args.job)
+        except stats.PrometheusError as exc:
+            print(f"webhookctl: {exc}", file=sys.stderr)
+            return 1
+        print(stats.render(jobs, alerts))
+        return 0
     admin_group = args.group in ("tenants", "keys", "reconcile")
     env = "WEBHOOKCTL_ADMIN_TOKEN" if admin_group else "WEBHOOKCTL_API_KEY"
     token = os.environ.get(env, "")

@@ -22,7 +22,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionP
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from control_plane import faults
+from control_plane import faults, metrics
 from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.auth import Authenticator
@@ -69,13 +69,16 @@ class Loop:
             wait = self._interval_s
             try:
                 self._step()
+                metrics.loop_step(self._thread.name, ok=True)
                 quiet_until = 0.0
             except (PublishError, Unavailable) as exc:  # expected while Kafka/Cassandra is down
+                metrics.loop_step(self._thread.name, ok=False)
                 # The clock ticks 20 times a second: one line per 10 s of an outage is enough.
                 if time.monotonic() >= quiet_until:
                     log.warning("%s: %s; next tick retries", self._thread.name, exc)
                     quiet_until = time.monotonic() + 10.0
             except Exception:  # noqa: BLE001 -- the next tick retries; the loop must not die
+                metrics.loop_step(self._thread.name, ok=False)
                 log.exception("%s step failed", self._thread.name)
 
     def start(self) -> None:
@@ -149,7 +152,8 @@ def build(
     )
     auth = Authenticator(store, cp.admin_token.get_secret_value())
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
+                         interceptors=[metrics.RpcMetrics()])
     rpc.add_ControlPlaneServicer_to_server(
         ControlPlaneServicer(auth, endpoints, deliveries, now_ms), server
     )
@@ -171,9 +175,16 @@ def build(
         Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
         # The dispatcher's 410 Gone signals become audited disables.
         Loop("endpoint-signals", 0.2, signals.poll_once),
-        *([Loop("reconciler", cp.reconcile_interval_s, reconciler.periodic)] if cp.reconcile_interval_s else []),
+        *([Loop("reconciler", cp.reconcile_interval_s, lambda: _reconcile_and_export(reconciler))]
+          if cp.reconcile_interval_s else []),
     )
     return ControlPlaneServer(server, bound, publication, publisher, loops, health_servicer, signals)
+
+
+def _reconcile_and_export(reconciler: Reconciler) -> None:
+    reconciler.periodic()
+    if reconciler.last_report is not None:
+        metrics.reconciled(reconciler.last_report.gap_counts())
 
 
 def connect_cassandra(settings: Settings) -> tuple[Cluster, Session]:
@@ -205,6 +216,8 @@ def main() -> None:
     settings = load_settings()
     cluster, session = connect_cassandra(settings)
     server = build(settings, session)
+    if settings.control_plane.metrics_port:
+        metrics.serve(settings.control_plane.host, settings.control_plane.metrics_port)
     stopped = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

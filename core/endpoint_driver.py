@@ -30,7 +30,7 @@ from typing import Literal
 
 from core import breaker as brk
 from core import dispatch as d
-from core import ratelimit
+from core import ratelimit, telemetry
 from core.dispatch import Pending, Stage, replace
 from core.endpoint_store import EndpointStore
 from core.fairness import FairScheduler
@@ -369,8 +369,20 @@ class EndpointDriver:
         """Deliveries in the overflow queue (keyed state only)."""
         return self._spill_tail - self._spill_head
 
-    def _blocked(self, now_ms: int) -> str | None:
-        """Why nothing may be sent to this endpoint now (None: it may)."""
+    def view(self, now_ms: int, retry_window_ms: int) -> telemetry.EndpointView:
+        """This endpoint as the gauges see it (core.telemetry). Parked: nothing may be sent now
+        (disabled, gone, held, or the breaker open and not yet probing)."""
+        parked = self._blocked_reason(now_ms) is not None or (
+            self.breaker.state is brk.CircuitState.OPEN and (self.breaker.open_until_ms or 0) > now_ms)
+        head = self._spill_head_expires
+        return telemetry.EndpointView(
+            pending=tuple(telemetry.PendingView(p.delivery.created_at_ms, p.attempt_count > 0)
+                          for p in self.items.values()),
+            spilled=self.spilled, spilled_oldest_ms=head - retry_window_ms if head is not None else None,
+            breaker=self.breaker.state, parked=parked)
+
+    def _blocked_reason(self, now_ms: int) -> str | None:
+        """Why nothing may be sent to this endpoint now (None: it may). No side effect."""
         cfg = self.config
         if cfg is None:
             return "no config"
@@ -380,16 +392,21 @@ class EndpointDriver:
             return "disabled"
         if cfg.refused is not None:
             return "config unreadable"
-        if self.gone_at is not None:
-            if cfg.config_version <= self.gone_at:
-                return "gone (410)"
-            self.gone_at = None  # a person re-enabled or changed the endpoint after the 410
-            self.store.put_gone_at(None)
+        if self.gone_at is not None and cfg.config_version <= self.gone_at:
+            return "gone (410)"
         if cfg.config_version < self.needs_version:
             return "config older than its deliveries"
         if self.held_until_ms > now_ms:
             return f"held: {self.held_reason}"
         return None
+
+    def _blocked(self, now_ms: int) -> str | None:
+        cfg = self.config
+        if (cfg is not None and cfg.status is EndpointStatus.ACTIVE and cfg.refused is None
+                and self.gone_at is not None and cfg.config_version > self.gone_at):
+            self.gone_at = None  # a person re-enabled or changed the endpoint after the 410
+            self.store.put_gone_at(None)
+        return self._blocked_reason(now_ms)
 
     def _end_all(self, now_ms: int) -> None:
         for p in list(self.items.values()):
@@ -496,6 +513,7 @@ class EndpointDriver:
                            if self.bucket.rate_per_s != self.config.rate_limit_per_s else self.bucket)
             tokens, wait_ms = ratelimit.available(self.bucket, now_ms)
             if tokens == 0:
+                self.counts["throttled_rate_limit"] += 1
                 dec.wake_at(now_ms + wait_ms, "rate limit refill")
         elif self.bucket is not None:  # the limit was removed: stop taking from the old bucket
             self.bucket = None
@@ -509,6 +527,7 @@ class EndpointDriver:
         since = manual[0].manual[0].requested_at_ms if manual else (auto_top.next_attempt_at_ms if auto_top else now_ms)
         slots = self._take_slots(want, kind, since, now_ms)
         if slots == 0:
+            self.counts["throttled_slots"] += 1
             dec.wake_at(now_ms + self._slot_wait_ms(), "waiting for a tenant or pool slot")
             return
         self._slot_waits = 0
@@ -617,6 +636,12 @@ class EndpointDriver:
         assert r is not None
         self.counts[{"succeeded": "succeeded", "retry": "retried", "failed": "failed",
                      "expired": "expired"}[r.outcome]] += 1
+        # Labelled counts ("name:label"): the operator exports them as one counter per label.
+        self.counts[f"attempts_by_class:{telemetry.status_class(report.result)}"] += 1
+        if r.intent is not None and r.intent.number == 1 and not r.manual:
+            first_ms = report.started_at_ms - p.delivery.created_at_ms
+            for le in telemetry.bucket_labels(first_ms):
+                self.counts[f"first_attempt_latency_ms:{le}"] += 1
         if r.disable_endpoint:
             # Stop sending at once; the control plane makes it a real, audited disable.
             self.gone_at = report.endpoint_config_version

@@ -220,6 +220,10 @@ class FairScheduler:
     def in_flight(self, tenant: str) -> int:
         return self._in_flight.get(tenant, 0)
 
+    def tenants_at_quota(self) -> int:
+        """Tenants using every slot of their quota: the ones being throttled now."""
+        return sum(1 for n in self._in_flight.values() if n >= self._quota)
+
     def in_flight_total(self) -> int:
         return self._in_flight_total
 

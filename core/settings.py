@@ -156,6 +156,8 @@ class ControlPlaneSettings(BaseModel):
     reconcile_interval_s: float = Field(default=600.0, ge=0)
     reconcile_window_s: int = Field(default=3600, ge=60)
     reconcile_settle_s: int = Field(default=120, ge=0)
+    # Prometheus /metrics of the standalone server (control_plane.metrics), on `host`; 0: off.
+    metrics_port: int = Field(default=9464, ge=0)
     # Crash tests only: a point at which the server SIGKILLs itself (control_plane.faults).
     kill_at: str = ""
 

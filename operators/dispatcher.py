@@ -31,7 +31,7 @@ from typing import Any
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
 from core import breaker as brk
-from core import dispatch
+from core import dispatch, telemetry
 from core.egress import EgressPolicy
 from core.endpoint_driver import (
     Check,
@@ -75,7 +75,18 @@ METRICS = (
     "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled", "adopted_after_restore",
     "final_not_resent", "history_write_failures", "replays", "replays_unknown", "replays_refused",
     "replays_duplicate", "manual_not_sent", "endpoint_holds", "endpoint_internal_errors", "signing_key_errors",
-    "spilled", "paged_in", "redrives", "redrives_known")
+    "spilled", "paged_in", "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots")
+
+# Labelled counts the driver keeps as "name:label": (the Flink group key that becomes the
+# Prometheus label, the counter's name). Labels are bounded sets (core.telemetry).
+LABELLED = {
+    "attempts_by_class": ("status_class", "attempts"),
+    "first_attempt_latency_ms": ("first_attempt_le_ms", "first_attempts"),
+}
+
+# Gauges are recomputed in the task thread at most this often (Flink reads them from its
+# reporter thread, which must not walk the drivers while the task changes them).
+GAUGE_REFRESH_MS = 1000
 
 
 class Dispatcher(KeyedProcessFunction):
@@ -88,6 +99,11 @@ class Dispatcher(KeyedProcessFunction):
         self._store = FlinkEndpointStore(runtime_context)
         group = runtime_context.get_metrics_group()
         self._metrics = {name: group.counter(name) for name in METRICS}
+        self._group = group
+        self._gauges = telemetry.DispatcherGauges()
+        self._gauges_at = 0
+        self._refresh_due = False  # a timer will run a pass that refreshes them
+        self._register_gauges(group)
         self._counts: Counter[str] = Counter()
         self._published: Counter[str] = Counter()
         self._rng = random.Random()
@@ -229,7 +245,36 @@ class Dispatcher(KeyedProcessFunction):
                 self._history.report_backlog(endpoint_id, drv.tenant_id, 0, now)  # holds none now
         if now >= self._next_backlog_report:
             self._report_backlogs(now)
+        if now - self._gauges_at >= GAUGE_REFRESH_MS:
+            self._refresh_gauges(now)
+        elif not self._refresh_due:
+            # What this pass changed (a delivery finished, say) must reach the gauges even if no
+            # other pass follows: a stale "oldest new" would keep ageing on an idle job and alert.
+            ctx.timer_service().register_processing_time_timer(self._gauges_at + GAUGE_REFRESH_MS)
+            self._refresh_due = True
         self._publish_counts()
+
+    # -- gauges ----------------------------------------------------------------------------------
+    def _register_gauges(self, group: Any) -> None:
+        def now() -> int:
+            return int(time.time() * 1000)
+
+        g = self
+        for name in ("pending_new", "pending_retry", "endpoints", "breakers_open", "breakers_half_open",
+                     "endpoints_parked", "tenants_at_quota"):
+            group.gauge(name, lambda n=name: getattr(g._gauges, n))
+        # Ages are computed when read, from the oldest arrival found at the last refresh, so they
+        # keep rising while an endpoint sits untouched.
+        group.gauge("oldest_new_age_ms", lambda: g._gauges.age_ms(g._gauges.oldest_new_ms, now()))
+        group.gauge("oldest_parked_new_age_ms", lambda: g._gauges.age_ms(g._gauges.oldest_parked_new_ms, now()))
+        group.gauge("oldest_retry_age_ms", lambda: g._gauges.age_ms(g._gauges.oldest_retry_ms, now()))
+
+    def _refresh_gauges(self, now: int) -> None:
+        window = int(self._settings.dispatch.retry_deadline_s * 1000)
+        self._gauges = telemetry.dispatcher_gauges((d.view(now, window) for d in self._drivers.values()),
+                                                   self._scheduler.tenants_at_quota())
+        self._gauges_at = now
+        self._refresh_due = False
 
     def _report_backlogs(self, now: int) -> None:
         """Which endpoints this job holds deliveries for, so reconciliation can tell a delivery
@@ -381,7 +426,12 @@ class Dispatcher(KeyedProcessFunction):
         for name, value in self._counts.items():
             delta = value - self._published[name]
             if delta:
-                self._metrics[name].inc(delta)
+                counter = self._metrics.get(name)
+                if counter is None:  # "name:label": one counter per label, made on first use
+                    base, _, label = name.partition(":")
+                    key, counter_name = LABELLED[base]
+                    counter = self._metrics[name] = self._group.add_group(key, label).counter(counter_name)
+                counter.inc(delta)
                 self._published[name] = value
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from pyflink.common import Time
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.functions import KeyedBroadcastProcessFunction, RuntimeContext
 from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
 
-from core import fanout
+from core import fanout, telemetry
 from core.records import CLOCK_KEY, ConfigClock, EndpointConfig, EventRecord
 from operators.dispatcher import NEW, SNAPSHOT
 from operators.endpoint_configs import ENDPOINT_CONFIGS
@@ -64,6 +65,9 @@ class FanOut(KeyedBroadcastProcessFunction):
         m.gauge("events_held", lambda: len(self._holding))
         m.gauge("oldest_held_age_ms", self._oldest_held_age_ms)
         m.gauge("config_clock_age_ms", lambda: self._clock.age_ms(_now_ms()))
+        # Event arrival -> fan-out decision, one counter per latency bucket (core.telemetry).
+        self._lag_group = m
+        self._lag: dict[str, Any] = {}
 
     def _oldest_held_age_ms(self) -> int:
         holding = self._holding
@@ -138,6 +142,7 @@ class FanOut(KeyedBroadcastProcessFunction):
                 log.warning("no config clock for %d ms (control plane down?): events are released "
                             "with the endpoint configs already read", self._clock.age_ms(now))
         chosen = fanout.select_endpoints(event, self._tenant_configs(state, event.tenant_id))
+        self._observe_lag(now - arrived_ms)
         if not chosen:
             self._unmatched.inc()
         # The durable record of this decision (reconciliation's "expected"), written by the
@@ -147,6 +152,14 @@ class FanOut(KeyedBroadcastProcessFunction):
         for d in fanout.deliveries_for(event, chosen, arrived_ms, self._deadline_ms):
             self._deliveries.inc()
             yield d.endpoint_id, (NEW, d)
+
+
+    def _observe_lag(self, lag_ms: int) -> None:
+        for le in telemetry.bucket_labels(lag_ms):
+            counter = self._lag.get(le)
+            if counter is None:
+                counter = self._lag[le] = self._lag_group.add_group("fanout_lag_le_ms", le).counter("events")
+            counter.inc()
 
 
 def _now_ms() -> int:

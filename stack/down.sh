@@ -10,4 +10,5 @@ stop_part control-plane 10
 "$REPO/stack/postgres.sh" stop
 stop_part cassandra 40
 stop_part kafka 30
+"$REPO/stack/prometheus.sh" stop
 say "stack stopped"

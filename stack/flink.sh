@@ -14,7 +14,11 @@ render_conf() {
   mkdir -p "$CONF" "$DIR/log" "$DIR/checkpoints" "$DIR/savepoints"
   cp "$FLINK_HOME"/conf/log4j*.properties "$CONF/"
   sed -e "s#__RUN__#$RUN#g" -e "s#__PY__#$PY#g" -e "s#__REST_PORT__#$REST_PORT#g" \
-      -e "s#__PYTHONPATH__#$REPO:$SITE#g" "$REPO/flink-conf/config.yaml" > "$CONF/config.yaml"
+      -e "s#__PYTHONPATH__#$REPO:$SITE#g" -e "s#__PUSHGATEWAY_PORT__#${WEBHOOKS_PUSHGATEWAY_PORT:-9091}#g" \
+      "$REPO/flink-conf/config.yaml" > "$CONF/config.yaml"
+  # WEBHOOKS_METRICS_REPORTER=off: no Prometheus reporter (the benchmark's "without" figure). The
+  # metrics block is the last one of flink-conf/config.yaml.
+  if [ "${WEBHOOKS_METRICS_REPORTER:-on}" = off ]; then sed -i '/^metrics:/,$d' "$CONF/config.yaml"; fi
 }
 
 # The connector jars and flink-python go into the wheel's lib/: thread mode needs flink-python on

@@ -7,16 +7,24 @@ cd "$REPO"
 command -v java >/dev/null || fail "java (JDK 17) not found: apt-get install openjdk-17-jdk-headless"
 command -v mvn >/dev/null || fail "mvn not found: apt-get install maven"
 
-# The producer database (stack/postgres.sh) runs Debian's PostgreSQL server binaries.
-if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
-  [ "$(id -u)" = 0 ] || fail "PostgreSQL server not found: sudo apt-get install postgresql"
-  say "installing PostgreSQL from Debian"
-  # Only the binaries: the package would otherwise create and start a system cluster on 5432.
+# Debian packages the stack runs: PostgreSQL (the producer database, stack/postgres.sh),
+# Prometheus and its Pushgateway (stack/prometheus.sh); Chromium, headless, for the test that
+# looks at the health page as a person would.
+missing=()
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
+command -v prometheus >/dev/null || missing+=(prometheus)
+command -v prometheus-pushgateway >/dev/null || missing+=(prometheus-pushgateway)
+command -v chromium >/dev/null || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
+  [ "$(id -u)" = 0 ] || fail "missing Debian packages: sudo apt-get install ${missing[*]}"
+  say "installing from Debian: ${missing[*]}"
+  # Only the binaries: the stack starts its own servers on 127.0.0.1. PostgreSQL's package would
+  # otherwise create and start a system cluster on 5432.
   if [ ! -f /etc/postgresql-common/createcluster.conf ]; then
     mkdir -p /etc/postgresql-common && echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
   fi
-  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null \
-    || fail "apt-get install postgresql failed"
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
+    || fail "apt-get install ${missing[*]} failed"
 fi
 
 stamp="$VENV/.lock-$(sha256sum requirements.lock pyproject.toml | sha256sum | cut -c1-16)"

@@ -5,7 +5,7 @@ extra=""  # TaskManagers added by `flink.sh add-tm`, listed while they run
 for d in $(extra_tms); do
   if running "$d"; then extra="$extra $d"; fi
 done
-for part in kafka cassandra flink-jm flink-tm $extra control-plane postgres connect; do
+for part in kafka cassandra flink-jm flink-tm $extra control-plane postgres connect pushgateway prometheus; do
   if running "$part"; then state="running (pid $(cat "$RUN/$part/pid"))"; else state="stopped"; fi
   printf '  %-14s %s\n' "$part" "$state"
 done
@@ -16,6 +16,8 @@ cat <<TXT
   Cassandra        127.0.0.1:${WEBHOOKS_CASSANDRA_PORT:-9042}   keyspace webhooks
   PostgreSQL       127.0.0.1:${WEBHOOKS_POSTGRES_PORT:-55432}   database webhooks, table webhook_outbox (webhookctl events publish)
   Kafka Connect    http://127.0.0.1:${WEBHOOKS_OUTBOX__CONNECT_REST_PORT:-8083}/connectors/webhooks-outbox/status   (Debezium: outbox -> webhooks.events)
+  Prometheus       http://127.0.0.1:${WEBHOOKS_PROMETHEUS_PORT:-9090}   (alerts /alerts, rules /rules; webhookctl stats)
+  Metrics          Flink -> Pushgateway http://127.0.0.1:${WEBHOOKS_PUSHGATEWAY_PORT:-9091}; control plane http://127.0.0.1:${WEBHOOKS_CONTROL_PLANE__METRICS_PORT:-9464}/metrics
   Logs             $RUN/*/  (kafka/kafka.log, cassandra/cassandra.log, flink/log/, control-plane/control-plane.log,
                    postgres/postgres.log, connect/connect.log)
   Stop             make down

@@ -5,7 +5,7 @@
 source "$(dirname "$0")/lib.sh"
 cd "$REPO"
 started=()
-for part in connect postgres kafka cassandra flink-jm flink-tm control-plane; do
+for part in connect postgres kafka cassandra flink-jm flink-tm control-plane prometheus pushgateway; do
   running "$part" || started+=("$part")
 done
 cleanup() {
@@ -19,6 +19,8 @@ cleanup() {
       control-plane) stop_part control-plane 10 ;;
       connect) bash "$REPO/stack/connect.sh" stop ;;
       postgres) bash "$REPO/stack/postgres.sh" stop ;;
+      prometheus) stop_part prometheus 20 ;;
+      pushgateway) stop_part pushgateway 10 ;;
     esac
   done
   exit $rc

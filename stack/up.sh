@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Start the local stack (Kafka, Cassandra, Flink, control plane, PostgreSQL with the outbox and the
-# Kafka Connect worker streaming it), create topics and apply the schemas. Every part waits for real readiness; starting twice is harmless.
+# Kafka Connect worker streaming it, Prometheus and its Pushgateway), create topics and apply the schemas. Every part waits for real readiness; starting twice is harmless.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO"
+"$REPO/stack/prometheus.sh" start
 "$REPO/stack/kafka.sh" start
 "$REPO/stack/cassandra.sh" start
 "$REPO/stack/flink.sh" start
@@ -18,3 +19,4 @@ cd "$REPO"
 "$REPO/stack/flink.sh" ready
 "$REPO/stack/control_plane.sh" ready
 "$REPO/stack/connect.sh" ready
+"$REPO/stack/prometheus.sh" ready

@@ -726,3 +726,41 @@ def test_a_restored_backlog_is_read_ahead_of_the_sends_while_the_breaker_is_clos
     drv.step(sim.now, 1024)  # due restored work: marked to be read
     reads = [a for a in drv.step(sim.now, 1024).actions if isinstance(a, Check)]
     assert len(reads) == 4 * POLICY.default_max_in_flight
+
+
+# -- what the operator exports (issue 15) ------------------------------------------------------------
+
+
+def test_attempts_are_counted_by_status_class_and_first_attempts_by_latency_bucket() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.now = T0 + 700  # the event arrived 700 ms ago
+    sim.new(delivery(1))
+    sim.answer_all("ep_1", HttpResult(503))
+    sim.advance(T0 + 3_600_000, answer=False)
+    sim.answer_all("ep_1", HttpResult(200))
+    c = sim.counts
+    assert (c["attempts_by_class:5xx"], c["attempts_by_class:2xx"], c["attempts"]) == (1, 1, 2)
+    # One first attempt, 700 ms after arrival: in every bucket from 1,000 ms up, none below.
+    assert [c[f"first_attempt_latency_ms:{le}"] for le in ("500", "1000", "10000", "inf")] == [0, 1, 1, 1]
+
+
+def test_the_gauge_view_sees_new_retry_and_a_parked_endpoint() -> None:
+    sim = backlog_behind_open_breaker(5)
+    drv = sim.driver("ep_1")
+    view = drv.view(sim.now, DAY_MS)
+    assert view.parked and view.breaker is brk.CircuitState.OPEN
+    assert sum(p.attempted for p in view.pending) >= 2  # the failures that opened it wait as retries
+    sim.config(config(status=EndpointStatus.DISABLED, version=2))
+    assert sim.driver("ep_1").view(sim.now, DAY_MS).parked
+
+
+def test_throttling_is_counted_where_it_happens() -> None:
+    sim = Sim(pool=64, quota=1)
+    sim.config(config(rate_limit_per_s=1.0))
+    sim.config(config("ep_2"))
+    for n in range(3):
+        sim.new(delivery(n))
+    assert sim.counts["throttled_rate_limit"] >= 1  # the one token went; the bucket is empty
+    sim.new(delivery(9, "ep_2"))  # same tenant, its single slot held by ep_1's request
+    assert sim.counts["throttled_slots"] >= 1
