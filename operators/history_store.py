@@ -145,7 +145,11 @@ class CassandraHistory:
             " source) VALUES (?,?,?,?,?,?,?,'job') USING TIMESTAMP ?"
         )
         self._report_backlog = p(
+            # The pass's own time as the write time: reports are fire and forget, and two of them
+            # (held 2, then idle 0) may reach Cassandra out of order; the later pass must win, or
+            # reconciliation would take a drained endpoint for one holding deliveries.
             "INSERT INTO endpoint_backlogs (endpoint_id, tenant_id, pending, reported_at) VALUES (?,?,?,?)"
+            " USING TIMESTAMP ?"
         )
         self._select_payload = p("SELECT payload FROM events WHERE event_id=?")
         self._select_event = p(
@@ -196,7 +200,7 @@ class CassandraHistory:
 
     def report_backlog(self, endpoint_id: str, tenant_id: str, pending: int, at_ms: int) -> Completion:
         """This job holds ``pending`` deliveries of the endpoint (see endpoint_backlogs)."""
-        return self._batcher.add([(self._report_backlog, (endpoint_id, tenant_id, pending, _ts(at_ms)))])
+        return self._batcher.add([(self._report_backlog, (endpoint_id, tenant_id, pending, _ts(at_ms), at_ms * 1000))])
 
     def reserve(self, d: NewDelivery, intent: Intent, at_ms: int) -> Completion:
         """The attempt row of the next request, durable before that request leaves."""

@@ -274,3 +274,16 @@ def test_the_control_plane_shows_a_request_whose_outcome_was_never_recorded(hist
     assert (unknown.attempt_id, unknown.http_status, unknown.finished_at_ms) == (i2.attempt_id, None, None)
     text = delivery_detail(detail_pb(detail))  # what `webhookctl deliveries get` prints
     assert NO_OUTCOME in text
+
+
+def test_a_later_backlog_report_wins_even_when_it_reaches_cassandra_first(history: CassandraHistory,
+                                                                          session: Session) -> None:
+    """Reports are fire and forget: "holding 2" (an earlier pass) may be written after "holding 0"
+    (the later pass that found the endpoint drained). The later pass must win, or reconciliation
+    takes a drained endpoint for one holding deliveries and never calls its lost delivery orphaned."""
+    now = int(time.time() * 1000)
+    ep = f"ep-backlog-{uuid.uuid4().hex[:8]}"
+    durable(history, history.report_backlog(ep, "t-hist", 0, now))      # the later pass, written first
+    durable(history, history.report_backlog(ep, "t-hist", 2, now - 30))  # the earlier pass, written last
+    row = session.execute("SELECT pending, reported_at FROM endpoint_backlogs WHERE endpoint_id=%s", (ep,)).one()
+    assert row.pending == 0

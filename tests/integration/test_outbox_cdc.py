@@ -273,6 +273,6 @@ def test_the_stack_outbox_streams_what_webhookctl_publishes():
         watch.wait_for({event_id}, timeout=60)
         record = parse_event(watch.values[event_id], stack.ingest.max_payload_bytes)
         assert (record.event_id, record.tenant_id, record.event_type, record.payload) == (
-            event_id, "tour", "invoice.paid", b'{"id":"inv_tour"}')
+            event_id, "tour", "invoice.paid", b'{"id": "inv_tour"}')  # text is kept byte for byte
     finally:
         watch.close()

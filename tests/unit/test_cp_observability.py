@@ -35,7 +35,8 @@ def _stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
 @pytest.fixture(scope="module")
 def channel() -> Iterator[grpc.Channel]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=[metrics.RpcMetrics()])
-    handlers = {"Ok": grpc.unary_unary_rpc_method_handler(_ok), "Missing": grpc.unary_unary_rpc_method_handler(_missing),
+    handlers = {"Ok": grpc.unary_unary_rpc_method_handler(_ok),
+                "Missing": grpc.unary_unary_rpc_method_handler(_missing),
                 "Crash": grpc.unary_unary_rpc_method_handler(_crash),
                 "Stream": grpc.unary_stream_rpc_method_handler(_stream)}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Svc", handlers),))
