@@ -322,6 +322,23 @@ def _producer(bootstrap_servers: str) -> Producer:
     return p
 
 
+def _paced(tenants: list[Tenant], n_events: int, rate_per_s: float | None) -> Iterator[Tenant]:
+    """The tenant of each of n_events, round-robin, each no sooner than its turn at rate_per_s
+    (None: at full speed)."""
+    begin = time.time()
+    for i in range(n_events):
+        if rate_per_s:
+            delay = begin + i / rate_per_s - time.time()
+            if delay > 0:
+                time.sleep(delay)
+        yield tenants[i % len(tenants)]
+
+
+def _expect(sent: Sent, event_id: str, t: Tenant, at: float) -> None:
+    for endpoint_id, path in t.endpoints:
+        sent.produced_at[delivery_id_for(event_id, endpoint_id)] = (at, t.tenant_id, path)
+
+
 def produce(settings: Settings, tenants: list[Tenant], n_events: int, body: bytes,
             rate_per_s: float | None = None) -> Sent:
     """n_events round-robin over tenants, at full speed or paced; the produce-call time is the
@@ -329,18 +346,12 @@ def produce(settings: Settings, tenants: list[Tenant], n_events: int, body: byte
     p = _producer(settings.kafka.bootstrap_servers)
     sent = Sent(paths=[path for t in tenants for _, path in t.endpoints])
     begin = time.time()
-    for i in range(n_events):
-        if rate_per_s:
-            delay = begin + i / rate_per_s - time.time()
-            if delay > 0:
-                time.sleep(delay)
-        t = tenants[i % len(tenants)]
+    for t in _paced(tenants, n_events, rate_per_s):
         ev = _event(t.tenant_id, body)
         now = time.time()
         p.produce(settings.kafka.events_topic, value=ev.to_json(), key=ev.event_id)
         p.poll(0)
-        for endpoint_id, path in t.endpoints:
-            sent.produced_at[delivery_id_for(ev.event_id, endpoint_id)] = (now, t.tenant_id, path)
+        _expect(sent, ev.event_id, t, now)
     if p.flush(60) != 0:
         raise RuntimeError("Kafka did not acknowledge every event")
     sent.first_produce, sent.last_produce = begin, time.time()
@@ -355,17 +366,10 @@ def produce_outbox(relay: OutboxRelay, tenants: list[Tenant], n_events: int, bod
     sent = Sent(paths=[path for t in tenants for _, path in t.endpoints])
     begin = time.time()
     with relay.connect() as conn:
-        for i in range(n_events):
-            if rate_per_s:
-                delay = begin + i / rate_per_s - time.time()
-                if delay > 0:
-                    time.sleep(delay)
-            t = tenants[i % len(tenants)]
+        for t in _paced(tenants, n_events, rate_per_s):
             event_id = write_event(conn, t.tenant_id, EVENT_TYPE, body)
             conn.commit()
-            now = time.time()
-            for endpoint_id, path in t.endpoints:
-                sent.produced_at[delivery_id_for(event_id, endpoint_id)] = (now, t.tenant_id, path)
+            _expect(sent, event_id, t, time.time())
     sent.first_produce, sent.last_produce = begin, time.time()
     return sent
 
