@@ -50,11 +50,19 @@ def query(base_url: str, promql: str, timeout: float = 5.0) -> list[dict]:
     return list(body["data"]["result"])
 
 
+# Only with dispatch.per_endpoint_metrics on (bounded series otherwise have no endpoint label).
+TOP_FAILING = ("topk(5, sum by (job_name, endpoint_id) "
+               "(flink_taskmanager_job_task_operator_endpoint_id_consecutive_failures) > 0)")
+PENDING_BY_ENDPOINT = "sum by (job_name, endpoint_id) (flink_taskmanager_job_task_operator_endpoint_id_pending)"
+
+
 @dataclass
 class JobHealth:
     values: dict[str, float] = field(default_factory=dict)
     attempts: dict[str, float] = field(default_factory=dict)  # status class -> per second
     pending: dict[str, float] = field(default_factory=dict)  # new / retry
+    # endpoint_id -> (consecutive failures, pending), worst first; None: per-endpoint series off
+    failing: list[tuple[str, float, float]] | None = None
 
 
 def collect(base_url: str, job: str | None = None) -> tuple[dict[str, JobHealth], list[str]]:
@@ -72,6 +80,18 @@ def collect(base_url: str, job: str | None = None) -> tuple[dict[str, JobHealth]
                 jobs[name].pending[labels.get("kind", "?")] = value
             else:
                 jobs[name].values[key] = value
+    per_endpoint = query(base_url, PENDING_BY_ENDPOINT)
+    pending_by_ep = {(s["metric"].get("job_name"), s["metric"].get("endpoint_id")): float(s["value"][1])
+                     for s in per_endpoint}
+    if per_endpoint:
+        for name in jobs:
+            jobs[name].failing = []
+        for series in query(base_url, TOP_FAILING):
+            labels = series["metric"]
+            name, ep = labels.get("job_name", "?"), labels.get("endpoint_id", "?")
+            if name in jobs:
+                jobs[name].failing = [*(jobs[name].failing or []),
+                                      (ep, float(series["value"][1]), pending_by_ep.get((name, ep), 0.0))]
     alerts = [f"{a['metric'].get('alertname')} ({a['metric'].get('job_name') or a['metric'].get('kind', '')})"
               for a in query(base_url, 'ALERTS{alertstate="firing"}')]
     return dict(jobs), alerts
@@ -106,5 +126,14 @@ def render(jobs: dict[str, JobHealth], alerts: list[str]) -> str:
             f"  fan-out lag p99      {_num(v('fanout_p99'), '{:.3f}', ' s')}   oldest held event "
             f"{_num(v('held'), '{:.1f}', ' s')}",
         ]
+        if h.failing is None:
+            lines.append("  top failing          (per-endpoint series are off: "
+                         "WEBHOOKS_DISPATCH__PER_ENDPOINT_METRICS=true)")
+        elif not h.failing:
+            lines.append("  top failing          none")
+        else:
+            lines.append("  top failing          " + "; ".join(
+                f"{ep} ({f:.0f} failures in a row, {p:.0f} pending)"
+                for ep, f, p in sorted(h.failing, key=lambda x: -x[1])))
     lines.append("alerts firing: " + (", ".join(sorted(alerts)) if alerts else "none"))
     return "\n".join(lines)

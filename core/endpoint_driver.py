@@ -379,7 +379,7 @@ class EndpointDriver:
             pending=tuple(telemetry.PendingView(p.delivery.created_at_ms, p.attempt_count > 0)
                           for p in self.items.values()),
             spilled=self.spilled, spilled_oldest_ms=head - retry_window_ms if head is not None else None,
-            breaker=self.breaker.state, parked=parked)
+            breaker=self.breaker.state, parked=parked, consecutive_failures=self.breaker.consecutive_failures)
 
     def _blocked_reason(self, now_ms: int) -> str | None:
         """Why nothing may be sent to this endpoint now (None: it may). No side effect."""

@@ -99,6 +99,10 @@ class DispatchSettings(BaseModel):
     page_size: int = Field(default=1_000, ge=1)
     # How often the dispatcher harvests finished requests (processing-time timer).
     harvest_interval_ms: int = Field(default=10, ge=1)
+    # Per-endpoint metric series (pending, consecutive failures, breaker open; label
+    # endpoint_id) for `webhookctl stats`' top failing endpoints. Off by default: one series set
+    # per endpoint ever held by the job, so only where endpoints number in the thousands.
+    per_endpoint_metrics: bool = False
     # Extra CA bundle the dispatcher trusts (tests use a locally generated CA). None = system CAs.
     ca_bundle: Path | None = None
     user_agent: str = "webhooks-dispatcher/1"

@@ -66,7 +66,8 @@ class EndpointView:
     spilled: int  # in the overflow queue (keyed state only; counted as new)
     spilled_oldest_ms: int | None  # arrival of the overflow queue's head, when known
     breaker: CircuitState
-    parked: bool  # held back: breaker open, rate limit, slot wait or an internal-error hold
+    parked: bool  # held back: breaker open, disabled, gone, or an internal-error hold
+    consecutive_failures: int = 0
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,7 @@ class Dispatcher(KeyedProcessFunction):
         self._gauges = telemetry.DispatcherGauges()
         self._gauges_at = 0
         self._refresh_due = False  # a timer will run a pass that refreshes them
+        self._per_endpoint: dict[str, tuple[int, int, int]] = {}  # dispatch.per_endpoint_metrics
         self._register_gauges(group)
         self._counts: Counter[str] = Counter()
         self._published: Counter[str] = Counter()
@@ -271,10 +272,26 @@ class Dispatcher(KeyedProcessFunction):
 
     def _refresh_gauges(self, now: int) -> None:
         window = int(self._settings.dispatch.retry_deadline_s * 1000)
-        self._gauges = telemetry.dispatcher_gauges((d.view(now, window) for d in self._drivers.values()),
-                                                   self._scheduler.tenants_at_quota())
+        views = {ep: d.view(now, window) for ep, d in self._drivers.items()}
+        self._gauges = telemetry.dispatcher_gauges(views.values(), self._scheduler.tenants_at_quota())
         self._gauges_at = now
         self._refresh_due = False
+        if self._settings.dispatch.per_endpoint_metrics:
+            self._endpoint_series(views)
+
+    def _endpoint_series(self, views: dict[str, telemetry.EndpointView]) -> None:
+        """Per-endpoint gauges (opt-in): registered the first time an endpoint is seen, reading
+        this dict, which goes back to zeros when the endpoint's driver is dropped."""
+        for ep in self._per_endpoint.keys() - views.keys():
+            self._per_endpoint[ep] = (0, 0, 0)
+        for ep, v in views.items():
+            if ep not in self._per_endpoint:
+                g = self._group.add_group("endpoint_id", ep)
+                # flink_taskmanager_job_task_operator_endpoint_id_<name>{endpoint_id="..."}
+                for i, name in enumerate(("pending", "consecutive_failures", "breaker_open")):
+                    g.gauge(name, lambda ep=ep, i=i: self._per_endpoint[ep][i])
+            self._per_endpoint[ep] = (len(v.pending) + v.spilled, v.consecutive_failures,
+                                      int(v.breaker is brk.CircuitState.OPEN))
 
     def _report_backlogs(self, now: int) -> None:
         """Which endpoints this job holds deliveries for, so reconciliation can tell a delivery

@@ -44,6 +44,7 @@ class Obs:
         self.settings, self.channel, self.receiver = settings, channel, receiver
         self.job = settings.flink.job_name
         self.sel = f'job_name="{self.job}"'
+        self.failing_ep = ""
 
     def tenant(self, n: int, behaviour: str | None, prefix: str) -> tuple[str, list[str]]:
         tenant_id, key = new_tenant(self.channel, self.settings)
@@ -78,6 +79,7 @@ def obs(job_env: dict[str, str], receiver: Any) -> Iterator[Obs]:
         "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "20",
         "WEBHOOKS_DISPATCH__RETRY_BASE_S": "1",
         "WEBHOOKS_DISPATCH__RETRY_CAP_S": "2",
+        "WEBHOOKS_DISPATCH__PER_ENDPOINT_METRICS": "true",  # for stats' top failing endpoints
     }
     with second_stack(job_env, "obs", overrides) as (settings, address, _session):
         channel = grpc.insecure_channel(address)
@@ -98,7 +100,7 @@ def test_the_job_series_move_the_right_way_and_the_alert_fires_and_clears(obs: O
     assert obs.op("fanout_lag_le_ms_events", ',fanout_lag_le_ms="inf"') == 5
 
     # -- a failing endpoint: 5xx attempts, its breaker opens, its oldest retry keeps ageing --------
-    bad_tenant, _ = obs.tenant(1, "500", "fail")
+    bad_tenant, (obs.failing_ep,) = obs.tenant(1, "500", "fail")
     obs.send(bad_tenant, 6)
     eventually(lambda: value(f"webhooks:breakers_open{{{obs.sel}}}") == 1 or None, timeout=90,
                what="the breaker-open gauge at 1")
@@ -140,6 +142,8 @@ def test_webhookctl_stats_and_the_health_page_show_the_job(obs: Obs, tmp_path: A
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert f"job {obs.job}" in out.stdout and "first attempt" in out.stdout and "breakers open" in out.stdout
+    top = next(line for line in out.stdout.splitlines() if "top failing" in line)
+    assert obs.failing_ep and obs.failing_ep in top, out.stdout
 
     chromium = shutil.which("chromium")
     assert chromium, "chromium not installed: make setup installs it"

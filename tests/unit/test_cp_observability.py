@@ -88,11 +88,14 @@ def test_stats_render_one_block_per_job_and_the_alerts() -> None:
     jobs = {"webhooks-delivery": JobHealth(
         values={"created": 12.5, "amplification": 1.25, "success": 0.98, "p50": 0.21, "p99": 0.48,
                 "oldest_new": 0.3, "oldest_parked": 42.0, "oldest_retry": 65.0, "breakers_open": 1.0},
-        attempts={"2xx": 12.0, "5xx": 1.5, "4xx": 0.0}, pending={"new": 3.0, "retry": 17.0})}
+        attempts={"2xx": 12.0, "5xx": 1.5, "4xx": 0.0}, pending={"new": 3.0, "retry": 17.0},
+        failing=[("ep_b", 3.0, 2.0), ("ep_a", 9.0, 40.0)])}
     text = render(jobs, ["FirstAttemptObjectiveMissed (webhooks-delivery)"])
     assert "job webhooks-delivery" in text
     assert "attempts 13.5/s (2xx 12.0  5xx 1.5)" in text  # classes with no traffic are left out
     assert "success 98.0 %" in text and "p99 0.480 s" in text and "breakers open 1" in text
     assert "new 3   retry 17" in text and "fan-out lag p99      -" in text  # a missing series shows "-"
     assert text.endswith("alerts firing: FirstAttemptObjectiveMissed (webhooks-delivery)")
+    assert "top failing          ep_a (9 failures in a row, 40 pending); ep_b (3" in text  # worst first
     assert render({}, []).startswith("no delivery job has reported metrics yet")
+    assert "per-endpoint series are off" in render({"j": JobHealth()}, [])
