@@ -29,6 +29,8 @@ def isolated_env(run: str, own_keyspace: bool = False) -> dict[str, str]:
         "WEBHOOKS_KAFKA__SIGNALS_TOPIC": f"webhooks.endpoint-signals.{run}",
         "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-{run}",
         "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-{run}",
+        # /metrics on 9464 is the stack's control plane's; a run's own one serves none.
+        "WEBHOOKS_CONTROL_PLANE__METRICS_PORT": "0",
     }
     if own_keyspace:
         env["WEBHOOKS_CASSANDRA__KEYSPACE"] = "webhooks_" + run.replace("-", "_")

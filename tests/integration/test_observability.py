@@ -122,9 +122,11 @@ def test_the_job_series_move_the_right_way_and_the_alert_fires_and_clears(obs: O
     eventually(lambda: (obs.op("status_class_attempts", ',status_class="4xx"') or 0) >= 12 or None,
                timeout=90, what="the 429 storm's attempts")
     assert (obs.op("retried") or 0) >= 12
-    # 24 deliveries so far; the failing, hanging and storming ones took several requests each.
-    eventually(lambda: (value(f"webhooks:retry_amplification:15m{{{obs.sel}}}") or 0) > 1.2 or None,
-               timeout=60, what="retry amplification above 1.2")
+    # 24 deliveries so far, and retries of the hanging and storming ones (the breakers soon stop
+    # most of them): more requests than deliveries, in the raw counters and in the rule.
+    assert (obs.op("attempts") or 0) > (obs.op("deliveries_created") or 0)
+    eventually(lambda: (value(f"webhooks:retry_amplification:15m{{{obs.sel}}}") or 0) > 1.05 or None,
+               timeout=60, what="retry amplification above 1.05")
 
     # -- a throttled tenant: its backlog waits for its single slot; the alert fires, then clears --
     slow_tenant, slow_eps = obs.tenant(30, "slow 1.5", "slow")
