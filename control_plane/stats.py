@@ -127,7 +127,7 @@ def render(jobs: dict[str, JobHealth], alerts: list[str]) -> str:
             f"{_num(v('held'), '{:.1f}', ' s')}",
         ]
         if h.failing is None:
-            lines.append("  top failing          (per-endpoint series are off: "
+            lines.append("  top failing          (no per-endpoint series: they are on only with "
                          "WEBHOOKS_DISPATCH__PER_ENDPOINT_METRICS=true)")
         elif not h.failing:
             lines.append("  top failing          none")

@@ -98,4 +98,4 @@ def test_stats_render_one_block_per_job_and_the_alerts() -> None:
     assert text.endswith("alerts firing: FirstAttemptObjectiveMissed (webhooks-delivery)")
     assert "top failing          ep_a (9 failures in a row, 40 pending); ep_b (3" in text  # worst first
     assert render({}, []).startswith("no delivery job has reported metrics yet")
-    assert "per-endpoint series are off" in render({"j": JobHealth()}, [])
+    assert "no per-endpoint series" in render({"j": JobHealth()}, [])
