@@ -69,12 +69,16 @@ def in_flight_limit(settings: Settings, n_endpoints: int, default_max_in_flight:
 
 def duplicate_bound(settings: Settings, n_endpoints: int, default_max_in_flight: int | None = None) -> int:
     """What a restored job may send again: requests in flight when the state it restores was taken
-    (or sent after it), plus finished ones whose records were not yet durable -- at most one
-    history batch, i.e. history_batch_max_statements // 4 deliveries (a sent attempt's record is at
-    least 4 statements: status, status by endpoint, attempt row, attempt by endpoint). Everything
+    (or sent after it), plus finished ones whose records were not yet durable. Those records sit
+    in the open history batch (lingering up to history_batch_linger_ms) or in the one being
+    written before it: two batches, i.e. 2 x history_batch_max_statements // 4 deliveries (a sent
+    attempt's record is at least 4 statements: status, status by endpoint, attempt row, attempt by
+    endpoint). The first version of this bound counted one batch; a loaded CI run (Cassandra
+    behind, every duplicate explained by its attempt rows) re-sent 121 against its 114. More than
+    two batches behind would mean Cassandra acknowledging slower than a batch fills. Everything
     recorded is found final by the restored job's CHECK and not sent again (issue 11)."""
     batch = settings.flink.parallelism * (settings.cassandra.history_batch_max_statements // 4)
-    return in_flight_limit(settings, n_endpoints, default_max_in_flight) + batch
+    return in_flight_limit(settings, n_endpoints, default_max_in_flight) + 2 * batch
 
 
 def requests_by_delivery(receiver: Receiver, expected: set[str]) -> Counter[str]:

@@ -5,7 +5,7 @@ It ends with durable counts and real bounds (issue 11):
 - nothing lost: every (event, matching endpoint) pair has exactly one delivery row, reached the
   receiver, and its row ends `succeeded`;
 - duplicates (receiver requests beyond one per delivery) are bounded by what the job can have had
-  in flight, plus one history batch recorded but not yet acknowledged (faults.duplicate_bound);
+  in flight, plus two history batches recorded but not yet acknowledged (faults.duplicate_bound);
 - history explains every duplicate: each delivery has at least as many `attempts` rows as the
   receiver saw requests carrying its webhook-id.
 """
