@@ -103,8 +103,16 @@ def build_headers(
     event_id: str,
     occurred_at_ms: int,
     schema_version: str,
+    object_id: str = "",
+    object_version: int | None = None,
+    attempt: int | None = None,
 ) -> dict[str, str]:
     """Everything an attempt sends besides the user agent: signature headers plus metadata.
+
+    Ordering metadata (the brief's list): ``webhook-timestamp`` is the attempt's time,
+    ``webhook-occurred-at`` the event's, ``webhook-object-id``/``-version`` the business object
+    and its version (sent when the event names one), ``webhook-attempt`` the attempt number, so a
+    receiver can drop an update older than the one it already applied.
 
     The metadata headers are NOT covered by the Standard Webhooks signature (it covers id,
     timestamp and body only); they help routing and debugging, and a receiver that needs them
@@ -121,8 +129,14 @@ def build_headers(
             "webhook-occurred-at": ms_to_iso(occurred_at_ms),
             "webhook-schema-version": schema_version,
             "webhook-key-versions": " ".join(str(version) for version, _ in secrets),
+            "webhook-signature-version": "v1",
         }
     )
+    if object_id:
+        headers["webhook-object-id"] = object_id
+        headers["webhook-object-version"] = str(object_version or 0)
+    if attempt is not None:
+        headers["webhook-attempt"] = str(attempt)
     for name, value in headers.items():
         # Event type, ids and versions come from producers; refuse header injection here rather
         # than trusting every producer to have validated them.

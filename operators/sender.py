@@ -57,7 +57,9 @@ class Sender:
         started = int(time.time() * 1000)
         headers = build_headers(
             p.delivery_id, started // 1000, payload, keys, event_type=e.event_type,
-            event_id=e.event_id, occurred_at_ms=e.occurred_at_ms, schema_version=e.schema_version)
+            event_id=e.event_id, occurred_at_ms=e.occurred_at_ms, schema_version=e.schema_version,
+            object_id=e.object_id, object_version=e.object_version,
+            attempt=p.intent.number if p.intent is not None else None)
         headers["user-agent"] = self._settings.user_agent
         r = await self._http.send(cfg.url, payload, headers)
         finished = int(time.time() * 1000)

@@ -38,6 +38,10 @@ def test_one_event_is_delivered_signed_and_recorded(settings, grpc_channel, rece
     assert verify_signature(rec, [secret]) == [secret]
     assert rec.headers["webhook-event-type"] == "invoice.paid"
     assert rec.headers["webhook-event-id"] == ev.event_id
+    # Ordering metadata: the object and its version, and which attempt this is.
+    assert (rec.headers["webhook-object-id"], rec.headers["webhook-object-version"]) == (
+        ev.object_id, str(ev.object_version))
+    assert rec.headers["webhook-attempt"] == "1" and rec.headers["webhook-signature-version"] == "v1"
 
     def listed():
         r = cp.ListDeliveries(pb.ListDeliveriesRequest(endpoint_id=endpoint_id), metadata=auth(api_key))

@@ -112,10 +112,13 @@ def test_build_headers_adds_metadata() -> None:
         event_id="evt_1",
         occurred_at_ms=1_700_000_000_123,
         schema_version="2026-01-01",
+        object_id="inv_9",
+        object_version=7,
+        attempt=3,
     )
     assert headers == {
         "webhook-id": "dlv_0123",
-        "webhook-timestamp": "1700000000",
+        "webhook-timestamp": "1700000000",  # the attempt's time (Standard Webhooks)
         "webhook-signature": f"{SIG_A} {SIG_B}",
         "content-type": "application/json",
         "webhook-event-type": "invoice.paid",
@@ -123,7 +126,24 @@ def test_build_headers_adds_metadata() -> None:
         "webhook-occurred-at": "2023-11-14T22:13:20.123Z",
         "webhook-schema-version": "2026-01-01",
         "webhook-key-versions": "2 1",
+        "webhook-signature-version": "v1",
+        # Ordering metadata (issue 17): a receiver drops an update older than the one it has.
+        "webhook-object-id": "inv_9",
+        "webhook-object-version": "7",
+        "webhook-attempt": "3",
     }
+
+
+def test_an_event_without_an_object_sends_no_object_headers() -> None:
+    headers = build_headers("dlv_1", 1, BODY, [(1, KEY_A)], event_type="ping", event_id="evt_1",
+                            occurred_at_ms=0, schema_version="1")
+    assert not {"webhook-object-id", "webhook-object-version", "webhook-attempt"} & headers.keys()
+
+
+def test_object_id_is_checked_for_header_injection() -> None:
+    with pytest.raises(ValueError, match="line break"):
+        build_headers("dlv_1", 1, BODY, [(1, KEY_A)], event_type="x", event_id="evt_1", occurred_at_ms=0,
+                      schema_version="1", object_id="inv\nset-cookie: a=b")
 
 
 def test_build_headers_refuses_header_injection() -> None:
