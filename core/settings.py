@@ -230,6 +230,16 @@ class Settings(BaseSettings):
         return base64.b64decode(self.master_key.get_secret_value())
 
 
+def for_taskmanagers(settings: Settings) -> Settings:
+    """The settings the job ships to its TaskManagers (pickled into the job graph): without the
+    secrets no operator uses there -- the admin token, and the producer database's DSN, which may
+    carry a password. The master key stays: the dispatcher decrypts signing secrets with it."""
+    return settings.model_copy(update={
+        "control_plane": settings.control_plane.model_copy(update={"admin_token": SecretStr("")}),
+        "outbox": settings.outbox.model_copy(update={"dsn": ""}),
+    })
+
+
 @functools.lru_cache(maxsize=1)
 def load_settings() -> Settings:
     return Settings()

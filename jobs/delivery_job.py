@@ -24,7 +24,7 @@ from pyflink.datastream.connectors.kafka import (
 )
 from pyflink.table import StreamTableEnvironment
 
-from core.settings import Settings, load_settings
+from core.settings import Settings, for_taskmanagers, load_settings
 from jobs import uids
 from operators.dispatcher import Dispatcher, key_config
 from operators.endpoint_configs import ENDPOINT_CONFIGS, ParseEndpointRecord
@@ -128,7 +128,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                      .uid(uids.DISPATCH_CONFIGS).name("endpoint configs for dispatch"))
     signals = (deliveries.union(replays, keyed_configs)
                .key_by(lambda r: r[0], Types.STRING())
-               .process(Dispatcher(settings), Types.STRING())
+               .process(Dispatcher(for_taskmanagers(settings)), Types.STRING())
                .uid(uids.DISPATCH).name("dispatch (per endpoint)"))
     signals.sink_to(_string_sink(settings, k.signals_topic)).uid(uids.SIGNALS_SINK).name("Kafka: " + k.signals_topic)
 
