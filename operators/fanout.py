@@ -66,7 +66,7 @@ class FanOut(KeyedBroadcastProcessFunction):
         m.gauge("oldest_held_age_ms", self._oldest_held_age_ms)
         m.gauge("config_clock_age_ms", lambda: self._clock.age_ms(_now_ms()))
         # Event arrival -> fan-out decision, one counter per latency bucket (core.telemetry).
-        self._lag_group = m
+        self._metrics_group = m
         self._lag: dict[str, Any] = {}
 
     def _oldest_held_age_ms(self) -> int:
@@ -153,12 +153,11 @@ class FanOut(KeyedBroadcastProcessFunction):
             self._deliveries.inc()
             yield d.endpoint_id, (NEW, d)
 
-
     def _observe_lag(self, lag_ms: int) -> None:
         for le in telemetry.bucket_labels(lag_ms):
             counter = self._lag.get(le)
             if counter is None:
-                counter = self._lag[le] = self._lag_group.add_group("fanout_lag_le_ms", le).counter("events")
+                counter = self._lag[le] = self._metrics_group.add_group("fanout_lag_le_ms", le).counter("events")
             counter.inc()
 
 

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 from control_plane.api import pb, rpc
 from core.records import EventRecord
 from core.settings import Settings
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 def auth(token: str) -> list[tuple[str, str]]:
@@ -44,6 +47,30 @@ def produce(settings: Settings, records: list[bytes], keys: list[str] | None = N
     for i, value in enumerate(records):
         p.produce(topic or settings.kafka.events_topic, value=value, key=keys[i] if keys else None)
     assert p.flush(30) == 0, "Kafka did not acknowledge every record"
+
+
+def read_dead_letters(settings: Settings, key_of: Callable[[bytes], K | None], n: int,
+                      timeout: float = 90) -> dict[K, dict[str, Any]]:
+    """Read the DLQ topic from its start until ``n`` letters are found whose original record
+    ``key_of`` recognises (it returns the key to file the letter under, or None), or the timeout
+    ends; returns what was found."""
+    c = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": f"dlq-test-{uuid.uuid4().hex}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.subscribe([settings.kafka.dlq_topic])
+    found: dict[K, dict[str, Any]] = {}
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline and len(found) < n:
+            msg = c.poll(1.0)
+            if msg is None or msg.error():
+                continue
+            letter = json.loads(msg.value())
+            key = key_of(base64.b64decode(letter["original_base64"]))
+            if key is not None:
+                found[key] = letter
+    finally:
+        c.close()
+    return found
 
 
 def eventually(fn: Callable[[], T | None], timeout: float = 60, interval: float = 0.5, what: str = "") -> T:

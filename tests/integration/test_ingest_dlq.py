@@ -11,33 +11,17 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer
 
 from control_plane.api import pb, rpc
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.integration.helpers import auth, event, eventually, new_tenant, produce, read_dead_letters
 
 pytestmark = pytest.mark.integration
 
 
 def _dlq_letters(settings, wanted: dict[bytes, str], timeout: float = 90) -> dict[bytes, dict]:
     """Read the DLQ topic from the start until a letter for every original in ``wanted`` is seen."""
-    c = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers,
-                  "group.id": f"dlq-test-{uuid.uuid4().hex}", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
-    c.subscribe([settings.kafka.dlq_topic])
-    found: dict[bytes, dict] = {}
-    deadline = time.time() + timeout
-    try:
-        while time.time() < deadline and len(found) < len(wanted):
-            msg = c.poll(1.0)
-            if msg is None or msg.error():
-                continue
-            letter = json.loads(msg.value())
-            original = base64.b64decode(letter["original_base64"])
-            if original in wanted:
-                found[original] = letter
-    finally:
-        c.close()
+    found = read_dead_letters(settings, lambda original: original if original in wanted else None,
+                              len(wanted), timeout)
     missing = [wanted[k] for k in wanted if k not in found]
     assert not missing, f"no dead letter within {timeout}s for: {missing}"
     return found

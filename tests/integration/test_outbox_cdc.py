@@ -7,7 +7,6 @@ Kafka down while rows commit, and bad rows. Each fault ends in a verdict of dura
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
@@ -15,14 +14,13 @@ import uuid
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer
 
 from core.records import delivery_id_for
 from outbox.producer import write_event
 from stack.outbox_relay import OutboxRelay
 from tests.integration.conftest import RUN_ID
 from tests.integration.faults import endpoints, stack_part, verdict, wait_all_reached
-from tests.integration.helpers import eventually, produce
+from tests.integration.helpers import eventually, produce, read_dead_letters
 from tests.integration.topic_watch import TopicWatch
 
 pytestmark = pytest.mark.integration
@@ -182,24 +180,11 @@ def test_kafka_down_while_rows_are_committed(relay, grpc_channel, settings, rece
 
 def _dead_letters(settings, event_ids: set[str], timeout: float = 90) -> dict[str, str]:
     """event_id -> reason for every dead letter whose original record names one of the ids."""
-    c = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": f"ob-dlq-{uuid.uuid4().hex}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    c.subscribe([settings.kafka.dlq_topic])
-    found: dict[str, str] = {}
-    deadline = time.time() + timeout
-    try:
-        while time.time() < deadline and len(found) < len(event_ids):
-            msg = c.poll(1.0)
-            if msg is None or msg.error():
-                continue
-            letter = json.loads(msg.value())
-            original = base64.b64decode(letter["original_base64"])
-            for eid in event_ids:
-                if eid.encode() in original:
-                    found[eid] = letter["reason"]
-    finally:
-        c.close()
-    return found
+    def key_of(original: bytes) -> str | None:
+        return next((eid for eid in event_ids if eid.encode() in original), None)
+
+    return {eid: letter["reason"]
+            for eid, letter in read_dead_letters(settings, key_of, len(event_ids), timeout).items()}
 
 
 def test_bad_rows_reach_the_dead_letter_topic_and_nothing_stops(relay, grpc_channel, settings, receiver):
