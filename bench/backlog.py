@@ -64,7 +64,7 @@ from cassandra.policies import ExponentialReconnectionPolicy
 from cassandra.query import SimpleStatement
 from confluent_kafka import Producer
 
-from bench import raw_http
+from bench import cpu, raw_http
 from bench.raw_http import percentile
 from bench.run import (
     CERTS,
@@ -72,8 +72,6 @@ from bench.run import (
     RUN,
     TaskManagerSampler,
     Tenant,
-    _cpu_ticks_and_rss_kb,
-    _descendants,
     _taskmanager_pids,
     bench_env,
     bench_job,
@@ -140,8 +138,8 @@ def remove_job_state(job_name: str, job_id: str | None) -> None:
 
 def tm_rss_mb() -> float:
     """RSS of every TaskManager the stack started, with its children (MB)."""
-    pids = [pid for root in _taskmanager_pids() for pid in _descendants(root)]
-    return _cpu_ticks_and_rss_kb(pids)[1] / 1024 if pids else 0.0
+    pids = [pid for root in _taskmanager_pids() for pid in cpu.descendants(root)]
+    return cpu.ticks_and_rss_kb(pids)[1] / 1024 if pids else 0.0
 
 
 def tm_heap_mb() -> tuple[float, float]:

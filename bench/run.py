@@ -47,7 +47,7 @@ from cassandra.policies import ExponentialReconnectionPolicy
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from bench import raw_http
+from bench import cpu, raw_http, report_md
 from bench.raw_http import percentile
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
@@ -55,7 +55,7 @@ from core.settings import REPO_ROOT, Settings
 from outbox.producer import write_event
 from stack.flink_jobs import cancel, extra_taskmanagers, job_sh, wait_all_running
 from stack.isolation import isolated_env, settings_with
-from stack.outbox_relay import OutboxRelay
+from stack.outbox_relay import OutboxRelay, free_port
 from stack.topics import create_topics
 from tests.support.receiver import ReceiverControl
 
@@ -63,8 +63,6 @@ RUN = REPO_ROOT / ".run"
 CERTS = RUN / "certs"
 PY = str(REPO_ROOT / ".venv/bin/python")
 EVENT_TYPE = "bench.event"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def say(msg: str) -> None:
@@ -103,38 +101,6 @@ def receiver_process() -> Iterator[ReceiverProc]:
 
 
 # ---- TaskManager resource sampling ----------------------------------------------------------------
-
-def _descendants(root: int) -> list[int]:
-    """root and every process below it (PyFlink may start Python workers as children)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, ()))
-    return out
-
-
-def _cpu_ticks_and_rss_kb(pids: list[int]) -> tuple[int, int]:
-    ticks = rss = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited between listing and reading
-        ticks += int(fields[11]) + int(fields[12])  # utime + stime
-        rss += int(fields[21]) * PAGE_KB
-    return ticks, rss
-
 
 @dataclass
 class ResourceStats:
@@ -184,10 +150,10 @@ class TaskManagerSampler:
             roots = _taskmanager_pids()
             if not roots:
                 continue
-            ticks, rss_kb = _cpu_ticks_and_rss_kb([pid for root in roots for pid in _descendants(root)])
+            ticks, rss_kb = cpu.ticks_and_rss_kb([pid for root in roots for pid in cpu.descendants(root)])
             now = time.monotonic()
             if last is not None and now > last[0] and ticks >= last[1]:
-                self.stats.cpu_pct.append(100.0 * (ticks - last[1]) / CLK_TCK / (now - last[0]))
+                self.stats.cpu_pct.append(100.0 * (ticks - last[1]) / cpu.CLK_TCK / (now - last[0]))
                 self.stats.rss_mb.append(rss_kb / 1024)
             last = (now, ticks)
 
@@ -205,7 +171,6 @@ def bench_env(run_id: str, receiver_port: int, partitions: int) -> dict[str, str
         # Hanging endpoints in the fairness phase must give up within the run.
         "WEBHOOKS_DISPATCH__CONNECT_TIMEOUT_S": "2",
         "WEBHOOKS_DISPATCH__TOTAL_TIMEOUT_S": "5",
-        "WEBHOOKS_CONTROL_PLANE__CONFIG_CLOCK_INTERVAL_MS": "100",
         # The periodic reconciler reads every delivery of its window: not part of what is measured.
         "WEBHOOKS_CONTROL_PLANE__RECONCILE_INTERVAL_S": "0",
     }
@@ -245,6 +210,36 @@ def control_plane(settings: Settings) -> Iterator[grpc.Channel]:
         if server is not None:
             server.stop(grace_s=2)
         cluster.shutdown()
+
+
+@contextmanager
+def control_plane_process(env: dict[str, str], pid_file: Path, timeout_s: float = 60) -> Iterator[grpc.Channel]:
+    """The run's control plane as a process of its own (`python -m control_plane.server`), so its
+    CPU is measured apart from the load generator's; stopped by its pid."""
+    port = free_port()
+    log = pid_file.with_suffix(".log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [PY, "-m", "control_plane.server"], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, **env, "WEBHOOKS_CONTROL_PLANE__PORT": str(port),
+                 "WEBHOOKS_CONTROL_PLANE__METRICS_PORT": "0"})
+    pid_file.write_text(str(proc.pid))
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise RuntimeError(f"the bench control plane did not start; see {log}") from None
+        yield channel
+    finally:
+        channel.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        pid_file.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -384,6 +379,7 @@ class PhaseResult:
     produce_s: float
     latencies_by_tenant: dict[str, list[float]]
     pairs: list[tuple[float, float, str]] = field(default_factory=list)  # (produced, arrived, tenant)
+    usage: cpu.Usage = field(default_factory=cpu.Usage)  # what the stack's processes spent meanwhile
 
     def p(self, q: float, tenant: str | None = None) -> float:
         lat = self.latencies_s if tenant is None else sorted(self.latencies_by_tenant.get(tenant, []))
@@ -453,14 +449,14 @@ def measure(rx: ReceiverControl, sent: Sent, paths: list[str], expected: int) ->
                        pairs=sorted(pairs))
 
 
-def report(name: str, r: PhaseResult, stats: ResourceStats) -> None:
+def report(name: str, r: PhaseResult) -> None:
     say(f"{name}: delivered {r.delivered}/{r.expected} (+{r.duplicates} repeats), "
         f"produced in {r.produce_s:.2f}s")
     say(f"{name}: sustained {r.sustained_per_s:.0f} deliveries/s (middle 80%), "
         f"end-to-end {r.end_to_end_per_s:.0f}/s")
     say(f"{name}: first attempt latency p50={r.p(50):.0f} ms p90={r.p(90):.0f} ms p99={r.p(99):.0f} ms "
         f"max={r.p(100):.0f} ms")
-    say(f"{name}: TaskManager(s) {stats.summary()}")
+    say(f"{name}: {r.usage.summary(r.delivered)}")
 
 
 def warm_up(settings: Settings, rx: ReceiverControl, tenants: list[Tenant], body: bytes,
@@ -489,13 +485,15 @@ def phase(name: str, settings: Settings, rx: ReceiverControl, tenants: list[Tena
           wait_paths: list[str] | None = None, relay: OutboxRelay | None = None) -> tuple[PhaseResult, Sent]:
     """One measured phase; through ``relay``'s outbox when given, else straight to Kafka."""
     rx.clear()
-    with TaskManagerSampler() as sampler:
+    with cpu.StackSampler(_groups) as sampler:
         if relay is not None:
             sent = produce_outbox(relay, tenants, n_events, body, rate)
         else:
             sent = produce(settings, tenants, n_events, body, rate)
         r = wait_and_measure(rx, sent, timeout_s, wait_paths)
-    report(name, r, sampler.stats)
+    r.usage = sampler.usage
+    report(name, r)
+    PHASES[name] = r
     if LATENCY_DIR is not None:
         # For looking into a tail: is it a few stalls (slow deliveries bunched in time) or spread?
         out = LATENCY_DIR / f"{name}.csv"
@@ -544,6 +542,8 @@ def outbox_phases(stack: ExitStack, env: dict[str, str], run_id: str, settings: 
     relay = OutboxRelay(env, RUN / f"bench-outbox-{run_id}", flush_ms=10_000)
     stack.callback(relay.stop)
     relay.start()
+    EXTRA_GROUPS.update({"postgres": [relay.run_dir / "postgres/pid"], "connect": [relay.run_dir / "connect/pid"]})
+    stack.callback(lambda: [EXTRA_GROUPS.pop(g, None) for g in ("postgres", "connect")])
     say(f"outbox: PostgreSQL + Kafka Connect/Debezium up ({relay.settings.outbox.dsn})")
     warm, _ = phase("outbox-warm", settings, rx, tenants, len(tenants), body, 120, relay=relay)
     if warm.delivered != warm.expected:
@@ -559,6 +559,15 @@ def outbox_phases(stack: ExitStack, env: dict[str, str], run_id: str, settings: 
 
 
 LATENCY_DIR: Path | None = None
+REPORT_DIR = RUN / "bench"
+# Each measured phase by name, for the report; and the run's own processes measured beside the
+# stack's (its control plane; its outbox's PostgreSQL and Connect worker when started).
+PHASES: dict[str, PhaseResult] = {}
+EXTRA_GROUPS: dict[str, list[Path]] = {}
+
+
+def _groups() -> dict[str, list[Path]]:
+    return cpu.stack_groups(RUN, EXTRA_GROUPS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -586,7 +595,9 @@ def run(args: argparse.Namespace) -> int:
         env["WEBHOOKS_FLINK__PARALLELISM"] = str(args.taskmanagers)
         settings = settings_with(env)
         stack.enter_context(topics(settings))
-        channel = stack.enter_context(control_plane(settings))
+        cp_pid = RUN / f"bench-{run_id}-control-plane.pid"
+        channel = stack.enter_context(control_plane_process(env, cp_pid))
+        EXTRA_GROUPS["control-plane"] = [cp_pid]
         tenants = [create_tenant(channel, settings, rxp.base_url, args.endpoints, str(i))
                    for i in range(args.tenants)]
         say(f"{args.tenants} tenant(s) x {args.endpoints} endpoints; submitting {env['WEBHOOKS_FLINK__JOB_NAME']}")
@@ -617,17 +628,30 @@ def run(args: argparse.Namespace) -> int:
                      rate=fair_rate / args.endpoints)
 
     say(f"total run time {time.monotonic() - started:.0f}s")
+    lines = []
     if args.outbox:
         direct = (f" | direct to Kafka: half_load_p50_ms={half.p(50):.0f} half_load_p99_ms={half.p(99):.0f}"
                   if half else "")
-        print(outbox_line + direct, flush=True)
+        lines.append(outbox_line + direct)
+    if full is not None:
+        lines.append(summary_line(full, half, raw.per_second))
+    out = report_md.write(REPORT_DIR, PHASES, lines, raw, vars(args))
+    say(f"report: {out}")
+    for line in lines:
+        print(line, flush=True)
     if full is None:
         return 0
-    ratio = full.sustained_per_s / raw.per_second if raw.per_second else 0.0
-    print(f"bench: deliveries_per_s={full.sustained_per_s:.0f} raw_http_per_s={raw.per_second:.0f} "
-          f"ratio={ratio:.3f} p50_first_attempt_ms={full.p(50):.0f} p99_first_attempt_ms={full.p(99):.0f}",
-          flush=True)
     return 0 if full.delivered == full.expected else 1
+
+
+def summary_line(full: PhaseResult, half: PhaseResult | None, raw_per_s: float) -> str:
+    """The comparable last line: the figures of earlier runs first, the newer ones after."""
+    ratio = full.sustained_per_s / raw_per_s if raw_per_s else 0.0
+    cpu_ms = full.usage.total_cpu_s * 1000 / full.delivered if full.delivered else 0.0
+    return (f"bench: deliveries_per_s={full.sustained_per_s:.0f} raw_http_per_s={raw_per_s:.0f} "
+            f"ratio={ratio:.3f} p50_first_attempt_ms={full.p(50):.0f} p99_first_attempt_ms={full.p(99):.0f} "
+            f"half_p50_first_attempt_ms={half.p(50) if half else 0:.0f} "
+            f"half_p99_first_attempt_ms={half.p(99) if half else 0:.0f} cpu_ms_per_delivery={cpu_ms:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,7 +132,7 @@ def build(
         log.warning("egress dev_allow_cidrs is set (%s): development only", settings.egress.dev_allow_cidrs)
     store = CassandraStore(session)
     publisher = publisher or KafkaPublisher(settings.kafka)
-    publication = ConfigPublication(store, publisher, now_ms)
+    publication = ConfigPublication(store, publisher, now_ms, hold_scan_interval_ms=cp.hold_scan_interval_ms)
     endpoints = EndpointService(
         Deps(
             store=store,

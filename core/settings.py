@@ -149,6 +149,9 @@ class ControlPlaneSettings(BaseModel):
     # events_released_without_clock). Well inside the brief's 10 s first-attempt objective.
     config_clock_stale_after_ms: int = Field(default=5_000, ge=100)
     republish_interval_s: float = Field(default=5.0, gt=0)
+    # How often the clock re-reads other replicas' durable holds (config_holds); 0: every tick.
+    # See control_plane.publication for the trade.
+    hold_scan_interval_ms: int = Field(default=1000, ge=0)
     # Reconciliation: a pending delivery due longer ago than this whose endpoint no job reports
     # holding (the dispatcher reports every 30 s, and passes at least every breaker_max_open_s)
     # is orphaned, and --repair re-queues it.

@@ -8,9 +8,13 @@ deliveries cost ~100 us and ~90 us. Per-request work (native protocol framing, q
 processing, the driver's future and callbacks) dominates, not the mutations themselves.
 
 So a write joins the open batch and gets that batch's completion, which it shares with every
-other write in it. The batch is sent when it is full (statements or estimated bytes) or when its
-oldest write has waited ``linger``; the owner calls :meth:`flush_if_due` at the end of each pass
-(the dispatcher polls its pending writes on a timer, so a lingering batch is never stranded).
+other write in it. The batch is sent when it is full (statements or estimated bytes), when no
+earlier batch is still in flight, or when its oldest write has waited ``linger``; the owner calls
+:meth:`flush_if_due` at the end of each pass (the dispatcher polls its pending writes on a timer,
+so a lingering batch is never stranded). Sending at once when Cassandra has nothing of ours in
+flight is what keeps light load fast (a first attempt waits for its creation rows: a fixed
+linger was ~20 ms of every first attempt); under load a batch is always in flight, so writes
+coalesce for one round trip and batches grow with the load, Nagle-style.
 
 Atomicity is not needed: each write is an idempotent upsert and a failed batch fails every write
 in it, which each delivery redoes whole. Multi-partition unlogged batches make the coordinator
@@ -121,6 +125,7 @@ class WriteBatcher:
         self._bytes = 0
         self._opened_at = 0.0
         self._completion = BatchCompletion()
+        self._in_flight: BatchCompletion | None = None  # the last batch sent
         self.requests_sent = 0
 
     def add(self, statements: list[Statement]) -> BatchCompletion:
@@ -139,7 +144,10 @@ class WriteBatcher:
         return completion
 
     def flush_if_due(self) -> None:
-        if self._statements and self._clock() - self._opened_at >= self._linger_s:
+        if not self._statements:
+            return
+        idle = self._in_flight is None or self._in_flight.done()
+        if idle or self._clock() - self._opened_at >= self._linger_s:
             self.flush()
 
     def flush(self) -> None:
@@ -147,6 +155,7 @@ class WriteBatcher:
             return
         statements, completion = self._statements, self._completion
         self._statements, self._bytes, self._completion = [], 0, BatchCompletion()
+        self._in_flight = completion
         self.requests_sent += 1
         try:
             self._send(statements, completion)

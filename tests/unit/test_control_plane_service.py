@@ -543,6 +543,32 @@ def test_a_change_one_replica_could_not_publish_holds_every_replicas_clock(w: Wo
     assert other.publish_clock() is True and w.publisher.clocks[-1].published_at_ms == w.clock.now
 
 
+def test_other_replicas_holds_are_read_once_per_interval_not_on_every_tick(w: World) -> None:
+    reads = 0
+    scan = w.store.oldest_clock_hold_ms
+
+    def counted() -> int | None:
+        nonlocal reads
+        reads += 1
+        return scan()
+
+    w.store.oldest_clock_hold_ms = counted  # type: ignore[method-assign]
+    for _ in range(40):  # 2 s of ticks every 50 ms
+        w.clock.now += 50
+        w.publication.publish_clock()
+    assert reads == 2  # one per 1,000 ms interval, not 40
+    # Another replica stored a change it could not publish: its durable hold row stops this
+    # replica's clock at the next read, within the interval.
+    held_since = w.clock.now + 10
+    w.store.put_clock_hold("tenant-a", "ep_elsewhere", 1, held_since)
+    w.clock.now += 1_000
+    w.publication.publish_clock()  # read again: up to just before the change, no further
+    assert w.publisher.clocks[-1].published_at_ms == held_since - 1
+    w.clock.now += 50
+    assert w.publication.publish_clock() is False
+    assert reads == 3
+
+
 def test_a_hold_satisfied_elsewhere_is_settled_by_the_next_full_pass(w: World) -> None:
     w.publisher.failing = True
     e = create(w)

@@ -43,18 +43,34 @@ def make(max_statements: int = 4, max_bytes: int = 10_000, linger_s: float = 0.0
     return WriteBatcher(sent, max_statements, max_bytes, linger_s, clock), sent, clock
 
 
-def test_writes_wait_for_the_linger_then_go_together() -> None:
+def test_with_nothing_in_flight_a_write_goes_at_the_next_flush_if_due() -> None:
+    b, sent, _ = make()
+    c = b.add(stmts("a1", "a2"))
+    assert sent.batches == []  # never from add itself: the pass may add more
+    b.flush_if_due()
+    assert sent.names() == [["a1", "a2"]] and not c.done()
+
+
+def test_while_a_batch_is_in_flight_writes_wait_for_it_or_the_linger_then_go_together() -> None:
     b, sent, clock = make()
+    b.add(stmts("first"))
+    b.flush_if_due()
     c1 = b.add(stmts("a1", "a2"))
     clock.t += 0.004
     c2 = b.add(stmts("b1"))
     b.flush_if_due()
-    assert sent.batches == []
+    assert sent.names() == [["first"]]
     clock.t += 0.001  # the oldest write has now waited 5 ms
     b.flush_if_due()
-    assert sent.names() == [["a1", "a2", "b1"]]
+    assert sent.names() == [["first"], ["a1", "a2", "b1"]]
     assert c1 is c2 and not c1.done()
     assert b.buffered == 0
+    c3 = b.add(stmts("c1"))
+    b.flush_if_due()
+    assert b.buffered == 1  # ["a1", "a2", "b1"] is in flight
+    c1.succeed()
+    b.flush_if_due()  # it came back: the next batch goes without waiting out the linger
+    assert sent.names()[-1] == ["c1"] and not c3.done()
 
 
 def test_a_full_batch_goes_at_once_and_a_write_is_never_split() -> None:

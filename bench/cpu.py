@@ -1,0 +1,165 @@
+"""CPU and memory of the stack's processes, read from /proc while a benchmark phase runs.
+
+A *group* is a named set of root pids (a TaskManager, Kafka, Cassandra, ...); each sample sums
+utime + stime of the roots and every live descendant (PyFlink may start Python workers, the
+PostgreSQL postmaster forks a backend per connection). CPU per delivery is the sum over every
+group of the CPU seconds a phase used, divided by the phase's deliveries: what the issue calls
+"the whole stack on the delivery path". The receiver and the load generator (this process) are
+not in any group.
+
+Limits, stated rather than hidden: a child that exits during a phase takes its ticks with it
+(its parent's cutime only gets them when it is reaped), so short-lived children are undercounted;
+the stack's long-lived processes (JVMs, the control plane, PostgreSQL's backends of long
+connections) are exact to a clock tick (10 ms).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def descendants(root: int) -> list[int]:
+    """root and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def ticks_and_rss_kb(pids: list[int]) -> tuple[int, int]:
+    ticks = rss = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited between listing and reading
+        ticks += int(fields[11]) + int(fields[12])  # utime + stime
+        rss += int(fields[21]) * PAGE_KB
+    return ticks, rss
+
+
+def pid_from(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def stack_groups(run: Path, extra: dict[str, list[Path]] | None = None) -> dict[str, list[Path]]:
+    """The pid files of the `make up` stack's processes on the delivery path, by group name:
+    TaskManagers (flink-tm and flink-tm-N), the JobManager, Kafka and Cassandra; ``extra`` adds
+    the run's own (its control plane, its outbox's PostgreSQL and Connect worker)."""
+    groups = {
+        "taskmanagers": [run / "flink-tm/pid", *sorted(run.glob("flink-tm-*/pid"))],
+        "jobmanager": [run / "flink-jm/pid"],
+        "kafka": [run / "kafka/pid"],
+        "cassandra": [run / "cassandra/pid"],
+    }
+    groups.update(extra or {})
+    return groups
+
+
+@dataclass
+class Usage:
+    """What one phase cost: CPU seconds per group and the samples over time."""
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    # (seconds since the start, {group: % of one core over the last interval})
+    series: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    rss_mb_max: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_cpu_s(self) -> float:
+        return sum(self.cpu_s.values())
+
+    def ms_per(self, n: int) -> dict[str, float]:
+        return {g: s * 1000 / n for g, s in self.cpu_s.items()} if n else {}
+
+    def summary(self, n: int) -> str:
+        if not n or not self.wall_s:
+            return "no deliveries"
+        parts = " ".join(f"{g}={ms:.2f}" for g, ms in sorted(self.ms_per(n).items(), key=lambda x: -x[1]))
+        return (f"cpu_ms_per_delivery={self.total_cpu_s * 1000 / n:.2f} ({parts}); "
+                f"cores busy avg={self.total_cpu_s / self.wall_s:.2f} over {self.wall_s:.1f}s")
+
+
+class StackSampler:
+    """Samples every group every ``interval_s`` in a thread; pid files are re-read each time (a
+    restarted process is followed). ``usage`` is final once the context exits."""
+
+    def __init__(self, groups: Callable[[], dict[str, list[Path]]], interval_s: float = 0.5) -> None:
+        self._groups = groups
+        self.interval_s = interval_s
+        self.usage = Usage()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+        self._last: dict[str, int] = {}
+        self._t0 = 0.0
+        self._t_last = 0.0
+
+    def __enter__(self) -> StackSampler:
+        self._t0 = self._t_last = time.monotonic()
+        self._last = {g: t for g, (t, _) in self._read().items()}
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample()  # the last partial interval counts too
+        self.usage.wall_s = self._t_last - self._t0
+
+    def _read(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for name, files in self._groups().items():
+            roots = [pid for f in files if (pid := pid_from(f)) is not None]
+            out[name] = ticks_and_rss_kb([p for r in roots for p in descendants(r)]) if roots else (0, 0)
+        return out
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        current = self._read()
+        dt = now - self._t_last
+        pct = {}
+        for g, (ticks, rss_kb) in current.items():
+            # A group that restarted (ticks went down) counts from zero again.
+            delta = ticks - self._last.get(g, 0) if ticks >= self._last.get(g, 0) else ticks
+            self.usage.cpu_s[g] = self.usage.cpu_s.get(g, 0.0) + delta / CLK_TCK
+            pct[g] = 100.0 * delta / CLK_TCK / dt if dt > 0 else 0.0
+            self.usage.rss_mb_max[g] = max(self.usage.rss_mb_max.get(g, 0.0), rss_kb / 1024)
+            self._last[g] = ticks
+        self.usage.series.append((now - self._t0, pct))
+        self._t_last = now
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+
+@contextmanager
+def sampled(groups: Callable[[], dict[str, list[Path]]], interval_s: float = 0.5) -> Iterator[Usage]:
+    with StackSampler(groups, interval_s) as s:
+        yield s.usage
