@@ -101,8 +101,8 @@ def say(msg: str) -> None:
 def own_keyspace(settings: Settings) -> Iterator[Session]:
     """The run's keyspace with the project's schema; dropped at the end, also after an error."""
     c = settings.cassandra
-    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=ExponentialReconnectionPolicy(
-        0.5, c.reconnect_max_delay_s, max_attempts=None))  # back within seconds of an outage
+    retry = ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None)  # back within seconds
+    cluster = Cluster(c.contact_points, port=c.port, sockopts=c.sockopts, reconnection_policy=retry)
     try:
         session = cluster.connect()
         apply(session, c.keyspace, c.replication_factor)

@@ -196,8 +196,8 @@ def control_plane(settings: Settings) -> Iterator[grpc.Channel]:
     from control_plane.server import build
 
     c = settings.cassandra
-    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=ExponentialReconnectionPolicy(
-        0.5, c.reconnect_max_delay_s, max_attempts=None))  # back within seconds of an outage
+    retry = ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None)  # back within seconds
+    cluster = Cluster(c.contact_points, port=c.port, sockopts=c.sockopts, reconnection_policy=retry)
     server = None
     try:
         server = build(settings, cluster.connect(c.keyspace), port=0)

@@ -194,6 +194,7 @@ def connect_cassandra(settings: Settings) -> tuple[Cluster, Session]:
         port=c.port,
         load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=c.local_dc),
         protocol_version=5,
+        sockopts=c.sockopts,
         # serve again within seconds of Cassandra's return (the default backs off to 600 s)
         reconnection_policy=ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import socket
 from pathlib import Path
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -42,6 +43,14 @@ class CassandraSettings(BaseModel):
     # driver's default backs off to 600 s: after a short outage every client (the dispatcher,
     # the control plane, tests) stayed unavailable for minutes after Cassandra was back.
     reconnect_max_delay_s: float = Field(default=5.0, gt=0)
+
+    @property
+    def sockopts(self) -> list[tuple[int, int, int]]:
+        """Socket options for every driver connection. TCP_NODELAY: the Python driver does not set
+        it, and a request written in more than one piece (a creation batch of a few deliveries with
+        their payloads) then waited ~40 ms for the kernel's delayed ACK -- measured 47 ms for a 2 ms
+        batch, most of the first-attempt latency at light load."""
+        return [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
     # Delivery writes in flight from one operator instance (buffered or sent); more only queues.
     max_concurrent_writes: int = Field(default=1024, ge=1)
     # History writes of many deliveries travel as one unlogged batch (operators/write_batcher.py):

@@ -82,6 +82,7 @@ class CassandraHistory:
             # v4, not v5: v5 frames carry checksums the driver computes in Python (~2 % of the
             # dispatcher's interpreter in a profile); loopback/LAN TCP already checksums.
             protocol_version=4,
+            sockopts=settings.sockopts,
             # The default backs off to 600 s: after a Cassandra restart the dispatcher would hold
             # every delivery for up to ten minutes. Retry every <= 5 s, forever (the default gives
             # up after 64 tries).

@@ -42,7 +42,7 @@ def keyspace_session(settings: Settings) -> Iterator[Session]:
     """A session on the settings' keyspace, created with the project's schema and dropped after."""
     c = settings.cassandra
     retry = ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None)
-    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=retry)
+    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=retry, sockopts=c.sockopts)
     try:
         session = cluster.connect()
         apply(session, c.keyspace, c.replication_factor)
