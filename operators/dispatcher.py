@@ -57,6 +57,7 @@ from operators.io_tracker import Finished, IoTracker
 from operators.payload_cache import PayloadCache
 from operators.sender import Sender, SigningKeys, SigningKeyUnavailable
 from operators.snapshot_writer import SNAPSHOT_KEY_PREFIX, SnapshotWriter
+from operators.task_gauges import TaskGauges
 from operators.write_batcher import Completion
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,12 @@ LABELLED = {
     "first_attempt_latency_ms": ("first_attempt_le_ms", "first_attempts"),
 }
 
-# Gauges are recomputed in the task thread at most this often (Flink reads them from its
-# reporter thread, which must not walk the drivers while the task changes them).
+# Gauges are recomputed in the task thread at most this often, and this often while an age they
+# report keeps growing (operators/task_gauges.py: no Python gauge callables, the reporter thread
+# must never call into the interpreter).
 GAUGE_REFRESH_MS = 1000
+COUNT_GAUGES = ("pending_new", "pending_retry", "endpoints", "breakers_open", "breakers_half_open",
+                "endpoints_parked", "tenants_at_quota")
 
 
 class Dispatcher(KeyedProcessFunction):
@@ -103,8 +107,8 @@ class Dispatcher(KeyedProcessFunction):
         self._gauges = telemetry.DispatcherGauges()
         self._gauges_at = 0
         self._refresh_due = False  # a timer will run a pass that refreshes them
-        self._per_endpoint: dict[str, tuple[int, int, int]] = {}  # dispatch.per_endpoint_metrics
-        self._register_gauges(group)
+        self._task_gauges = TaskGauges(group)
+        self._per_endpoint: dict[str, TaskGauges] = {}  # dispatch.per_endpoint_metrics
         self._counts: Counter[str] = Counter()
         self._published: Counter[str] = Counter()
         self._rng = random.Random()
@@ -248,6 +252,11 @@ class Dispatcher(KeyedProcessFunction):
             self._report_backlogs(now)
         if now - self._gauges_at >= GAUGE_REFRESH_MS:
             self._refresh_gauges(now)
+            g = self._gauges
+            if g.oldest_new_ms is not None or g.oldest_parked_new_ms is not None or g.oldest_retry_ms is not None:
+                # Ages are set, not read at scrape time: refresh them while they grow.
+                ctx.timer_service().register_processing_time_timer(now + GAUGE_REFRESH_MS)
+                self._refresh_due = True
         elif not self._refresh_due:
             # What this pass changed (a delivery finished, say) must reach the gauges even if no
             # other pass follows: a stale "oldest new" would keep ageing on an idle job and alert.
@@ -256,42 +265,35 @@ class Dispatcher(KeyedProcessFunction):
         self._publish_counts()
 
     # -- gauges ----------------------------------------------------------------------------------
-    def _register_gauges(self, group: Any) -> None:
-        def now() -> int:
-            return int(time.time() * 1000)
-
-        g = self
-        for name in ("pending_new", "pending_retry", "endpoints", "breakers_open", "breakers_half_open",
-                     "endpoints_parked", "tenants_at_quota"):
-            group.gauge(name, lambda n=name: getattr(g._gauges, n))
-        # Ages are computed when read, from the oldest arrival found at the last refresh, so they
-        # keep rising while an endpoint sits untouched.
-        group.gauge("oldest_new_age_ms", lambda: g._gauges.age_ms(g._gauges.oldest_new_ms, now()))
-        group.gauge("oldest_parked_new_age_ms", lambda: g._gauges.age_ms(g._gauges.oldest_parked_new_ms, now()))
-        group.gauge("oldest_retry_age_ms", lambda: g._gauges.age_ms(g._gauges.oldest_retry_ms, now()))
-
     def _refresh_gauges(self, now: int) -> None:
         window = int(self._settings.dispatch.retry_deadline_s * 1000)
         views = {ep: d.view(now, window) for ep, d in self._drivers.items()}
-        self._gauges = telemetry.dispatcher_gauges(views.values(), self._scheduler.tenants_at_quota())
+        g = self._gauges = telemetry.dispatcher_gauges(views.values(), self._scheduler.tenants_at_quota())
         self._gauges_at = now
         self._refresh_due = False
+        tg = self._task_gauges
+        for name in COUNT_GAUGES:
+            tg.set(name, getattr(g, name))
+        tg.set("oldest_new_age_ms", g.age_ms(g.oldest_new_ms, now))
+        tg.set("oldest_parked_new_age_ms", g.age_ms(g.oldest_parked_new_ms, now))
+        tg.set("oldest_retry_age_ms", g.age_ms(g.oldest_retry_ms, now))
         if self._settings.dispatch.per_endpoint_metrics:
             self._endpoint_series(views)
 
     def _endpoint_series(self, views: dict[str, telemetry.EndpointView]) -> None:
-        """Per-endpoint gauges (opt-in): registered the first time an endpoint is seen, reading
-        this dict, which goes back to zeros when the endpoint's driver is dropped."""
+        """Per-endpoint gauges (opt-in), made the first time an endpoint is seen and set back to
+        zeros when its driver is dropped."""
+        # flink_taskmanager_job_task_operator_endpoint_id_<name>{endpoint_id="..."}
         for ep in self._per_endpoint.keys() - views.keys():
-            self._per_endpoint[ep] = (0, 0, 0)
+            for name in ("pending", "consecutive_failures", "breaker_open"):
+                self._per_endpoint[ep].set(name, 0)
         for ep, v in views.items():
-            if ep not in self._per_endpoint:
-                g = self._group.add_group("endpoint_id", ep)
-                # flink_taskmanager_job_task_operator_endpoint_id_<name>{endpoint_id="..."}
-                for i, name in enumerate(("pending", "consecutive_failures", "breaker_open")):
-                    g.gauge(name, lambda ep=ep, i=i: self._per_endpoint[ep][i])
-            self._per_endpoint[ep] = (len(v.pending) + v.spilled, v.consecutive_failures,
-                                      int(v.breaker is brk.CircuitState.OPEN))
+            gauges = self._per_endpoint.get(ep)
+            if gauges is None:
+                gauges = self._per_endpoint[ep] = TaskGauges(self._group.add_group("endpoint_id", ep))
+            gauges.set("pending", len(v.pending) + v.spilled)
+            gauges.set("consecutive_failures", v.consecutive_failures)
+            gauges.set("breaker_open", int(v.breaker is brk.CircuitState.OPEN))
 
     def _report_backlogs(self, now: int) -> None:
         """Which endpoints this job holds deliveries for, so reconciliation can tell a delivery

@@ -23,8 +23,11 @@ from core.records import CLOCK_KEY, ConfigClock, EndpointConfig, EventRecord
 from operators.dispatcher import NEW, SNAPSHOT
 from operators.endpoint_configs import ENDPOINT_CONFIGS
 from operators.snapshot_writer import snapshot_key
+from operators.task_gauges import TaskGauges
 
 log = logging.getLogger(__name__)
+
+GAUGE_EVERY_MS = 100
 
 
 class FanOut(KeyedBroadcastProcessFunction):
@@ -62,16 +65,25 @@ class FanOut(KeyedBroadcastProcessFunction):
         self._deliveries = m.counter("deliveries_created")
         self._unmatched = m.counter("events_without_endpoints")
         self._released_without_clock = m.counter("events_released_without_clock")
-        m.gauge("events_held", lambda: len(self._holding))
-        m.gauge("oldest_held_age_ms", self._oldest_held_age_ms)
-        m.gauge("config_clock_age_ms", lambda: self._clock.age_ms(_now_ms()))
+        # Set from this (the task) thread on every element, tick and timer (operators/task_gauges.py):
+        # held events have timers, so their age keeps rising; the clock's age is as of the job's
+        # last activity (an idle job with no ticks reads a frozen age; events arriving then are
+        # released after stale_after_ms and counted in events_released_without_clock).
+        self._gauges = TaskGauges(m)
+        self._gauges_at = 0
         # Event arrival -> fan-out decision, one counter per latency bucket (core.telemetry).
         self._metrics_group = m
         self._lag: dict[str, Any] = {}
 
-    def _oldest_held_age_ms(self) -> int:
+    def _set_gauges(self, now_ms: int, force: bool = False) -> None:
+        """At most every 100 ms, unless the held count changed (``force``)."""
+        if not force and now_ms - self._gauges_at < GAUGE_EVERY_MS:
+            return
+        self._gauges_at = now_ms
         holding = self._holding
-        return max(0, _now_ms() - min(holding.values())) if holding else 0
+        self._gauges.set("events_held", len(holding))
+        self._gauges.set("oldest_held_age_ms", max(0, now_ms - min(holding.values())) if holding else 0)
+        self._gauges.set("config_clock_age_ms", self._clock.age_ms(now_ms))
 
     def process_broadcast_element(self, value, ctx):  # type: ignore[override]
         state = ctx.get_broadcast_state(ENDPOINT_CONFIGS)
@@ -85,6 +97,7 @@ class FanOut(KeyedBroadcastProcessFunction):
                     log.warning("config clock is back after %d ms: events wait for it again",
                                 now - self._degraded_since_ms)
                     self._degraded_since_ms = None
+                self._set_gauges(now)
         elif isinstance(value, EndpointConfig) and fanout.newer(state.get(value.endpoint_id), value):
             state.put(value.endpoint_id, value)
             if self._by_tenant is not None:
@@ -131,10 +144,11 @@ class FanOut(KeyedBroadcastProcessFunction):
                 self._held.update((event, arrived_ms))
             self._holding[event.event_id] = arrived_ms
             ctx.timer_service().register_processing_time_timer(decision.recheck_at_ms)
+            self._set_gauges(now, force=not held)
             return
         if held:
             self._held.clear()
-        self._holding.pop(event.event_id, None)
+        self._set_gauges(now, force=self._holding.pop(event.event_id, None) is not None)
         if decision.verdict == fanout.DEGRADED:
             self._released_without_clock.inc()
             if self._degraded_since_ms is None:
