@@ -140,8 +140,10 @@ class FlinkSettings(BaseModel):
     python_execution_mode: str = "thread"
     # Longest a network buffer between operators waits to fill before it is sent. Flink's
     # default (100 ms) is paid at each of the job's two exchanges when traffic is light, which
-    # was most of the first-attempt latency; a few ms more flushing per channel is cheap.
-    buffer_timeout_ms: int = Field(default=10, ge=0)
+    # was most of the first-attempt latency; a few ms more flushing per channel is cheap. An event
+    # crosses three exchanges (parse -> fan-out -> dispatch) and a clock tick three more before
+    # it releases a held event: at light load each waits up to this long.
+    buffer_timeout_ms: int = Field(default=2, ge=0)
 
 
 class ControlPlaneSettings(BaseModel):
@@ -151,8 +153,10 @@ class ControlPlaneSettings(BaseModel):
     admin_token: SecretStr = SecretStr("dev-admin-token")
     secret_rotation_overlap_s: int = Field(default=24 * 3600, ge=0)
     # How often the config clock heartbeat is published on the endpoints topic (see fan-out): a
-    # held event waits half of it on average. 20 small records/s on a compacted topic.
-    config_clock_interval_ms: int = Field(default=50, ge=10)
+    # held event waits half of it on average, plus the tick's trip. 50 small records/s on a
+    # compacted topic; each tick costs the control plane a Kafka produce (other replicas' durable
+    # holds are read once a second, hold_scan_interval_ms) and fan-out one broadcast element.
+    config_clock_interval_ms: int = Field(default=20, ge=10)
     # The job's degraded mode: with no clock tick read for this long (control plane down or being
     # deployed), fan-out releases held events with the configs it has read (metric
     # events_released_without_clock). Well inside the brief's 10 s first-attempt objective.
