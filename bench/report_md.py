@@ -109,10 +109,7 @@ def _charts(out_dir: Path, phases: Mapping[str, PhaseResult]) -> list[tuple[str,
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     ax.set_title("First-attempt latency CDF by phase")
-    fig.tight_layout()
-    fig.savefig(out_dir / "latency_cdf.png", dpi=100)
-    plt.close(fig)
-    made.append(("first-attempt latency CDF", "latency_cdf.png"))
+    made.append(_save(plt, fig, out_dir, "latency_cdf.png", "first-attempt latency CDF"))
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, r in phases.items():
@@ -130,10 +127,7 @@ def _charts(out_dir: Path, phases: Mapping[str, PhaseResult]) -> list[tuple[str,
     ax.grid(True, alpha=0.3)
     ax.legend()
     ax.set_title("Delivery rate over time")
-    fig.tight_layout()
-    fig.savefig(out_dir / "rate.png", dpi=100)
-    plt.close(fig)
-    made.append(("delivery rate over time", "rate.png"))
+    made.append(_save(plt, fig, out_dir, "rate.png", "delivery rate over time"))
 
     fig, (bars, series) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [n for n, r in phases.items() if r.delivered]
@@ -157,8 +151,12 @@ def _charts(out_dir: Path, phases: Mapping[str, PhaseResult]) -> list[tuple[str,
         series.set_title("CPU by process, full speed")
         series.grid(True, alpha=0.3)
         series.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "cpu.png", dpi=100)
-    plt.close(fig)
-    made.append(("CPU by process", "cpu.png"))
+    made.append(_save(plt, fig, out_dir, "cpu.png", "CPU by process"))
     return made
+
+
+def _save(plt: Any, fig: Any, out_dir: Path, file: str, title: str) -> tuple[str, str]:
+    fig.tight_layout()
+    fig.savefig(out_dir / file, dpi=100)
+    plt.close(fig)
+    return title, file

@@ -1,4 +1,5 @@
-"""End-to-end delivery benchmark on the local stack, measured against the raw HTTP ceiling.
+"""End-to-end delivery benchmark on the local stack: rates, first-attempt latency and the CPU per
+delivery of every process on the delivery path (bench/cpu.py), with a report (bench/report_md.py).
 
     python -m bench.run [--events 2000 --endpoints 10 --tenants 1 --raw-duration 5 ...]
 
@@ -6,21 +7,27 @@ One run, loopback only, bounded in count and time:
 
 1. a standalone receiver (`tests.support.receiver`, count mode) on OS-chosen ports;
 2. the raw aiohttp POST rate to that receiver (`bench.raw_http`), the ceiling on this box now;
-3. unique topics, the in-process control plane, T tenants x M endpoints, and a bench job
+3. unique topics and keyspace, the run's control plane (a process of its own), T tenants x M endpoints, and a bench job
    (`stack/job.sh submit`, job name `webhooks-bench-<id>`) on the running Flink cluster;
 4. N events produced at full speed (each matching all M endpoints of its tenant); deliveries/s
    and first-attempt latency (produce call -> request received) from the receiver's recordings;
    the same through the transactional outbox (`--outbox`, on by default: one PostgreSQL
    transaction per event, latency from its COMMIT), with a PostgreSQL cluster and a Kafka Connect
    worker of the run's own;
-5. CPU and RSS of the TaskManager (with children) sampled from /proc meanwhile;
+5. CPU of every stack process on the delivery path (TaskManagers, JobManager, Kafka, Cassandra,
+   the run's control plane; PostgreSQL and Connect in the outbox phases) sampled from /proc;
 6. a phase paced at half the sustained rate, and a fairness phase (tenant A with 1,000 hanging
    endpoints loaded first, healthy tenant B measured against its own baseline); both on by default;
-7. the job is cancelled, the receiver stopped by pid, the control plane stopped, topics deleted.
+7. the job is cancelled, the receiver and the control plane stopped by pid, topics and keyspace deleted.
 
-The last line is the comparable summary (a `bench-outbox:` line before it gives the outbox path's):
+The last line is the comparable summary (a `bench-outbox:` line before it gives the outbox path's);
+`.run/bench/report.md` and its charts say where the time and the CPU went:
 
     bench: deliveries_per_s=N raw_http_per_s=N ratio=R p50_first_attempt_ms=N p99_first_attempt_ms=N
+           half_p50_first_attempt_ms=N half_p99_first_attempt_ms=N cpu_ms_per_delivery=X
+
+(The raw HTTP rate and the ratio stay for comparison with earlier runs; the yardstick is now the
+CPU per delivery and the latency of what users would pick instead: README, Performance.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,58 @@
+"""The benchmark's CPU accounting (bench/cpu.py) and report (bench/report_md.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from bench import cpu, report_md
+from bench.raw_http import Result as RawResult
+from bench.run import PhaseResult, summary_line
+
+
+def test_the_sampler_counts_the_cpu_a_group_spent_and_ignores_a_missing_process(tmp_path: Path) -> None:
+    me = tmp_path / "me.pid"
+    me.write_text(str(os.getpid()))
+    gone = tmp_path / "gone.pid"
+    gone.write_text("999999999")
+    with cpu.StackSampler(lambda: {"this-test": [me], "gone": [gone]}, interval_s=0.05) as s:
+        end = time.process_time() + 0.3
+        while time.process_time() < end:  # burn ~0.3 s of CPU in this process
+            pass
+    u = s.usage
+    assert u.cpu_s["gone"] == 0
+    assert 0.2 <= u.cpu_s["this-test"] <= u.wall_s + 0.05  # clock ticks: 10 ms resolution
+    assert u.series and all(set(pct) == {"this-test", "gone"} for _, pct in u.series)
+    assert u.ms_per(100)["this-test"] == u.cpu_s["this-test"] * 10
+
+
+def phase(delivered: int, cpu_s: dict[str, float]) -> PhaseResult:
+    lat = [0.010 + i / 1000 for i in range(delivered)]
+    arrivals = [100.0 + i / 100 for i in range(delivered)]
+    return PhaseResult(expected=delivered, delivered=delivered, duplicates=0, latencies_s=lat,
+                       arrivals=arrivals, produce_s=1.0, latencies_by_tenant={"t": lat},
+                       pairs=[(a - x, a, "t") for a, x in zip(arrivals, lat, strict=True)],
+                       usage=cpu.Usage(cpu_s=cpu_s, wall_s=2.0, series=[(0.5, {g: 50.0 for g in cpu_s})]))
+
+
+def test_the_summary_line_keeps_the_old_figures_and_adds_the_new_ones() -> None:
+    full = phase(200, {"taskmanagers": 0.3, "cassandra": 0.1})
+    line = summary_line(full, phase(100, {"taskmanagers": 0.1}), raw_per_s=1000.0)
+    fields = dict(kv.split("=") for kv in line.removeprefix("bench: ").split())
+    assert list(fields) == ["deliveries_per_s", "raw_http_per_s", "ratio", "p50_first_attempt_ms",
+                            "p99_first_attempt_ms", "half_p50_first_attempt_ms", "half_p99_first_attempt_ms",
+                            "cpu_ms_per_delivery"]
+    assert fields["cpu_ms_per_delivery"] == "2.00"  # 0.4 s over 200 deliveries
+    assert fields["raw_http_per_s"] == "1000"
+
+
+def test_the_report_has_a_row_per_phase_and_its_charts(tmp_path: Path) -> None:
+    phases = {"max": phase(200, {"taskmanagers": 0.3, "cassandra": 0.1}), "half": phase(50, {"taskmanagers": 0.1})}
+    out = report_md.write(tmp_path, phases, ["bench: x=1"], RawResult(elapsed_s=1.0, ok=1000), {"events": 20})
+    text = out.read_text()
+    assert "| max | 200/200 | 0 |" in text and "| half | 50/50 | 0 |" in text
+    assert "taskmanagers 1.50, cassandra 0.50" in text  # ms per delivery by process, largest first
+    for chart in ("latency_cdf.png", "rate.png", "cpu.png"):
+        assert f"]({chart})" in text
+        assert (tmp_path / chart).stat().st_size > 1000
