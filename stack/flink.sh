@@ -32,6 +32,8 @@ start() {
   [ -d "$JARS/flink-connectors" ] || fail "flink connector jars missing: run 'make setup'"
   render_conf
   install_jars
+  # Metrics groups of Flink processes that died without deleting theirs (best effort).
+  "$PY" -m stack.pushgateway_gc 2>/dev/null || true
   if running flink-jm; then say "flink jobmanager already running (pid $(cat "$RUN/flink-jm/pid"))";
   else
     say "starting flink jobmanager (dashboard http://127.0.0.1:$REST_PORT)"
