@@ -222,7 +222,9 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
             request_id=args.request_id or "", url=args.url, description=args.description or "",
             event_types=args.event_type, rate_limit_per_s=args.rate_limit,
             max_in_flight=args.max_in_flight, metadata=_metadata(args.metadata)))
-        out(r, lambda r: f"{endpoint_detail(r.endpoint)}\n\nsigning secret (shown once): {r.signing_secret}")
+        out(r, lambda r: f"{endpoint_detail(r.endpoint)}\n\n" + (
+            f"signing secret (shown once): {r.signing_secret}" if r.signing_secret else
+            "signing secret: not shown again for a retried request_id (rotate it to get a new one)"))
     elif cmd == "get":
         out(tenant.GetEndpoint(ref), endpoint_detail)
     elif cmd == "list":

@@ -48,7 +48,7 @@ from control_plane.publication import ConfigPublication
 from control_plane.publisher import Publisher, PublishError
 from control_plane.store import EndpointStore
 from core.records import EndpointSignal, EndpointStatus, EventRecord, delivery_id_for
-from core.secrets import NONCE_BYTES, decrypt_secret, encrypt_secret
+from core.secrets import NONCE_BYTES, encrypt_secret
 from core.signing import SECRET_BYTES, generate_secret
 
 log = logging.getLogger(__name__)
@@ -211,12 +211,12 @@ class EndpointService:
         return Created(self._published(endpoint), secret)
 
     def _created_again(self, endpoint: Endpoint) -> Created:
-        """The answer to a retried create: same endpoint, and its first secret if still live."""
+        """The answer to a retried create: the same endpoint, and no secret. A secret is shown
+        once: whoever can replay a create request (a proxy's log, a retrying client's store)
+        must not be able to read it back. A client whose first answer was lost rotates."""
         if endpoint.status is EndpointStatus.DELETED:
             raise AlreadyExists("request_id was used for an endpoint that has since been deleted")
-        first = next((k for k in endpoint.signing_keys if k.version == 1), None)
-        secret = "" if first is None else self._open(endpoint, first)
-        return Created(endpoint, secret)
+        return Created(endpoint, "")
 
     # -- changes ----------------------------------------------------------------------------
 
@@ -428,14 +428,6 @@ class EndpointService:
         )
         return StoredKey(version=version, ciphertext_b64=ciphertext, created_at_ms=now)
 
-    def _open(self, endpoint: Endpoint, key: StoredKey) -> str:
-        return decrypt_secret(
-            self._d.master_key,
-            key.ciphertext_b64,
-            tenant_id=endpoint.tenant_id,
-            endpoint_id=endpoint.endpoint_id,
-            key_version=key.version,
-        )
 
 
 def _fingerprint(spec: EndpointSpec) -> str:

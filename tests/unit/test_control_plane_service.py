@@ -335,11 +335,15 @@ def test_dev_allowed_loopback_is_accepted_when_policy_allows_it(w: World) -> Non
     )
 
 
-def test_idempotent_create_returns_same_endpoint_and_secret(w: World) -> None:
+def test_idempotent_create_returns_the_same_endpoint_and_never_the_secret_again(w: World) -> None:
+    """Issue 17, item 11: the secret is shown once. A retry under the same request_id (a client
+    whose first answer was lost, or whoever replays its request) gets the endpoint and no secret;
+    rotating the secret is how to get a usable one."""
     first = w.endpoints.create(ALICE, spec(), "req-1")
+    assert first.signing_secret.startswith("whsec_")
     again = w.endpoints.create(ALICE, spec(), "req-1")
     assert again.endpoint.endpoint_id == first.endpoint.endpoint_id
-    assert again.signing_secret == first.signing_secret
+    assert again.signing_secret == ""
     assert len(w.store.endpoints) == 1
     with pytest.raises(errors.AlreadyExists, match="different endpoint"):
         w.endpoints.create(ALICE, spec(description="other"), "req-1")
@@ -823,3 +827,4 @@ def test_missing_or_unknown_credentials_are_unauthenticated(w: World, metadata: 
 
 def test_bearer_token_accepts_bytes_and_case() -> None:
     assert bearer_token([("Authorization", b"bearer abc ")]) == "abc"
+
