@@ -57,6 +57,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cassandra.cluster import Cluster, Session
@@ -70,9 +71,7 @@ from bench.run import (
     CERTS,
     PY,
     RUN,
-    TaskManagerSampler,
     Tenant,
-    _taskmanager_pids,
     bench_env,
     bench_job,
     control_plane,
@@ -138,8 +137,13 @@ def remove_job_state(job_name: str, job_id: str | None) -> None:
 
 def tm_rss_mb() -> float:
     """RSS of every TaskManager the stack started, with its children (MB)."""
-    pids = [pid for root in _taskmanager_pids() for pid in cpu.descendants(root)]
-    return cpu.ticks_and_rss_kb(pids)[1] / 1024 if pids else 0.0
+    return cpu.ticks_and_rss_kb(cpu.pids_of(_taskmanagers()["taskmanagers"]))[1] / 1024
+
+
+def _taskmanagers() -> dict[str, list[Path]]:
+    """The pid files of every TaskManager the stack scripts started (flink-tm, and flink-tm-N
+    from add-tm), as the one sampling group the backlog bench watches."""
+    return {"taskmanagers": cpu.stack_groups(RUN)["taskmanagers"]}
 
 
 def tm_heap_mb() -> tuple[float, float]:
@@ -638,7 +642,7 @@ def run(args: argparse.Namespace) -> int:
         backend = _state_backend(job_id)
         say(f"job {job_id} running after {time.monotonic() - t0:.1f}s; state backend {backend}")
         warm_up(rx, settings, healthy, body, timeout_s=120)
-        sampler = stack.enter_context(TaskManagerSampler(interval_s=2.0))
+        sampler = stack.enter_context(cpu.StackSampler(_taskmanagers, interval_s=2.0))
         traffic = stack.enter_context(HealthyTraffic(settings, healthy, body, args.healthy_rate))
 
         hold(traffic, "warm", args.warm_seconds)  # the job's first seconds are not its steady state
@@ -707,7 +711,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.healthy_rate:g} deliveries/s over {args.healthy_endpoints} endpoints; run {run_s:.0f}s ===")
     say(f"build: produced in {produce_s:.0f}s, all pending after {build_s:.0f}s ({pending / build_s:.0f}/s)")
     say(f"memory: TaskManager rss {before_peak.rss_mb:.0f} MB before -> {during_peak.rss_mb:.0f} MB with the "
-        f"backlog (max {max(sampler.stats.rss_mb or [0]):.0f} MB over the run); JVM heap used (highest 2 s sample) "
+        f"backlog (max {sampler.usage.rss_mb_max.get('taskmanagers', 0.0):.0f} MB over the run); JVM heap used "
+        "(highest 2 s sample) "
         f"{before_peak.heap_mb:.0f} -> {during_peak.heap_mb:.0f} MB of {during_peak.heap_max_mb:.0f} MB")
     if cp:
         say(f"checkpoint {cp.id}: full state {cp.state_size / 1e6:.1f} MB (before the backlog "

@@ -18,8 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +65,11 @@ def pid_from(pid_file: Path) -> int | None:
         return pid
     except (OSError, ValueError):
         return None
+
+
+def pids_of(pid_files: list[Path]) -> list[int]:
+    """The live processes named by ``pid_files`` and every process below them."""
+    return [pid for f in pid_files if (root := pid_from(f)) is not None for pid in descendants(root)]
 
 
 def stack_groups(run: Path, extra: dict[str, list[Path]] | None = None) -> dict[str, list[Path]]:
@@ -135,8 +139,7 @@ class StackSampler:
     def _read(self) -> dict[str, tuple[int, int]]:
         out = {}
         for name, files in self._groups().items():
-            roots = [pid for f in files if (pid := pid_from(f)) is not None]
-            out[name] = ticks_and_rss_kb([p for r in roots for p in descendants(r)]) if roots else (0, 0)
+            out[name] = ticks_and_rss_kb(pids_of(files))
         return out
 
     def _sample(self) -> None:
@@ -157,9 +160,3 @@ class StackSampler:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
-
-
-@contextmanager
-def sampled(groups: Callable[[], dict[str, list[Path]]], interval_s: float = 0.5) -> Iterator[Usage]:
-    with StackSampler(groups, interval_s) as s:
-        yield s.usage

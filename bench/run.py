@@ -7,8 +7,9 @@ One run, loopback only, bounded in count and time:
 
 1. a standalone receiver (`tests.support.receiver`, count mode) on OS-chosen ports;
 2. the raw aiohttp POST rate to that receiver (`bench.raw_http`), the ceiling on this box now;
-3. unique topics and keyspace, the run's control plane (a process of its own), T tenants x M endpoints, and a bench job
-   (`stack/job.sh submit`, job name `webhooks-bench-<id>`) on the running Flink cluster;
+3. unique topics and keyspace, the run's control plane (a process of its own), T tenants x M
+   endpoints, and a bench job (`stack/job.sh submit`, job name `webhooks-bench-<id>`) on the running
+   Flink cluster;
 4. N events produced at full speed (each matching all M endpoints of its tenant); deliveries/s
    and first-attempt latency (produce call -> request received) from the receiver's recordings;
    the same through the transactional outbox (`--outbox`, on by default: one PostgreSQL
@@ -40,13 +41,13 @@ import signal
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from cassandra.cluster import Cluster
@@ -99,70 +100,18 @@ def receiver_process() -> Iterator[ReceiverProc]:
             raise RuntimeError(f"receiver did not start: {line!r}")
         yield ReceiverProc(proc, fields["url"], ReceiverControl(fields["control"], timeout=60))
     finally:
-        proc.send_signal(signal.SIGTERM)  # by its pid: it shuts down cleanly on SIGTERM
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout_s=10)
 
 
-# ---- TaskManager resource sampling ----------------------------------------------------------------
-
-@dataclass
-class ResourceStats:
-    cpu_pct: list[float] = field(default_factory=list)  # 100 = one core busy
-    rss_mb: list[float] = field(default_factory=list)
-
-    def summary(self) -> str:
-        if not self.cpu_pct:
-            return "no samples"
-        avg = sum(self.cpu_pct) / len(self.cpu_pct)
-        return (f"cpu avg={avg:.0f}% max={max(self.cpu_pct):.0f}% (100%=1 core)  "
-                f"rss max={max(self.rss_mb):.0f} MB last={self.rss_mb[-1]:.0f} MB samples={len(self.cpu_pct)}")
-
-
-def _taskmanager_pids() -> list[int]:
-    """Every TaskManager the stack scripts started (flink-tm, and flink-tm-N from add-tm)."""
-    pids = []
-    for pid_file in [RUN / "flink-tm/pid", *sorted(RUN.glob("flink-tm-*/pid"))]:
-        try:
-            pids.append(int(pid_file.read_text().strip()))
-        except (OSError, ValueError):
-            continue
-    return pids
-
-
-class TaskManagerSampler:
-    """Samples the TaskManagers' CPU and RSS (with children, summed) every `interval_s` in a thread."""
-
-    def __init__(self, interval_s: float = 0.5) -> None:
-        self.interval_s = interval_s
-        self.stats = ResourceStats()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tm-sampler", daemon=True)
-
-    def __enter__(self) -> TaskManagerSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        # Read the pids each time: the pid files are the truth if a TaskManager is restarted.
-        last: tuple[float, int] | None = None
-        while not self._stop.wait(self.interval_s):
-            roots = _taskmanager_pids()
-            if not roots:
-                continue
-            ticks, rss_kb = cpu.ticks_and_rss_kb([pid for root in roots for pid in cpu.descendants(root)])
-            now = time.monotonic()
-            if last is not None and now > last[0] and ticks >= last[1]:
-                self.stats.cpu_pct.append(100.0 * (ticks - last[1]) / cpu.CLK_TCK / (now - last[0]))
-                self.stats.rss_mb.append(rss_kb / 1024)
-            last = (now, ticks)
+def stop(proc: subprocess.Popen[Any], timeout_s: float) -> None:
+    """By its pid: SIGTERM (the receiver and the control plane shut down cleanly on it), then
+    SIGKILL if it is still there after ``timeout_s``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 # ---- settings, topics, control plane, job ---------------------------------------------------------
@@ -243,12 +192,7 @@ def control_plane_process(env: dict[str, str], pid_file: Path, timeout_s: float 
         yield channel
     finally:
         channel.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, timeout_s=15)
         pid_file.unlink(missing_ok=True)
 
 
