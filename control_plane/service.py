@@ -429,7 +429,6 @@ class EndpointService:
         return StoredKey(version=version, ciphertext_b64=ciphertext, created_at_ms=now)
 
 
-
 def _fingerprint(spec: EndpointSpec) -> str:
     canonical = json.dumps(
         [spec.url, spec.description, list(spec.event_types), spec.rate_limit_per_s,

@@ -43,6 +43,18 @@ class CassandraSettings(BaseModel):
     # driver's default backs off to 600 s: after a short outage every client (the dispatcher,
     # the control plane, tests) stayed unavailable for minutes after Cassandra was back.
     reconnect_max_delay_s: float = Field(default=5.0, gt=0)
+    # Delivery writes in flight from one operator instance (buffered or sent); more only queues.
+    max_concurrent_writes: int = Field(default=1024, ge=1)
+    # History writes of many deliveries travel as one unlogged batch (operators/write_batcher.py):
+    # sent when it holds this many statements (4 per finished attempt) or ~bytes, when no earlier
+    # batch is in flight, or when its oldest write has waited linger_ms. 20 ms gave 1,228
+    # deliveries/s where 5 ms gave 1,012 in the bench (then linger applied at light load too).
+    # 1 statement = one request per write. Bytes stay under Cassandra's default
+    # batch_size_fail_threshold (50 KiB); larger payloads go by a request of their own.
+    history_batch_max_statements: int = Field(default=200, ge=1)
+    history_batch_max_bytes: int = Field(default=40 * 1024, ge=1024)
+    history_batch_linger_ms: int = Field(default=20, ge=0)
+    history_batch_inline_payload_bytes: int = Field(default=8 * 1024, ge=0)
 
     @property
     def sockopts(self) -> list[tuple[int, int, int]]:
@@ -51,18 +63,6 @@ class CassandraSettings(BaseModel):
         their payloads) then waited ~40 ms for the kernel's delayed ACK -- measured 47 ms for a 2 ms
         batch, most of the first-attempt latency at light load."""
         return [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-    # Delivery writes in flight from one operator instance (buffered or sent); more only queues.
-    max_concurrent_writes: int = Field(default=1024, ge=1)
-    # History writes of many deliveries travel as one unlogged batch (operators/write_batcher.py):
-    # sent when it holds this many statements (4 per finished attempt) or ~bytes, or when its
-    # oldest write has waited linger_ms. 20 ms gave 1,228 deliveries/s where 5 ms gave 1,012 in
-    # the bench; the first attempt waits for the creation rows, so linger is latency too.
-    # 1 statement = one request per write. Bytes stay under Cassandra's default
-    # batch_size_fail_threshold (50 KiB); larger payloads go by a request of their own.
-    history_batch_max_statements: int = Field(default=200, ge=1)
-    history_batch_max_bytes: int = Field(default=40 * 1024, ge=1024)
-    history_batch_linger_ms: int = Field(default=20, ge=0)
-    history_batch_inline_payload_bytes: int = Field(default=8 * 1024, ge=0)
 
 
 class DispatchSettings(BaseModel):

@@ -86,6 +86,11 @@ class DispatcherGauges:
     endpoints_parked: int = 0
     tenants_at_quota: int = 0
 
+    @property
+    def ageing(self) -> bool:
+        """Whether any "oldest ... age" is non-zero: it grows while nothing else happens."""
+        return not (self.oldest_new_ms is None and self.oldest_parked_new_ms is None and self.oldest_retry_ms is None)
+
     def age_ms(self, created_ms: int | None, now_ms: int) -> int:
         """Age at read time, so a gauge keeps growing while nothing happens (0: none)."""
         return max(0, now_ms - created_ms) if created_ms is not None else 0

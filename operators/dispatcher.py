@@ -252,14 +252,13 @@ class Dispatcher(KeyedProcessFunction):
             self._report_backlogs(now)
         if now - self._gauges_at >= GAUGE_REFRESH_MS:
             self._refresh_gauges(now)
-            g = self._gauges
-            if g.oldest_new_ms is not None or g.oldest_parked_new_ms is not None or g.oldest_retry_ms is not None:
-                # Ages are set, not read at scrape time: refresh them while they grow.
-                ctx.timer_service().register_processing_time_timer(now + GAUGE_REFRESH_MS)
-                self._refresh_due = True
-        elif not self._refresh_due:
+            # Ages are set, not read at scrape time: refresh them again while they grow.
+            again = self._gauges.ageing
+        else:
             # What this pass changed (a delivery finished, say) must reach the gauges even if no
             # other pass follows: a stale "oldest new" would keep ageing on an idle job and alert.
+            again = True
+        if again and not self._refresh_due:
             ctx.timer_service().register_processing_time_timer(self._gauges_at + GAUGE_REFRESH_MS)
             self._refresh_due = True
         self._publish_counts()

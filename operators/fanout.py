@@ -148,7 +148,8 @@ class FanOut(KeyedBroadcastProcessFunction):
             return
         if held:
             self._held.clear()
-        self._set_gauges(now, force=self._holding.pop(event.event_id, None) is not None)
+        was_holding = self._holding.pop(event.event_id, None) is not None
+        self._set_gauges(now, force=was_holding)
         if decision.verdict == fanout.DEGRADED:
             self._released_without_clock.inc()
             if self._degraded_since_ms is None:

@@ -8,6 +8,7 @@ from core.breaker import CircuitState
 from core.outcomes import ErrorClass, HttpResult
 from core.telemetry import (
     BUCKET_LABELS,
+    DispatcherGauges,
     EndpointView,
     PendingView,
     bucket_labels,
@@ -88,3 +89,9 @@ def test_gauges_split_new_retry_and_parked() -> None:
 def test_no_endpoints_no_ages() -> None:
     g = dispatcher_gauges([], tenants_at_quota=0)
     assert (g.oldest_new_ms, g.oldest_parked_new_ms, g.oldest_retry_ms, g.pending_new) == (None, None, None, 0)
+    assert not g.ageing
+
+
+@pytest.mark.parametrize("field", ["oldest_new_ms", "oldest_parked_new_ms", "oldest_retry_ms"])
+def test_any_oldest_arrival_makes_the_gauges_ageing(field: str) -> None:
+    assert DispatcherGauges(**{field: 1_000}).ageing
