@@ -11,6 +11,7 @@ Prints key=value lines:
     raw_http_per_s=...     responses (any status) per second of wall time
     requests=... ok=... non_2xx=... errors=... elapsed_s=...
     latency_p50_ms=... latency_p99_ms=...
+    client_cpu_ms_per_request=...   this process's CPU per response (aiohttp's own cost)
 """
 
 from __future__ import annotations
@@ -37,10 +38,17 @@ class Result:
     non_2xx: int = 0
     errors: int = 0
     latencies_s: list[float] = field(default_factory=list)
+    # CPU (user + system) of this client process over the run: what aiohttp alone costs a
+    # request, a floor under any dispatcher built on it (the receiver runs in its own process).
+    client_cpu_s: float = 0.0
 
     @property
     def responses(self) -> int:
         return self.ok + self.non_2xx
+
+    @property
+    def client_cpu_ms_per_request(self) -> float:
+        return self.client_cpu_s * 1000 / self.responses if self.responses else 0.0
 
     @property
     def per_second(self) -> float:
@@ -54,6 +62,7 @@ class Result:
             f"requests={self.responses + self.errors} ok={self.ok} non_2xx={self.non_2xx} "
             f"errors={self.errors} elapsed_s={self.elapsed_s:.3f}",
             f"latency_p50_ms={p50_ms:.2f} latency_p99_ms={p99_ms:.2f}",
+            f"client_cpu_ms_per_request={self.client_cpu_ms_per_request:.3f}",
         ]
 
 
@@ -100,6 +109,7 @@ async def run(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         begin = time.perf_counter()
+        cpu_begin = time.process_time()
         deadline = begin + duration_s
 
         async def worker() -> None:
@@ -124,6 +134,7 @@ async def run(
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         result.elapsed_s = time.perf_counter() - begin
+        result.client_cpu_s = time.process_time() - cpu_begin
     return result
 
 

@@ -68,7 +68,8 @@ def write(out_dir: Path, phases: Mapping[str, PhaseResult], summary_lines: list[
         "```",
         "",
         f"Raw HTTP ceiling on this machine now (aiohttp client -> the same receiver, no platform): "
-        f"{raw.per_second:.0f} requests/s.",
+        f"{raw.per_second:.0f} requests/s, at {raw.client_cpu_ms_per_request:.3f} ms of the client's CPU a "
+        "request: what aiohttp alone costs, a floor under the TaskManager's share of any delivery.",
         "",
         "First attempt = from the produce call (or the outbox COMMIT) to the receiver's first request "
         "for the delivery. CPU = utime + stime of every stack process on the delivery path during the "

@@ -1,12 +1,14 @@
 """webhookctl: the control-plane API from a terminal.
 
-    webhookctl [--target HOST:PORT] [--json] GROUP COMMAND ...
+    webhookctl [--target HOST:PORT] [--ca FILE | --insecure] [--json] GROUP COMMAND ...
 
 `events publish` writes to the producer database's outbox (like an application would), `stats`
 reads Prometheus; every other group calls the control plane's gRPC API.
 Credentials come from the environment so they stay out of shell history and `ps`:
 WEBHOOKCTL_API_KEY for tenant commands, WEBHOOKCTL_ADMIN_TOKEN for `tenants`, `keys` and
 `reconcile`.
+The channel is TLS (the system's roots, or --ca FILE) except to a loopback target (the local dev
+stack serves plaintext on 127.0.0.1) or with --insecure.
 Output is a readable table, or the API's JSON with --json. Exit status: 0 ok, 1 API error,
 2 usage error.
 """
@@ -14,6 +16,7 @@ Output is a readable table, or the API's JSON with --json. Exit status: 0 ok, 1 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import sys
@@ -301,6 +304,10 @@ def parser() -> argparse.ArgumentParser:
     cp = load_settings().control_plane
     p = argparse.ArgumentParser(prog="webhookctl", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=f"{cp.host}:{cp.port}", help="control plane HOST:PORT")
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--ca", help="PEM file of the CA that signed the control plane's certificate (TLS)")
+    tls.add_argument("--insecure", action="store_true",
+                     help="plaintext gRPC (the default only for a loopback target: the dev stack)")
     p.add_argument("--json", action="store_true", help="print the API response as JSON")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
     groups = p.add_subparsers(dest="group", required=True)
@@ -452,6 +459,27 @@ class _Timeout(grpc.UnaryUnaryClientInterceptor):
         return continuation(details._replace(timeout=details.timeout or self._seconds), request)
 
 
+def open_channel(target: str, ca: str | None, insecure: bool) -> grpc.Channel:
+    """TLS unless asked for plaintext or talking to this machine's loopback (the dev stack)."""
+    if insecure or (ca is None and _is_loopback(target)):
+        return grpc.insecure_channel(target)
+    roots = None
+    if ca is not None:
+        with open(ca, "rb") as f:
+            roots = f.read()
+    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
+
+
+def _is_loopback(target: str) -> bool:
+    host = target.rsplit(":", 1)[0].strip("[]") if ":" in target else target
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.group == "events":
@@ -470,9 +498,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not token:
         print(f"webhookctl: set {env}", file=sys.stderr)
         return 2
-    channel = grpc.intercept_channel(
-        grpc.insecure_channel(args.target), _Auth(token), _Timeout(args.timeout)
-    )
+    try:
+        raw_channel = open_channel(args.target, args.ca, args.insecure)
+    except OSError as exc:
+        print(f"webhookctl: --ca {args.ca}: {exc.strerror}", file=sys.stderr)
+        return 2
+    channel = grpc.intercept_channel(raw_channel, _Auth(token), _Timeout(args.timeout))
     try:
         run(
             args,

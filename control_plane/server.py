@@ -38,7 +38,7 @@ from control_plane.store import CassandraStore
 from control_plane.validation import DestinationValidator, Resolver, system_resolver
 from core.egress import EgressPolicy
 from core.secrets import redact
-from core.settings import Settings, load_settings
+from core.settings import Settings, load_settings_or_exit
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,15 @@ def build(
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    bound = server.add_insecure_port(f"{cp.host}:{cp.port if port is None else port}")
+    address = f"{cp.host}:{cp.port if port is None else port}"
+    if cp.tls_cert_file is not None and cp.tls_key_file is not None:
+        creds = grpc.ssl_server_credentials([(cp.tls_key_file.read_bytes(), cp.tls_cert_file.read_bytes())])
+        bound = server.add_secure_port(address, creds)
+    else:
+        # Settings refuse this in production mode; in dev it must not go unnoticed either.
+        log.warning("THE gRPC API IS PLAINTEXT on %s (mode=%s): API keys and signing secrets cross the "
+                    "network in clear; set control_plane.tls_cert_file and tls_key_file", address, settings.mode)
+        bound = server.add_insecure_port(address)
     if bound == 0:
         raise RuntimeError(f"could not bind {cp.host}:{cp.port}")
     signals = SignalConsumer(settings.kafka, endpoints)
@@ -214,7 +222,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter())
-    settings = load_settings()
+    settings = load_settings_or_exit("control-plane")
     cluster, session = connect_cassandra(settings)
     server = build(settings, session)
     if settings.control_plane.metrics_port:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import functools
 import socket
+import sys
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -146,11 +148,19 @@ class FlinkSettings(BaseModel):
     buffer_timeout_ms: int = Field(default=2, ge=0)
 
 
+DEV_ADMIN_TOKEN = "dev-admin-token"
+DEV_MASTER_KEY = base64.b64encode(b"dev-master-key-not-for-production"[:32]).decode()
+
+
 class ControlPlaneSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 50051
-    # Admin credential that creates tenants and API keys. Dev default; override in deployment.
-    admin_token: SecretStr = SecretStr("dev-admin-token")
+    # Admin credential that creates tenants and API keys. Dev default; production mode refuses it.
+    admin_token: SecretStr = SecretStr(DEV_ADMIN_TOKEN)
+    # The gRPC API's server certificate chain and key (PEM). Both or neither; neither serves
+    # plaintext, which only dev mode allows (and logs loudly).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     secret_rotation_overlap_s: int = Field(default=24 * 3600, ge=0)
     # How often the config clock heartbeat is published on the endpoints topic (see fan-out): a
     # held event waits half of it on average, plus the tick's trip. 50 small records/s on a
@@ -209,6 +219,10 @@ class Settings(BaseSettings):
         env_prefix="WEBHOOKS_", env_nested_delimiter="__", extra="forbid"
     )
 
+    # dev: what `make run` starts, development defaults allowed. production: the process refuses
+    # to start with any of them (the dev master key or one not read from a file, the dev admin
+    # token, dev_allow_cidrs, plaintext gRPC), naming the setting -- see production_problems().
+    mode: Literal["dev", "production"] = "dev"
     kafka: KafkaSettings = KafkaSettings()
     cassandra: CassandraSettings = CassandraSettings()
     dispatch: DispatchSettings = DispatchSettings()
@@ -219,7 +233,11 @@ class Settings(BaseSettings):
     outbox: OutboxSettings = OutboxSettings()
     # AES-256-GCM key (base64 of 32 bytes) that encrypts signing secrets at rest. The dev default
     # only exists so `make run` works; a deployment must set WEBHOOKS_MASTER_KEY.
-    master_key: SecretStr = SecretStr(base64.b64encode(b"dev-master-key-not-for-production"[:32]).decode())
+    master_key: SecretStr = SecretStr(DEV_MASTER_KEY)
+    # A file holding the key instead (base64, e.g. a mounted secret), read where it is used: with
+    # it, the job graph shipped to TaskManagers carries no key at all -- each TaskManager reads
+    # the file at this path on its own machine. Takes precedence over master_key.
+    master_key_file: Path | None = None
     run_dir: Path = REPO_ROOT / ".run"
 
     @field_validator("master_key")
@@ -234,6 +252,37 @@ class Settings(BaseSettings):
         return v
 
     @model_validator(mode="after")
+    def _no_dev_defaults_in_production(self) -> Settings:
+        cp = self.control_plane
+        if (cp.tls_cert_file is None) != (cp.tls_key_file is None):
+            raise ValueError("control_plane.tls_cert_file and control_plane.tls_key_file go together: "
+                             "set both or neither")
+        if self.master_key_file is not None:
+            self.master_key_bytes()  # a missing or malformed file fails here, at start-up
+        if self.mode == "production" and (problems := self.production_problems()):
+            raise ValueError("mode=production refuses development defaults: " + "; ".join(problems))
+        return self
+
+    def production_problems(self) -> list[str]:
+        """Each development default still in force, named by its setting (empty: none)."""
+        cp = self.control_plane
+        problems = []
+        if self.master_key_file is None:
+            # From the environment the key would also travel, pickled, inside the job graph.
+            problems.append("master_key_file is unset (production reads the master key from a file on each "
+                            "machine, never from the job graph: set WEBHOOKS_MASTER_KEY_FILE)")
+        elif self.master_key_bytes() == base64.b64decode(DEV_MASTER_KEY):
+            problems.append(f"master_key_file {self.master_key_file} holds the development key")
+        if cp.admin_token.get_secret_value() in ("", DEV_ADMIN_TOKEN):
+            problems.append("control_plane.admin_token is the development token "
+                            "(set WEBHOOKS_CONTROL_PLANE__ADMIN_TOKEN)")
+        if self.egress.dev_allow_cidrs:
+            problems.append("egress.dev_allow_cidrs is set (private addresses reachable despite the SSRF policy)")
+        if cp.tls_cert_file is None:
+            problems.append("control_plane.tls_cert_file/tls_key_file are unset (the gRPC API would be plaintext)")
+        return problems
+
+    @model_validator(mode="after")
     def _timeouts_consistent(self) -> Settings:
         d = self.dispatch
         if d.connect_timeout_s > d.total_timeout_s:
@@ -243,19 +292,50 @@ class Settings(BaseSettings):
         return self
 
     def master_key_bytes(self) -> bytes:
-        return base64.b64decode(self.master_key.get_secret_value())
+        if self.master_key_file is None:
+            return base64.b64decode(self.master_key.get_secret_value())
+        try:
+            text = self.master_key_file.read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"master_key_file {self.master_key_file}: {exc.strerror}") from None
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except ValueError:
+            raise ValueError(f"master_key_file {self.master_key_file} must hold base64") from None
+        if len(raw) != 32:
+            raise ValueError(f"master_key_file {self.master_key_file} must decode to 32 bytes, got {len(raw)}")
+        return raw
 
 
 def for_taskmanagers(settings: Settings) -> Settings:
     """The settings the job ships to its TaskManagers (pickled into the job graph): without the
     secrets no operator uses there -- the admin token, and the producer database's DSN, which may
-    carry a password. The master key stays: the dispatcher decrypts signing secrets with it."""
-    return settings.model_copy(update={
+    carry a password. The dispatcher decrypts signing secrets with the master key: with
+    master_key_file set, each TaskManager reads it from that file and the graph carries none;
+    otherwise the key itself travels in the graph (dev; documented in the production checklist)."""
+    update: dict[str, object] = {
         "control_plane": settings.control_plane.model_copy(update={"admin_token": SecretStr("")}),
         "outbox": settings.outbox.model_copy(update={"dsn": ""}),
-    })
+    }
+    if settings.master_key_file is not None:
+        update["master_key"] = SecretStr("")
+    return settings.model_copy(update=update)
 
 
 @functools.lru_cache(maxsize=1)
 def load_settings() -> Settings:
     return Settings()
+
+
+def load_settings_or_exit(program: str) -> Settings:
+    """:func:`load_settings` for a process's entry point: an invalid setting (production mode with
+    a development default, say) ends it with status 2 and one line per problem naming the
+    setting, instead of a traceback."""
+    try:
+        return load_settings()
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(str(part) for part in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            print(f"{program}: refusing to start: {where + ': ' if where else ''}{msg}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -24,7 +24,7 @@ from pyflink.datastream.connectors.kafka import (
 )
 from pyflink.table import StreamTableEnvironment
 
-from core.settings import Settings, for_taskmanagers, load_settings
+from core.settings import Settings, for_taskmanagers, load_settings_or_exit
 from jobs import uids
 from operators.dispatcher import Dispatcher, key_config
 from operators.endpoint_configs import ENDPOINT_CONFIGS, ParseEndpointRecord
@@ -150,7 +150,7 @@ def make_env(settings: Settings) -> StreamExecutionEnvironment:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO)
-    settings = load_settings()
+    settings = load_settings_or_exit("delivery-job")
     env = make_env(settings)
     build_pipeline(env, settings)
     env.execute(settings.flink.job_name)

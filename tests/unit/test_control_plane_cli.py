@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from control_plane import cli
 from control_plane.api import pb
 
@@ -70,3 +72,27 @@ def test_reconcile_takes_json_after_its_arguments_too() -> None:
     args = cli.parser().parse_args(["reconcile", "--since", "2026-11-01", "--until", "2026-11-02", "--json"])
     assert args.json is True
     assert cli.parser().parse_args(["reconcile", "--since", "2026-11-01", "--until", "2026-11-02"]).json is False
+
+
+@pytest.mark.parametrize(("target", "ca", "insecure", "tls"), [
+    ("127.0.0.1:50051", None, False, False),   # the dev stack on loopback
+    ("localhost:50051", None, False, False),
+    ("[::1]:50051", None, False, False),
+    ("cp.example.com:443", None, False, True),  # anywhere else: TLS with the system's roots
+    ("10.0.0.5:50051", None, False, True),
+    ("127.0.0.1:50051", "CA", False, True),     # --ca asks for TLS even on loopback
+    ("cp.example.com:443", None, True, False),  # --insecure: plaintext, asked for
+])
+def test_channel_security_by_target_and_flags(target: str, ca: str | None, insecure: bool, tls: bool,
+                                              tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from control_plane import cli as cli_module
+
+    made: list[str] = []
+    monkeypatch.setattr(cli_module.grpc, "insecure_channel", lambda t: made.append("plain") or t)
+    monkeypatch.setattr(cli_module.grpc, "secure_channel", lambda t, creds: made.append("tls") or t)
+    if ca is not None:
+        (tmp_path / "ca.pem").write_bytes(b"-----BEGIN CERTIFICATE-----\n")
+        ca = str(tmp_path / "ca.pem")
+    monkeypatch.setattr(cli_module.grpc, "ssl_channel_credentials", lambda root_certificates=None: root_certificates)
+    cli_module.open_channel(target, ca, insecure)
+    assert made == ["tls" if tls else "plain"]

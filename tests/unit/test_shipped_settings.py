@@ -44,3 +44,16 @@ def test_nothing_else_changes() -> None:
     t = for_taskmanagers(s)
     assert t.dispatch == s.dispatch and t.cassandra == s.cassandra and t.kafka == s.kafka
     assert t.master_key_bytes() == s.master_key_bytes()
+
+
+def test_with_a_key_file_the_job_graph_carries_no_master_key(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Production reads the key from a file on each machine: the pickled dispatcher holds the
+    file's path and not the key, and the unpickled side gets the key from the file."""
+    key_file = tmp_path / "master.key"
+    key_file.write_text(MASTER)
+    s = settings().model_copy(update={"master_key_file": key_file})
+    shipped = cloudpickle.dumps(Dispatcher(for_taskmanagers(s)))
+    assert MASTER.encode() not in shipped and base64.b64decode(MASTER) not in shipped
+    assert ADMIN.encode() not in shipped
+    arrived: Dispatcher = cloudpickle.loads(shipped)
+    assert arrived._settings.master_key_bytes() == base64.b64decode(MASTER)
