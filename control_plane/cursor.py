@@ -1,36 +1,68 @@
-"""Opaque page cursors: base64url JSON, bound to the query that produced them.
+"""Opaque page cursors: base64url JSON bound to the query that produced them, and signed.
 
 A cursor carries the position plus the identity of the listing (e.g. the endpoint id and
 filters); a cursor replayed against another listing is refused instead of silently skipping
-rows. Cursors are not secret and not signed: they only name positions the caller can already
-read, and every read is still tenant-scoped.
+rows. It also carries what the first page resolved -- a delivery listing's time range -- and a
+forged range spanning years would walk one Cassandra partition per day: so every cursor carries
+an HMAC-SHA256 tag (128 bits) under a key derived from the master key, and one that does not
+verify is refused before anything is read. Every control-plane replica derives the same key;
+a master-key change invalidates the cursors in flight (clients start their listing again).
+Cursors are not secret: they only name positions the caller can already read, and every read
+is still tenant-scoped.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 from typing import Any
 
 from control_plane.errors import InvalidArgument
 
+_TAG_BYTES = 16
+_LABEL = b"webhooks.page-cursor/v1"
+_NOT_VALID = "cursor is not valid; pass next_cursor from the previous page"
 
-def encode(kind: str, **fields: Any) -> str:
-    raw = json.dumps({"k": kind, **fields}, separators=(",", ":"), sort_keys=True).encode()
+
+def _b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode(kind: str, cursor: str, **expected: Any) -> dict[str, Any]:
-    """The cursor's fields; InvalidArgument if it is garbage or from a different listing."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        fields = json.loads(raw)
-    except (binascii.Error, ValueError):
-        raise InvalidArgument("cursor is not valid; pass next_cursor from the previous page") from None
-    if not isinstance(fields, dict) or fields.get("k") != kind:
-        raise InvalidArgument("cursor belongs to a different listing")
-    for name, value in expected.items():
-        if fields.get(name) != value:
-            raise InvalidArgument(f"cursor was issued for a different {name}; start without a cursor")
-    return fields
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Cursors:
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def from_master_key(cls, master_key: bytes) -> Cursors:
+        # A key of its own (not the master key itself): a tag never reveals anything about it.
+        return cls(hmac.new(master_key, _LABEL, hashlib.sha256).digest())
+
+    def _tag(self, body: str) -> str:
+        return _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest()[:_TAG_BYTES])
+
+    def encode(self, kind: str, **fields: Any) -> str:
+        body = _b64(json.dumps({"k": kind, **fields}, separators=(",", ":"), sort_keys=True).encode())
+        return f"{body}.{self._tag(body)}"
+
+    def decode(self, kind: str, cursor: str, **expected: Any) -> dict[str, Any]:
+        """The cursor's fields; InvalidArgument if it is garbage, forged, or from a different listing."""
+        body, _, tag = cursor.partition(".")
+        if not hmac.compare_digest(tag.encode(), self._tag(body).encode()):
+            raise InvalidArgument(_NOT_VALID)
+        try:
+            fields = json.loads(_unb64(body))
+        except (binascii.Error, ValueError):
+            raise InvalidArgument(_NOT_VALID) from None
+        if not isinstance(fields, dict) or fields.get("k") != kind:
+            raise InvalidArgument("cursor belongs to a different listing")
+        for name, value in expected.items():
+            if fields.get(name) != value:
+                raise InvalidArgument(f"cursor was issued for a different {name}; start without a cursor")
+        return fields

@@ -14,7 +14,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from control_plane import cursor, validation
+from control_plane import validation
+from control_plane.cursor import Cursors
 from control_plane.domain import (
     HISTORY_WINDOW_MS,
     RECOVERABLE_STATUSES,
@@ -53,6 +54,7 @@ class DeliveryDeps:
     publisher: Publisher
     now_ms: Callable[[], int]
     random_bytes: Callable[[int], bytes]
+    cursors: Cursors
     progress_every: int = 25
 
 
@@ -78,8 +80,10 @@ class DeliveryService:
         identity = {"endpoint": endpoint_id, "statuses": wanted, "from": start_ms, "to": end_ms}
         after = None
         if page_cursor:
-            fields = cursor.decode("deliveries", page_cursor, **identity)
+            fields = self._d.cursors.decode("deliveries", page_cursor, **identity)
             start, end = int(fields["start"]), int(fields["end"])
+            if not 0 < end - start <= HISTORY_WINDOW_MS:  # signed, so ours; bounded all the same
+                raise InvalidArgument("cursor is not valid; pass next_cursor from the previous page")
             after = (int(fields["at"]), str(fields["id"]))
         else:
             start, end = self._range(start_ms, end_ms)
@@ -98,7 +102,7 @@ class DeliveryService:
             return Page(tuple(items), "")
         if last is None or _exhausted(rows):
             return Page(tuple(items), "")
-        next_cursor = cursor.encode(
+        next_cursor = self._d.cursors.encode(
             "deliveries", **identity, start=start, end=end, at=last.created_at_ms, id=last.delivery_id
         )
         return Page(tuple(items), next_cursor)

@@ -26,6 +26,7 @@ from control_plane import faults, metrics
 from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.auth import Authenticator
+from control_plane.cursor import Cursors
 from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.errors import Unavailable
 from control_plane.publication import ConfigPublication
@@ -148,7 +149,7 @@ def build(
     )
     deliveries = DeliveryService(
         DeliveryDeps(endpoints=store, history=store, publisher=publisher, now_ms=now_ms,
-                     random_bytes=os.urandom)
+                     random_bytes=os.urandom, cursors=Cursors.from_master_key(settings.master_key_bytes()))
     )
     auth = Authenticator(store, cp.admin_token.get_secret_value())
 

@@ -25,7 +25,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from control_plane import cursor, validation
+from control_plane import validation
+from control_plane.cursor import Cursors
 from control_plane.domain import (
     Endpoint,
     EndpointSpec,
@@ -119,6 +120,7 @@ def page_size(requested: int, default: int = DEFAULT_PAGE_SIZE, maximum: int = M
 class EndpointService:
     def __init__(self, deps: Deps) -> None:
         self._d = deps
+        self._cursors = Cursors.from_master_key(deps.master_key)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -129,7 +131,7 @@ class EndpointService:
         limit = page_size(size)
         after = ""
         if page_cursor:
-            after = str(cursor.decode("endpoints", page_cursor)["after"])
+            after = str(self._cursors.decode("endpoints", page_cursor)["after"])
         items: list[Endpoint] = []
         # Deleted rows stay in the table (their deletion must still be published), so skip them
         # and keep reading until the page is full or the partition ends.
@@ -140,7 +142,7 @@ class EndpointService:
                 return Page(tuple(items[:limit]), "")
             after = batch[-1].endpoint_id
         items = items[:limit]
-        return Page(tuple(items), cursor.encode("endpoints", after=items[-1].endpoint_id))
+        return Page(tuple(items), self._cursors.encode("endpoints", after=items[-1].endpoint_id))
 
     # `builtins.list`: this class defines a method named `list`, which shadows the builtin here.
     def versions(self, principal: Principal, endpoint_id: str) -> builtins.list[EndpointVersion]:

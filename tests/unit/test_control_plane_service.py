@@ -11,6 +11,7 @@ import pytest
 from control_plane import errors
 from control_plane.admin import AdminService
 from control_plane.auth import Authenticator, bearer_token, hash_api_key
+from control_plane.cursor import Cursors
 from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.domain import (
     HISTORY_WINDOW_MS,
@@ -250,7 +251,7 @@ def w() -> World:
     )
     deliveries = DeliveryService(
         DeliveryDeps(endpoints=store, history=store, publisher=publisher, now_ms=clock,
-                     random_bytes=rng, progress_every=2)  # type: ignore[arg-type]
+                     random_bytes=rng, cursors=Cursors(b"cursor-key"), progress_every=2)  # type: ignore[arg-type]
     )
     admin = AdminService(store, clock, rng)  # type: ignore[arg-type]
     return World(store, publisher, clock, publication, endpoints, deliveries, admin,
@@ -828,3 +829,49 @@ def test_missing_or_unknown_credentials_are_unauthenticated(w: World, metadata: 
 def test_bearer_token_accepts_bytes_and_case() -> None:
     assert bearer_token([("Authorization", b"bearer abc ")]) == "abc"
 
+
+
+def _forge(real: str, **changes: object) -> str:
+    """A cursor with fields changed, as an attacker who read one would make it (the signature,
+    if any, kept as it was)."""
+    import base64
+    import json
+
+    body, dot, sig = real.partition(".")
+    fields = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    raw = json.dumps({**fields, **changes}, separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=") + dot + sig
+
+
+def test_a_forged_delivery_cursor_is_refused_before_any_read(w: World) -> None:
+    """Issue 17 item 11: the cursor carries the time range resolved on the first page; forged to
+    span years it would walk one Cassandra partition per day. Signed, it is refused unread."""
+    e = create(w)
+    for n in range(1, 6):
+        add_delivery(w, e, n, DeliveryStatus.FAILED)
+    page = w.deliveries.list(ALICE, e.endpoint_id, [], None, None, 2, "")
+    assert page.next_cursor
+    reads: list[tuple[int, int]] = []
+    real_iter = w.store.iter_endpoint_deliveries
+
+    def counting(tenant_id, endpoint_id, start_ms, end_ms, after):  # type: ignore[no-untyped-def]
+        reads.append((start_ms, end_ms))
+        return real_iter(tenant_id, endpoint_id, start_ms, end_ms, after)
+
+    w.store.iter_endpoint_deliveries = counting  # type: ignore[method-assign]
+    for forged in (_forge(page.next_cursor, start=0), _forge(page.next_cursor, end=w.clock.now + 400 * DAY_MS),
+                   _forge(page.next_cursor, at=w.clock.now + 1), page.next_cursor[:-2],
+                   page.next_cursor.partition(".")[0]):
+        with pytest.raises(errors.InvalidArgument, match="cursor"):
+            w.deliveries.list(ALICE, e.endpoint_id, [], None, None, 2, forged)
+    assert reads == []
+    assert len(w.deliveries.list(ALICE, e.endpoint_id, [], None, None, 2, page.next_cursor).items) == 2
+
+
+def test_a_forged_endpoint_cursor_is_refused(w: World) -> None:
+    for _ in range(3):
+        create(w)
+    page = w.endpoints.list(ALICE, 2, "")
+    with pytest.raises(errors.InvalidArgument, match="cursor"):
+        w.endpoints.list(ALICE, 2, _forge(page.next_cursor, after=""))
+    assert len(w.endpoints.list(ALICE, 2, page.next_cursor).items) == 1
