@@ -115,7 +115,11 @@ def delivery_detail(d: Any) -> str:
             for a in d.attempts
         ],
     )
-    return f"{head}\n\n{facts}\n\n{attempts}"
+    out = f"{head}\n\n{facts}\n\n{attempts}"
+    if d.replays:
+        out += "\n\nreplays\n" + table(["requested", "by (API key)", "request id", "reason"], [
+            (_when(r.requested_at), r.requested_by, r.request_id, r.reason or "-") for r in d.replays])
+    return out
 
 
 class ProgressBar:
@@ -284,11 +288,12 @@ def run_deliveries(args: argparse.Namespace, tenant: Any, out: Callable[..., Non
         out(tenant.GetDelivery(pb.GetDeliveryRequest(delivery_id=args.delivery_id)), delivery_detail)
     elif cmd == "replay":
         r = tenant.ReplayDelivery(pb.ReplayDeliveryRequest(
-            delivery_id=args.delivery_id, request_id=args.request_id or ""))
+            delivery_id=args.delivery_id, request_id=args.request_id or "", reason=args.reason or ""))
         out(r, lambda r: f"replay {r.request_id} of {r.delivery_id} queued (manual attempt)")
     else:  # recover
         stream = tenant.RecoverFailedDeliveries(pb.RecoverFailedDeliveriesRequest(
-            endpoint_id=args.endpoint_id, start_time=_ts(args.since), end_time=_ts(args.until)))
+            endpoint_id=args.endpoint_id, start_time=_ts(args.since), end_time=_ts(args.until),
+            reason=args.reason or ""))
         bar = ProgressBar()
         for progress in stream:
             if args.json:
@@ -387,10 +392,12 @@ def parser() -> argparse.ArgumentParser:
     rp = dl.add_parser("replay", help="send a delivery again (same delivery id)")
     rp.add_argument("delivery_id")
     rp.add_argument("--request-id")
+    rp.add_argument("--reason", help="why, for the audit shown by `deliveries get`")
     rc = dl.add_parser("recover", help="replay failed/expired deliveries in a time range")
     rc.add_argument("endpoint_id")
     rc.add_argument("--since", required=True)
     rc.add_argument("--until", required=True)
+    rc.add_argument("--reason", help="why, recorded with every delivery replayed")
 
     st = groups.add_parser("stats", help="delivery health per job: rates, ages, p50/p99, breakers, alerts")
     st.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus base URL")

@@ -26,6 +26,7 @@ from control_plane.domain import (
     Page,
     Principal,
     RecoverProgress,
+    ReplayAudit,
 )
 from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from control_plane.publisher import Publisher, PublishError
@@ -114,19 +115,33 @@ class DeliveryService:
             raise NotFound(f"delivery {delivery_id} not found")
         return detail
 
-    def replay(self, principal: Principal, delivery_id: str, request_id: str) -> Replayed:
+    def replay(self, principal: Principal, delivery_id: str, request_id: str, reason: str = "") -> Replayed:
         require_write(principal)
         if request_id:
             validation.identifier("request_id", request_id)
+        reason = validation.reason(reason)
         detail = self.get(principal, delivery_id)
         self._check_replayable(principal, detail.summary)
+        given = bool(request_id)
         request_id = request_id or "rpl_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
+        # Audited before it is queued: a replay that reaches the endpoint always has its row. A
+        # client's retry (same request id) keeps the first row and is queued again -- the job
+        # dedupes by request id, and the first publish may be the one that failed.
+        first = self._audit(principal, detail.summary, request_id, reason, if_new=given)
         self._publish_replay(principal, detail.summary, request_id)
-        log.info("replay %s of delivery %s requested by %s", request_id, delivery_id, principal.key_id)
+        log.info("replay %s of delivery %s requested by %s%s", request_id, delivery_id, principal.key_id,
+                 "" if first else " (a retry of the same request)")
         return Replayed(delivery_id, request_id)
 
+    def _audit(self, principal: Principal, summary: DeliverySummary, request_id: str, reason: str,
+               if_new: bool) -> bool:
+        return self._d.history.record_replay(ReplayAudit(
+            delivery_id=summary.delivery_id, request_id=request_id, tenant_id=principal.tenant_id,
+            requested_by=principal.key_id, requested_at_ms=self._d.now_ms(), reason=reason), if_new)
+
     def recover(
-        self, principal: Principal, endpoint_id: str, start_ms: int | None, end_ms: int | None
+        self, principal: Principal, endpoint_id: str, start_ms: int | None, end_ms: int | None,
+        reason: str = "",
     ) -> Iterator[RecoverProgress]:
         """Replay the endpoint's failed and expired deliveries created in [start, end).
 
@@ -135,6 +150,7 @@ class DeliveryService:
         failure ends the stream with Unavailable; the progress so far says what was sent.
         """
         require_write(principal)
+        reason = validation.reason(reason)
         if not start_ms or not end_ms:
             raise InvalidArgument("start_time and end_time are required for a bulk recovery")
         endpoint = self._endpoint(principal, endpoint_id, allow_deleted=False)
@@ -143,10 +159,10 @@ class DeliveryService:
         start, end = self._range(start_ms, end_ms)
         if start_ms < self._d.now_ms() - HISTORY_WINDOW_MS:
             raise FailedPrecondition("start_time is outside the 30-day replay window")
-        return self._recover(principal, endpoint_id, start, end)
+        return self._recover(principal, endpoint_id, start, end, reason)
 
     def _recover(
-        self, principal: Principal, endpoint_id: str, start: int, end: int
+        self, principal: Principal, endpoint_id: str, start: int, end: int, reason: str
     ) -> Iterator[RecoverProgress]:
         def failed() -> Iterator[DeliverySummary]:
             for d in self._d.history.iter_endpoint_deliveries(
@@ -162,7 +178,9 @@ class DeliveryService:
         batch = "rcv_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         replayed, last_id = 0, ""
         for summary in failed():
-            self._publish_replay(principal, summary, f"{batch}-{summary.delivery_id}")
+            request_id = f"{batch}-{summary.delivery_id}"
+            self._audit(principal, summary, request_id, reason, if_new=False)  # fresh id: no dedupe read
+            self._publish_replay(principal, summary, request_id)
             replayed, last_id = replayed + 1, summary.delivery_id
             total = max(total, replayed)  # new failures since the counting pass
             if replayed % self._d.progress_every == 0:

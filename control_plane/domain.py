@@ -219,6 +219,19 @@ class DeliveryDetail:
     next_attempt_at_ms: int | None
     last_error_class: str
     attempts: tuple[Attempt, ...]
+    replays: tuple[ReplayAudit, ...] = ()  # oldest first
+
+
+@dataclass(frozen=True)
+class ReplayAudit:
+    """Who asked for a replay of a delivery, when and why (one per request id)."""
+
+    delivery_id: str
+    request_id: str
+    tenant_id: str
+    requested_by: str  # the API key id
+    requested_at_ms: int
+    reason: str
 
 
 T = TypeVar("T")

@@ -204,6 +204,8 @@ def detail_pb(d: DeliveryDetail) -> Any:
         next_attempt_at=ts(d.next_attempt_at_ms),
         last_error_class=d.last_error_class,
         attempts=[attempt_pb(a) for a in d.attempts],
+        replays=[pb.ReplayAudit(request_id=r.request_id, requested_by=r.requested_by,
+                                requested_at=ts(r.requested_at_ms), reason=r.reason) for r in d.replays],
     )
 
 
@@ -326,7 +328,7 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
     @mapped
     def ReplayDelivery(self, request: Any, context: grpc.ServicerContext) -> Any:
         replayed = self._deliveries.replay(
-            self._principal(context), request.delivery_id, request.request_id
+            self._principal(context), request.delivery_id, request.request_id, request.reason
         )
         return pb.ReplayDeliveryResponse(
             delivery_id=replayed.delivery_id, request_id=replayed.request_id
@@ -339,6 +341,7 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
             request.endpoint_id,
             ms_of(request, "start_time"),
             ms_of(request, "end_time"),
+            request.reason,
         )
         for p in progress:
             yield pb.RecoverProgress(

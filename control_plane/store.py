@@ -29,6 +29,7 @@ from control_plane.domain import (
     EndpointSpec,
     EndpointVersion,
     IdempotencyRecord,
+    ReplayAudit,
     StoredKey,
     Tenant,
     attempt_outcome,
@@ -89,7 +90,12 @@ class EndpointStore(Protocol):
 
 class HistoryStore(Protocol):
     def get_delivery(self, delivery_id: str) -> DeliveryDetail | None:
-        """The delivery with its attempts, or None."""
+        """The delivery with its attempts and replay audit, or None."""
+        ...
+
+    def record_replay(self, audit: ReplayAudit, if_new: bool) -> bool:
+        """Write the audit row of a replay request; False when ``if_new`` and its request id was
+        recorded already (the first row is kept: a retried request is not a second replay)."""
         ...
 
     def iter_endpoint_deliveries(
@@ -282,6 +288,11 @@ class CassandraStore:
             "fingerprint, endpoint_id, created_at) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
             "delivery_get": "SELECT * FROM deliveries WHERE delivery_id = ?",
             "attempts_get": "SELECT * FROM attempts WHERE delivery_id = ?",
+            "replay_insert": "INSERT INTO replay_requests (delivery_id, request_id, tenant_id, requested_by, "
+            "requested_at, reason) VALUES (?, ?, ?, ?, ?, ?)",
+            "replay_insert_new": "INSERT INTO replay_requests (delivery_id, request_id, tenant_id, requested_by, "
+            "requested_at, reason) VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            "replays_get": "SELECT * FROM replay_requests WHERE delivery_id = ?",
             "deliveries_by_day": "SELECT created_at, delivery_id, event_id, event_type, status, "
             "attempt_count, last_http_status, updated_at FROM deliveries_by_endpoint "
             "WHERE tenant_id = ? AND endpoint_id = ? AND day = ? "
@@ -481,7 +492,18 @@ class CassandraStore:
             next_attempt_at_ms=_ms(row["next_attempt_at"]),
             last_error_class=row["last_error_class"] or "",
             attempts=attempts,
+            replays=tuple(sorted((_replay(r) for r in self._execute("replays_get", (delivery_id,))),
+                                 key=lambda r: (r.requested_at_ms, r.request_id))),
         )
+
+    @_unavailable_on_driver_error
+    def record_replay(self, audit: ReplayAudit, if_new: bool) -> bool:
+        params = (audit.delivery_id, audit.request_id, audit.tenant_id, audit.requested_by,
+                  _dt(audit.requested_at_ms), audit.reason)
+        if if_new:
+            return self._applied("replay_insert_new", params)
+        self._first("replay_insert", params)
+        return True
 
     def iter_endpoint_deliveries(
         self,
@@ -534,6 +556,12 @@ class CassandraStore:
     def _applied(self, name: str, params: Sequence[Any]) -> bool:
         row = self._first(name, params)
         return row is not None and bool(row["[applied]"])
+
+
+def _replay(row: dict[str, Any]) -> ReplayAudit:
+    return ReplayAudit(delivery_id=row["delivery_id"], request_id=row["request_id"], tenant_id=row["tenant_id"] or "",
+                       requested_by=row["requested_by"] or "", requested_at_ms=_ms(row["requested_at"]) or 0,
+                       reason=row["reason"] or "")
 
 
 def _utc_day(ms: int) -> date:

@@ -125,6 +125,19 @@ def spec(raw: EndpointSpec, destination: DestinationValidator) -> EndpointSpec:
     )
 
 
+MAX_REASON_CHARS = 500
+
+
+def reason(value: str) -> str:
+    """A replay's free-text reason for the audit: optional, one line, bounded."""
+    value = value.strip()
+    if len(value) > MAX_REASON_CHARS:
+        raise InvalidArgument(f"reason must be at most {MAX_REASON_CHARS} characters, got {len(value)}")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+        raise InvalidArgument("reason must be one line of printable text (no control characters)")
+    return value
+
+
 def identifier(field: str, value: str) -> str:
     """Ids and request ids: 1-128 of [A-Za-z0-9_-], so they are safe in keys and logs."""
     if not _ID.fullmatch(value):

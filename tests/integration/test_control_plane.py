@@ -493,6 +493,26 @@ def test_replay_publishes_a_replay_request_on_the_same_delivery(stack: Stack) ->
                                                     metadata=t.md)) == grpc.StatusCode.FAILED_PRECONDITION
 
 
+def test_replays_are_audited_in_cassandra_and_shown_with_the_delivery(stack: Stack) -> None:
+    """Issue 17 item 6 on the real store: who (API key id), when, why; a retried request id
+    audited once; a bad reason refused with INVALID_ARGUMENT and nothing written."""
+    t = new_tenant(stack)
+    e = create_endpoint(stack, t).endpoint
+    did = write_delivery(stack, t.tenant_id, e.endpoint_id, 1, "failed", now_ms() - 1000)
+    before = now_ms()
+    for _ in range(2):  # the client retries its call
+        stack.api.ReplayDelivery(pb.ReplayDeliveryRequest(delivery_id=did, request_id="rq-audit",
+                                                          reason="receiver fixed (INC-7)"), metadata=t.md)
+    other = add_key(stack, t, read_only=False)
+    second = stack.api.ReplayDelivery(pb.ReplayDeliveryRequest(delivery_id=did), metadata=other.md)
+    assert code_of(lambda: stack.api.ReplayDelivery(pb.ReplayDeliveryRequest(
+        delivery_id=did, reason="x" * 501), metadata=t.md)) == grpc.StatusCode.INVALID_ARGUMENT
+    detail = stack.api.GetDelivery(pb.GetDeliveryRequest(delivery_id=did), metadata=t.md)
+    assert [(r.request_id, r.requested_by, r.reason) for r in detail.replays] == [
+        ("rq-audit", t.key_id, "receiver fixed (INC-7)"), (second.request_id, other.key_id, "")]
+    assert before - 1000 <= detail.replays[0].requested_at.ToMilliseconds() <= now_ms()
+
+
 def test_bulk_recover_streams_progress_and_replays_each_failed_delivery(stack: Stack) -> None:
     t = new_tenant(stack)
     e = create_endpoint(stack, t).endpoint

@@ -25,6 +25,8 @@ class RecordingStub:
                                                          "gap_delivery_missing": 1},
                     gaps=[pb.ReconcileGap(kind="delivery_missing", id="dlv_x", tenant_id="t_1", detail="no row")],
                     repairs=[pb.ReconcileRepair(kind="delivery_missing", id="dlv_x", action="redriven")])
+            if name == "ReplayDelivery":
+                return pb.ReplayDeliveryResponse(delivery_id=request.delivery_id, request_id="rq")
             return pb.Endpoint(endpoint_id="ep_1", url="https://h.example.com:443/")
 
         return call
@@ -44,6 +46,19 @@ def test_update_sends_only_the_given_fields_in_the_mask() -> None:
     assert sorted(request.update_mask.paths) == ["description", "max_in_flight", "rate_limit_per_s"]
     assert request.endpoint.max_in_flight == 3 and not request.endpoint.HasField("rate_limit_per_s")
     assert "ep_1" in shown[0]
+
+
+def test_replay_and_recover_send_the_reason_and_get_shows_the_audit() -> None:
+    stub, shown = run(["deliveries", "replay", "dlv_1", "--reason", "fixed on their side"])
+    assert stub.calls[0][1].reason == "fixed on their side" and "rq" in shown[0]
+    stub, _ = run(["deliveries", "recover", "ep_1", "--since", "2026-11-01T00:00:00Z", "--until", "2026-11-02",
+                   "--reason", "INC-42"])
+    assert stub.calls[0][1].reason == "INC-42"
+    detail = pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="dlv_1"), replays=[
+        pb.ReplayAudit(request_id="rq-1", requested_by="key_abc", reason="INC-42")])
+    text = cli.delivery_detail(detail)
+    assert "replays" in text and "key_abc" in text and "INC-42" in text
+    assert "replays" not in cli.delivery_detail(pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d")))
 
 
 def test_recover_draws_a_progress_bar(capsys: Any) -> None:

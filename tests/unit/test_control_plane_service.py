@@ -25,6 +25,7 @@ from control_plane.domain import (
     EndpointVersion,
     IdempotencyRecord,
     Principal,
+    ReplayAudit,
     Tenant,
 )
 from control_plane.publication import ConfigPublication
@@ -72,6 +73,7 @@ class MemoryStore:
     endpoints: dict[tuple[str, str], Endpoint] = field(default_factory=dict)
     versions: dict[tuple[str, str, int], EndpointVersion] = field(default_factory=dict)
     requests: dict[tuple[str, str], IdempotencyRecord] = field(default_factory=dict)
+    replay_audit: dict[tuple[str, str], ReplayAudit] = field(default_factory=dict)
     clock_holds: dict[tuple[str, str, int], int] = field(default_factory=dict)
     deliveries: dict[str, DeliveryDetail] = field(default_factory=dict)
     fail_mark: bool = False
@@ -153,7 +155,19 @@ class MemoryStore:
         return self.requests.setdefault((record.tenant_id, record.request_id), record)
 
     def get_delivery(self, delivery_id: str) -> DeliveryDetail | None:
-        return self.deliveries.get(delivery_id)
+        detail = self.deliveries.get(delivery_id)
+        if detail is None:
+            return None
+        audits = sorted((a for (did, _), a in self.replay_audit.items() if did == delivery_id),
+                        key=lambda a: (a.requested_at_ms, a.request_id))
+        return replace(detail, replays=tuple(audits))
+
+    def record_replay(self, audit: ReplayAudit, if_new: bool) -> bool:
+        key = (audit.delivery_id, audit.request_id)
+        if if_new and key in self.replay_audit:
+            return False
+        self.replay_audit[key] = audit
+        return True
 
     def iter_endpoint_deliveries(
         self, tenant_id: str, endpoint_id: str, start_ms: int, end_ms: int,
@@ -723,6 +737,46 @@ def test_bulk_recover_replays_failed_and_expired_with_progress(w: World) -> None
     ]
     assert sorted(r.delivery_id for r in w.publisher.replays) == sorted(failed)
     assert len({r.request_id for r in w.publisher.replays}) == 4
+
+
+def test_replays_are_audited_who_when_why_once_per_request_id(w: World) -> None:
+    """Issue 17 item 6: who (API key id), when and why, shown with the delivery; a client retrying
+    with the same request id is queued again (the job dedupes) but audited once."""
+    e = create(w)
+    did = add_delivery(w, e, 1, DeliveryStatus.FAILED)
+    w.deliveries.replay(ALICE, did, "req-1", reason="  customer fixed their TLS certificate ")
+    w.clock.now += 5_000
+    w.deliveries.replay(ALICE, did, "req-1", reason="a retry of the same call")
+    w.clock.now += 5_000
+    generated = w.deliveries.replay(ALICE, did, "").request_id
+    assert [r.request_id for r in w.publisher.replays] == ["req-1", "req-1", generated]
+    audit = w.deliveries.get(ALICE, did).replays
+    assert [(a.request_id, a.requested_by, a.requested_at_ms, a.reason) for a in audit] == [
+        ("req-1", "key_a", w.clock.now - 10_000, "customer fixed their TLS certificate"),
+        (generated, "key_a", w.clock.now, "")]
+    assert all(a.tenant_id == "tenant-a" for a in audit)
+
+
+@pytest.mark.parametrize(("reason", "error"), [("x" * 501, "at most 500"), ("two\nlines", "one line"),
+                                                ("bell\x07", "one line")])
+def test_a_bad_replay_reason_is_refused_before_anything_is_written(w: World, reason: str, error: str) -> None:
+    e = create(w)
+    did = add_delivery(w, e, 1, DeliveryStatus.FAILED)
+    with pytest.raises(errors.InvalidArgument, match=error):
+        w.deliveries.replay(ALICE, did, "", reason=reason)
+    with pytest.raises(errors.InvalidArgument, match=error):
+        list(w.deliveries.recover(ALICE, e.endpoint_id, w.clock.now - DAY_MS, w.clock.now + 1, reason=reason))
+    assert not w.publisher.replays and not w.store.replay_audit
+
+
+def test_a_bulk_recovery_audits_each_replay_with_its_reason(w: World) -> None:
+    e = create(w)
+    failed = [add_delivery(w, e, n, DeliveryStatus.FAILED) for n in range(1, 4)]
+    list(w.deliveries.recover(ALICE, e.endpoint_id, w.clock.now - DAY_MS, w.clock.now + 1, reason="outage INC-42"))
+    for did in failed:
+        [a] = w.deliveries.get(ALICE, did).replays
+        assert a.reason == "outage INC-42" and a.requested_by == "key_a"
+        assert a.request_id in {r.request_id for r in w.publisher.replays}
 
 
 def test_bulk_recover_validates_before_streaming(w: World) -> None:
