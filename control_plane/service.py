@@ -48,6 +48,7 @@ from control_plane.errors import (
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import Publisher, PublishError
 from control_plane.store import EndpointStore
+from core import target_proof
 from core.records import EndpointSignal, EndpointStatus, EventRecord, delivery_id_for
 from core.secrets import NONCE_BYTES, encrypt_secret
 from core.signing import SECRET_BYTES, generate_secret
@@ -121,6 +122,7 @@ class EndpointService:
     def __init__(self, deps: Deps) -> None:
         self._d = deps
         self._cursors = Cursors.from_master_key(deps.master_key)
+        self._target_key = target_proof.target_key(deps.master_key)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -360,6 +362,8 @@ class EndpointService:
             occurred_at_ms=now,
             payload=payload,
             target_endpoint_id=endpoint.endpoint_id,
+            # The job honours the target only with this proof: no other producer can aim events.
+            target_proof=target_proof.prove(self._target_key, principal.tenant_id, event_id, endpoint.endpoint_id),
         )
         try:
             self._d.publisher.publish_event(event)

@@ -20,7 +20,8 @@ Two forms are accepted, so a real Debezium connector on an outbox table can feed
    anything else is refused with reason ``payload_not_json``.
 
 Every refusal is an :class:`IngestError` with a stable ``reason`` code (for the dead-letter topic
-and the metric) and a human ``detail``.
+and the metric) and a human ``detail``. :func:`check_target` refuses (``untrusted_target``) an
+event aimed at one endpoint that the control plane did not produce.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import binascii
 import json
 from typing import Any
 
+from core import target_proof
 from core.records import EVENT_SCHEMA_V1, EventRecord
 from core.timeutil import iso_to_ms
 
@@ -119,7 +121,18 @@ def _from_fields(d: dict[str, Any], max_payload_bytes: int, payload: bytes | Non
         occurred_at_ms=_timestamp(d, "occurred_at"),
         payload=payload,
         target_endpoint_id=_text(d, "target_endpoint_id", required=False) or None,
+        target_proof=_text(d, "target_proof", required=False) or None,
     )
+
+
+def check_target(event: EventRecord, key: bytes) -> None:
+    """Refuse an event aimed at one endpoint without the control plane's proof (core.target_proof):
+    any producer could otherwise reach an endpoint that never subscribed to the event's type."""
+    if event.target_endpoint_id is None:
+        return
+    if not target_proof.verify(key, event.tenant_id, event.event_id, event.target_endpoint_id, event.target_proof):
+        raise IngestError("untrusted_target", f"target_endpoint_id {event.target_endpoint_id} is honoured only "
+                          "on the control plane's own test events (no valid target_proof)")
 
 
 def _payload_bytes(d: dict[str, Any]) -> bytes:

@@ -12,8 +12,8 @@ Topics and their records (all JSON, UTF-8):
 
   ``payload`` is a string whose UTF-8 encoding is the exact body every attempt sends;
   ``payload_base64`` may be given instead for bytes that are not UTF-8. ``object_id`` and
-  ``object_version`` are optional (ordering hints for receivers); ``target_endpoint_id`` is only
-  set by the control plane's test ("ping") events. See :mod:`core.ingest`
+  ``object_version`` are optional (ordering hints for receivers); ``target_endpoint_id`` (with
+  ``target_proof``) is only set by the control plane's test ("ping") events. See :mod:`core.ingest`
   for the Debezium outbox envelope, which is also accepted.
 * ``webhooks.endpoints`` (key: endpoint_id, compacted) -- :class:`EndpointConfig`, the latest
   config of each endpoint, plus :class:`ConfigClock` heartbeats under the key ``__clock__``.
@@ -68,8 +68,10 @@ class EventRecord:
     occurred_at_ms: int
     payload: bytes
     # Set only on control-plane test events (`webhook.ping`): fan-out sends the event to this one
-    # endpoint of the tenant, whatever its filter, instead of matching subscriptions.
+    # endpoint of the tenant, whatever its filter, instead of matching subscriptions. Honoured only
+    # with the control plane's ``target_proof`` (core.target_proof); otherwise dead-lettered.
     target_endpoint_id: str | None = None
+    target_proof: str | None = None
 
     @property
     def payload_sha256(self) -> str:
@@ -90,6 +92,7 @@ class EventRecord:
                 "occurred_at": ms_to_iso(self.occurred_at_ms),
                 "payload_base64": base64.b64encode(self.payload).decode(),
                 **({"target_endpoint_id": self.target_endpoint_id} if self.target_endpoint_id else {}),
+                **({"target_proof": self.target_proof} if self.target_proof else {}),
             },
             separators=(",", ":"),
         ).encode()
@@ -244,7 +247,9 @@ class ReplayRequest:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """What the DLQ holds: why the record was refused, and its original bytes (base64)."""
+    """What the DLQ holds: why the record was refused, and its original bytes (base64). A refusal
+    made after parsing (fan-out's ``event_id_conflict``) carries the event as parsed, re-encoded
+    in the plain form, and says so in ``extra["original"]``."""
 
     reason: str
     detail: str

@@ -107,19 +107,19 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                .flat_map(ParseReplays(), Types.PICKLED_BYTE_ARRAY())
                .uid(uids.PARSE_REPLAYS).name("parse replay requests"))
 
-    parsed = (events.process(ParseEvents(settings.ingest.max_payload_bytes, k.events_topic),
+    parsed = (events.process(ParseEvents(for_taskmanagers(settings), k.events_topic),
                              Types.PICKLED_BYTE_ARRAY())
               .uid(uids.PARSE_EVENTS).name("parse events"))
-    (parsed.get_side_output(DEAD_LETTERS)
-     .sink_to(_string_sink(settings, k.dlq_topic)).uid(uids.DEAD_LETTER_SINK).name("Kafka: " + k.dlq_topic))
-
     deliveries = (parsed.key_by(lambda r: r[0], Types.STRING())
                   .connect(endpoint_records.broadcast(ENDPOINT_CONFIGS))
                   .process(FanOut(settings.flink.dedupe_ttl_s, settings.dispatch.retry_deadline_s,
                                   settings.control_plane.config_clock_interval_ms,
-                                  settings.control_plane.config_clock_stale_after_ms),
+                                  settings.control_plane.config_clock_stale_after_ms, k.events_topic),
                            Types.PICKLED_BYTE_ARRAY())
                   .uid(uids.FAN_OUT).name("dedupe + fan-out"))
+    # Refused records: unreadable or untrusted ones from parsing, event-id conflicts from fan-out.
+    (parsed.get_side_output(DEAD_LETTERS).union(deliveries.get_side_output(DEAD_LETTERS))
+     .sink_to(_string_sink(settings, k.dlq_topic)).uid(uids.DEAD_LETTER_SINK).name("Kafka: " + k.dlq_topic))
 
     # Configs reach the dispatcher keyed by endpoint, in its one keyed input: a config change
     # drives its endpoint at once (a re-enable drains the held backlog, a new URL is used).

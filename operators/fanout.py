@@ -1,6 +1,13 @@
 """Fan-out, keyed by event_id: drop duplicate events, wait for the config clock, then create one
 delivery per matching endpoint. A thin adapter over :mod:`core.fanout`.
 
+Dedupe is by (tenant, event_id): the state under an event id remembers the tenant that owns it.
+The same tenant's event again is a duplicate (dropped, counted). Another tenant's event reusing
+the id is no duplicate -- dropping it would lose that tenant's event silently -- and cannot be
+fanned out either, because history keys rows by event id (the payload row, deliveries by event)
+and the two tenants' rows would be merged: it is dead-lettered as ``event_id_conflict`` (counted)
+for its producer to re-emit under an id of its own.
+
 A held event (the clock has not yet passed its arrival) waits on one processing-time timer at the
 moment :class:`core.fanout.ClockFollower` predicts the releasing tick will have been read, not on
 a short polling timer; a late tick costs a short recheck. With no tick for ``stale_after_ms`` the
@@ -9,6 +16,7 @@ event is released with the configs already read (degraded mode: counted, logged 
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from typing import Any
@@ -19,9 +27,10 @@ from pyflink.datastream.functions import KeyedBroadcastProcessFunction, RuntimeC
 from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
 
 from core import fanout, telemetry
-from core.records import CLOCK_KEY, ConfigClock, EndpointConfig, EventRecord
+from core.records import CLOCK_KEY, ConfigClock, DeadLetter, EndpointConfig, EventRecord
 from operators.dispatcher import NEW, SNAPSHOT
 from operators.endpoint_configs import ENDPOINT_CONFIGS
+from operators.parse_events import DEAD_LETTERS
 from operators.snapshot_writer import snapshot_key
 from operators.task_gauges import TaskGauges
 
@@ -32,24 +41,28 @@ GAUGE_EVERY_MS = 100
 
 class FanOut(KeyedBroadcastProcessFunction):
     def __init__(self, dedupe_ttl_s: int, deadline_s: float, clock_interval_ms: int,
-                 clock_stale_after_ms: int) -> None:
+                 clock_stale_after_ms: int, source_topic: str) -> None:
+        self._topic = source_topic
         self._ttl_s = dedupe_ttl_s
         self._deadline_ms = int(deadline_s * 1000)
         self._clock_interval_ms = clock_interval_ms
         self._stale_after_ms = clock_stale_after_ms
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        seen = ValueStateDescriptor("seen", Types.BOOLEAN())
+        # The tenant that owns this event id. (It replaced a boolean "seen" state: after an upgrade
+        # an event re-read from the topic fans out again, and the dispatcher CHECKs the re-created
+        # deliveries against Cassandra -- they were created before it started -- sending none twice.)
+        owner = ValueStateDescriptor("owner", Types.STRING())
         # Remember event_ids longer than any replay window of the CDC topic: the relay may
         # publish twice, and a re-read topic must not fan out again.
         # Cleanup is incremental on state access: PyFlink's default background cleanup builds a
         # java Duration through the client gateway, which does not exist inside a TaskManager.
-        seen.enable_time_to_live(
+        owner.enable_time_to_live(
             StateTtlConfig.new_builder(Time.seconds(self._ttl_s))
             .disable_cleanup_in_background()
             .cleanup_incrementally(10, False)
             .build())
-        self._seen = runtime_context.get_state(seen)
+        self._owner = runtime_context.get_state(owner)
         self._held = runtime_context.get_state(ValueStateDescriptor("held", Types.PICKLED_BYTE_ARRAY()))
         # In-memory mirror of the broadcast state, by tenant, so matching an event reads only its
         # tenant's endpoints. Rebuilt from the broadcast state on first use after a (re)start.
@@ -62,6 +75,7 @@ class FanOut(KeyedBroadcastProcessFunction):
         self._degraded_since_ms: int | None = None
         m = runtime_context.get_metrics_group()
         self._duplicates = m.counter("duplicate_events_dropped")
+        self._conflicts = m.counter("event_id_conflicts")
         self._deliveries = m.counter("deliveries_created")
         self._unmatched = m.counter("events_without_endpoints")
         self._released_without_clock = m.counter("events_released_without_clock")
@@ -122,10 +136,15 @@ class FanOut(KeyedBroadcastProcessFunction):
 
     def process_element(self, value, ctx):  # type: ignore[override]
         _, (event, arrived_ms) = value
-        if self._seen.value():
+        owner = self._owner.value()
+        if owner == event.tenant_id:
             self._duplicates.inc()
             return
-        self._seen.update(True)
+        if owner is not None:
+            self._conflicts.inc()
+            yield DEAD_LETTERS, _conflict_letter(event, self._topic)
+            return
+        self._owner.update(event.tenant_id)
         yield from self._release_or_hold(event, arrived_ms, ctx, held=False)
 
     def on_timer(self, timestamp, ctx):  # type: ignore[override]
@@ -174,6 +193,17 @@ class FanOut(KeyedBroadcastProcessFunction):
             if counter is None:
                 counter = self._lag[le] = self._metrics_group.add_group("fanout_lag_le_ms", le).counter("events")
             counter.inc()
+
+
+def _conflict_letter(event: EventRecord, topic: str) -> str:
+    # Names the event and its own tenant only: the letter must not tell one tenant about another.
+    letter = DeadLetter(
+        reason="event_id_conflict",
+        detail=f"event_id {event.event_id} was already used by another tenant's event; tenant "
+               f"{event.tenant_id} must re-emit this event under an id of its own",
+        original_base64=base64.b64encode(event.to_json()).decode(), source_topic=topic,
+        refused_at_ms=_now_ms(), extra={"original": "the event as parsed, re-encoded as webhooks.event/v1"})
+    return letter.to_json().decode()
 
 
 def _now_ms() -> int:

@@ -1,4 +1,5 @@
-"""Parse CDC records into events; anything unreadable goes to the dead-letter side output."""
+"""Parse CDC records into events; anything unreadable, or aimed at one endpoint without the
+control plane's proof, goes to the dead-letter side output."""
 
 from __future__ import annotations
 
@@ -9,20 +10,26 @@ from pyflink.common.typeinfo import Types
 from pyflink.datastream import OutputTag
 from pyflink.datastream.functions import ProcessFunction, RuntimeContext
 
-from core.ingest import IngestError, parse_event
+from core import target_proof
+from core.ingest import IngestError, check_target, parse_event
 from core.records import DeadLetter
+from core.settings import Settings
 
 DEAD_LETTERS = OutputTag("dead-letters", Types.STRING())
 
 
 class ParseEvents(ProcessFunction):
-    def __init__(self, max_payload_bytes: int, source_topic: str) -> None:
-        self._max = max_payload_bytes
+    def __init__(self, settings: Settings, source_topic: str) -> None:
+        # The TaskManagers' settings (core.settings.for_taskmanagers): the target-proof key is
+        # derived from the master key in open(), on the TaskManager.
+        self._settings = settings
+        self._max = settings.ingest.max_payload_bytes
         self._topic = source_topic
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self._refused = runtime_context.get_metrics_group().counter("events_dead_lettered")
         self._parsed = runtime_context.get_metrics_group().counter("events_parsed")
+        self._target_key = target_proof.target_key(self._settings.master_key_bytes())
 
     def process_element(self, value: str, ctx: ProcessFunction.Context):  # type: ignore[override]
         # The source decodes with ISO-8859-1, which maps every byte to one char: this gets the
@@ -31,6 +38,7 @@ class ParseEvents(ProcessFunction):
         arrived_ms = ctx.timestamp() or int(time.time() * 1000)
         try:
             event = parse_event(raw, self._max)
+            check_target(event, self._target_key)
         except IngestError as err:
             self._refused.inc()
             letter = DeadLetter(reason=err.reason, detail=err.detail,

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from control_plane.api import pb, rpc
+from core.ingest import parse_event
 from tests.integration.helpers import auth, event, eventually, new_tenant, produce, read_dead_letters
 
 pytestmark = pytest.mark.integration
@@ -116,3 +117,58 @@ def test_debezium_outbox_envelope_is_delivered(settings, grpc_channel, receiver,
         "SELECT tenant_id, object_version FROM events WHERE event_id=%s", (event_id,)).one(),
         timeout=60, what="event row")
     assert row.tenant_id == tenant_id and row.object_version == 2
+
+
+def test_only_the_control_plane_may_aim_an_event_at_one_endpoint(settings, grpc_channel, receiver, delivery_job):
+    """Issue 17 item 12: `target_endpoint_id` skips subscription matching, so a CDC record claiming
+    one (with no proof, or a made-up one) is dead-lettered, not sent to an endpoint that never
+    subscribed to its type; the control plane's own test event still reaches its endpoint."""
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    orders_path = f"/ep/{tenant_id}/orders-only"
+    orders = _endpoint(grpc_channel, api_key, receiver.base_url + orders_path, ["order.*"])
+    aimed = {**_valid_fields(tenant_id), "target_endpoint_id": orders}
+    forged = {**_valid_fields(tenant_id), "target_endpoint_id": orders, "target_proof": "ab" * 32}
+    cases = {_enc(aimed): "no proof", _enc(forged): "made-up proof"}
+    produce(settings, list(cases))
+    letters = _dlq_letters(settings, cases)
+    for raw in cases:
+        assert letters[raw]["reason"] == "untrusted_target", letters[raw]
+        assert orders in letters[raw]["detail"]
+
+    cp = rpc.ControlPlaneStub(grpc_channel)
+    ping = cp.SendTestEvent(pb.GetEndpointRequest(endpoint_id=orders), metadata=auth(api_key))
+    (rec,) = receiver.wait_for(orders_path, 1, timeout=90)
+    assert rec.headers["webhook-event-id"] == ping.event_id  # the ping, and nothing the records aimed
+    time.sleep(2)
+    assert len(receiver.requests(orders_path)) == 1
+
+
+def test_an_event_id_another_tenant_used_is_refused_not_merged(settings, grpc_channel, receiver, delivery_job):
+    """Issue 17 item 12: dedupe is by (tenant, event_id). A second tenant's event reusing an id is
+    not a duplicate to drop silently, and must not share the first one's history rows (payload
+    row, deliveries-by-event): it is dead-lettered as a conflict, the first delivered once."""
+    first_tenant, first_key = new_tenant(grpc_channel, settings)
+    other_tenant, other_key = new_tenant(grpc_channel, settings)
+    first_path, other_path = f"/ep/{first_tenant}/conflict", f"/ep/{other_tenant}/conflict"
+    _endpoint(grpc_channel, first_key, receiver.base_url + first_path, ["invoice.*"])
+    _endpoint(grpc_channel, other_key, receiver.base_url + other_path, ["invoice.*"])
+    shared_id = f"evt_{uuid.uuid4().hex}"
+    first = {**_valid_fields(first_tenant), "event_id": shared_id, "payload": '{"tenant":"first"}'}
+    produce(settings, [_enc(first)], keys=[shared_id])
+    (rec,) = receiver.wait_for(first_path, 1, timeout=90)
+    assert rec.body == b'{"tenant":"first"}'
+
+    reused = _enc({**_valid_fields(other_tenant), "event_id": shared_id, "payload": '{"tenant":"other"}'})
+    again = _enc(first)  # the first tenant's own duplicate: dropped as before, no letter
+    produce(settings, [reused, again], keys=[shared_id, shared_id])
+    # Refused after parsing, so the letter carries the event as parsed (re-encoded), not its bytes.
+    found = read_dead_letters(settings, lambda original: "reused" if shared_id.encode() in original
+                              and other_tenant.encode() in original else None, 1, timeout=90)
+    assert "reused" in found, "no dead letter for the reused event id within 90 s"
+    letter = found["reused"]
+    assert letter["reason"] == "event_id_conflict" and shared_id in letter["detail"]
+    parsed = parse_event(base64.b64decode(letter["original_base64"]), settings.ingest.max_payload_bytes)
+    assert (parsed.tenant_id, parsed.event_id, parsed.payload) == (other_tenant, shared_id, b'{"tenant":"other"}')
+    assert first_tenant not in letter["detail"]  # the letter does not tell one tenant about another
+    time.sleep(2)
+    assert receiver.requests(other_path) == [] and len(receiver.requests(first_path)) == 1

@@ -241,3 +241,26 @@ def test_payload_at_the_limit_is_accepted() -> None:
 
 def test_a_utf8_byte_order_mark_is_tolerated() -> None:
     assert parse_event(b"\xef\xbb\xbf" + encode(PLAIN), LIMIT) == EXPECTED
+
+
+def test_a_targeted_event_needs_the_control_planes_proof() -> None:
+    """Issue 17 item 12: target_endpoint_id skips subscription matching; only a valid proof (made by
+    the control plane, bound to tenant, event and endpoint) lets it through."""
+    from core import target_proof
+    from core.ingest import check_target
+
+    key = target_proof.target_key(b"k" * 32)
+    plain_event = parse(plain())
+    check_target(plain_event, key)  # not aimed: nothing to prove
+    aimed = parse(plain(target_endpoint_id="ep_7"))
+    with pytest.raises(IngestError) as err:
+        check_target(aimed, key)
+    assert err.value.reason == "untrusted_target" and "ep_7" in err.value.detail
+    good = target_proof.prove(key, aimed.tenant_id, aimed.event_id, "ep_7")
+    proved = parse(plain(target_endpoint_id="ep_7", target_proof=good))
+    assert proved.target_proof == good
+    check_target(proved, key)
+    # The proof survives the control plane's own encoding (EventRecord.to_json -> parse_event).
+    check_target(parse_event(proved.to_json(), LIMIT), key)
+    with pytest.raises(IngestError):
+        check_target(parse(plain(target_endpoint_id="ep_8", target_proof=good)), key)
