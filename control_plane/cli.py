@@ -72,7 +72,8 @@ def endpoint_rows(endpoints: Iterable[Any]) -> str:
 
 def endpoint_detail(e: Any) -> str:
     keys = ", ".join(
-        f"v{k.version}" + (f" (until {_when(k.not_after)})" if k.HasField("not_after") else "")
+        f"v{k.version}" + (f" ed25519 {k.public_key}" if k.public_key else "")
+        + (f" (until {_when(k.not_after)})" if k.HasField("not_after") else "")
         for k in e.signing_keys
     )
     pairs = [
@@ -222,16 +223,24 @@ def run(args: argparse.Namespace, tenant: Any, admin: Any, emit: Out, show: Call
         run_deliveries(args, tenant, out)
 
 
+def _key_shown(r: Any) -> str:
+    """What a create or rotation hands over: an HMAC secret once, or an ed25519 public key."""
+    if r.public_key:
+        return f"public key (ed25519; verify v1a signatures with it): {r.public_key}"
+    if r.signing_secret:
+        return f"signing secret (shown once): {r.signing_secret}"
+    return "signing secret: not shown again for a retried request_id (rotate it to get a new one)"
+
+
 def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable[..., None]) -> None:
     cmd = args.command
     if cmd == "create":
         r = tenant.CreateEndpoint(pb.CreateEndpointRequest(
             request_id=args.request_id or "", url=args.url, description=args.description or "",
             event_types=args.event_type, rate_limit_per_s=args.rate_limit,
-            max_in_flight=args.max_in_flight, metadata=_metadata(args.metadata)))
-        out(r, lambda r: f"{endpoint_detail(r.endpoint)}\n\n" + (
-            f"signing secret (shown once): {r.signing_secret}" if r.signing_secret else
-            "signing secret: not shown again for a retried request_id (rotate it to get a new one)"))
+            max_in_flight=args.max_in_flight, metadata=_metadata(args.metadata),
+            signature_scheme=args.signature_scheme or ""))
+        out(r, lambda r: f"{endpoint_detail(r.endpoint)}\n\n" + _key_shown(r))
     elif cmd == "get":
         out(tenant.GetEndpoint(ref), endpoint_detail)
     elif cmd == "list":
@@ -266,12 +275,13 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
         mode = (pb.RotateSecretRequest.MODE_REVOKE_IMMEDIATELY if args.revoke_now
                 else pb.RotateSecretRequest.MODE_OVERLAP)
         r = tenant.RotateSecret(pb.RotateSecretRequest(
-            endpoint_id=args.endpoint_id, mode=mode, overlap_seconds=args.overlap or 0))
+            endpoint_id=args.endpoint_id, mode=mode, overlap_seconds=args.overlap or 0,
+            signature_scheme=args.signature_scheme or ""))
         out(r, lambda r: "\n".join([
             f"new key v{r.new_key_version}; live keys:",
-            *(f"  v{k.version}" + (f" until {_when(k.not_after)}" if k.HasField("not_after") else "")
-              for k in r.live_keys),
-            f"signing secret (shown once): {r.signing_secret}"]))
+            *(f"  v{k.version} {k.signature_scheme}"
+              + (f" until {_when(k.not_after)}" if k.HasField("not_after") else "") for k in r.live_keys),
+            _key_shown(r)]))
     else:  # ping
         out(tenant.SendTestEvent(ref), lambda r: f"ping {r.event_id} queued as delivery {r.delivery_id}")
 
@@ -353,6 +363,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--max-in-flight", type=int)
     c.add_argument("--metadata", action="append", metavar="KEY=VALUE")
     c.add_argument("--request-id", help="idempotency key: a retry returns the same endpoint")
+    c.add_argument("--signature-scheme", choices=["hmac-sha256", "ed25519"],
+                   help="hmac-sha256 (default: a shared whsec_ secret) or ed25519 (receivers get a whpk_ public key)")
     for name, text in (("get", "show one endpoint"),
                        ("disable", "stop deliveries; pending ones wait until enabled"),
                        ("enable", "resume deliveries to a disabled endpoint"),
@@ -378,6 +390,8 @@ def parser() -> argparse.ArgumentParser:
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--overlap", type=int, metavar="SECONDS", help="old key keeps signing (default 24 h)")
     mode.add_argument("--revoke-now", action="store_true", help="old keys stop signing at once")
+    r.add_argument("--signature-scheme", choices=["hmac-sha256", "ed25519"],
+                   help="the new key's scheme (default: the current one's); the overlap spans schemes")
 
     dl = groups.add_parser("deliveries", help="delivery history, replay and recovery").add_subparsers(
         dest="command", required=True)

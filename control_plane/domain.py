@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from core.records import EndpointConfig, EndpointStatus, SigningKey
+from core.signing import ED25519, HMAC_SHA256
 
 # The control plane's history window (seed: deliveries stay queryable for 30 days).
 HISTORY_WINDOW_MS = 30 * 24 * 3600 * 1000
@@ -52,6 +53,13 @@ class StoredKey:
     ciphertext_b64: str
     created_at_ms: int
     not_after_ms: int | None = None
+    # ed25519 keys: the whpk_ public key receivers verify with (public, so stored in clear and
+    # shown by every read); "" for an HMAC key, whose secret is shown once only.
+    public_key: str = ""
+
+    @property
+    def scheme(self) -> str:
+        return ED25519 if self.public_key else HMAC_SHA256
 
     def live_at(self, now_ms: int) -> bool:
         return self.not_after_ms is None or self.not_after_ms > now_ms

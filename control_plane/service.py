@@ -48,10 +48,10 @@ from control_plane.errors import (
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import Publisher, PublishError
 from control_plane.store import EndpointStore
-from core import target_proof
+from core import signing, target_proof
 from core.records import EndpointSignal, EndpointStatus, EventRecord, delivery_id_for
 from core.secrets import NONCE_BYTES, encrypt_secret
-from core.signing import SECRET_BYTES, generate_secret
+from core.signing import ED25519, HMAC_SHA256, SECRET_BYTES, generate_key
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ MAX_PAGE_SIZE = 100
 @dataclass(frozen=True)
 class Created:
     endpoint: Endpoint
-    signing_secret: str
+    signing_secret: str  # whsec_ (HMAC), shown once; "" for ed25519 and for a retried create
+    public_key: str = ""  # whpk_ (ed25519): what the receiver verifies with
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Rotated:
     signing_secret: str
     new_key_version: int
     live_keys: tuple[StoredKey, ...]
+    public_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,10 @@ class EndpointService:
 
     # -- create -----------------------------------------------------------------------------
 
-    def create(self, principal: Principal, raw: EndpointSpec, request_id: str) -> Created:
+    def create(self, principal: Principal, raw: EndpointSpec, request_id: str,
+               signature_scheme: str = "") -> Created:
         require_write(principal)
+        scheme = validation.signature_scheme(signature_scheme)
         spec = validation.spec(raw, self._d.destination)
         endpoint_id = "ep_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         if request_id:
@@ -168,12 +172,12 @@ class EndpointService:
                 IdempotencyRecord(
                     tenant_id=principal.tenant_id,
                     request_id=request_id,
-                    fingerprint=_fingerprint(spec),
+                    fingerprint=_fingerprint(spec, scheme),
                     endpoint_id=endpoint_id,
                     created_at_ms=self._d.now_ms(),
                 )
             )
-            if claim.fingerprint != _fingerprint(spec):
+            if claim.fingerprint != _fingerprint(spec, scheme):
                 raise AlreadyExists(
                     f"request_id {request_id!r} was already used for a different endpoint; use a "
                     "new request_id for a new endpoint"
@@ -183,7 +187,8 @@ class EndpointService:
             if existing is not None:
                 return self._created_again(self._published(existing))
         now = self._d.now_ms()
-        secret = generate_secret(self._d.random_bytes(SECRET_BYTES))
+        secret = generate_key(scheme, self._d.random_bytes(SECRET_BYTES))
+        key = self._seal(principal.tenant_id, endpoint_id, 1, secret, now)
         endpoint = Endpoint(
             tenant_id=principal.tenant_id,
             endpoint_id=endpoint_id,
@@ -191,7 +196,7 @@ class EndpointService:
             status=EndpointStatus.ACTIVE,
             config_version=1,
             published_version=0,
-            signing_keys=(self._seal(principal.tenant_id, endpoint_id, 1, secret, now),),
+            signing_keys=(key,),
             created_at_ms=now,
             updated_at_ms=now,
             changed_by=principal.key_id,
@@ -212,7 +217,7 @@ class EndpointService:
             return self._created_again(self._published(existing))
         log.info("endpoint %s created for tenant %s", endpoint_id, principal.tenant_id)
         self._d.fault("create.stored")  # stored, not yet published: the dual write's gap
-        return Created(self._published(endpoint), secret)
+        return _created(self._published(endpoint), secret, key)
 
     def _created_again(self, endpoint: Endpoint) -> Created:
         """The answer to a retried create: the same endpoint, and no secret. A secret is shown
@@ -300,9 +305,14 @@ class EndpointService:
         )
 
     def rotate_secret(
-        self, principal: Principal, endpoint_id: str, revoke_immediately: bool, overlap_s: int
+        self, principal: Principal, endpoint_id: str, revoke_immediately: bool, overlap_s: int,
+        signature_scheme: str = "",
     ) -> Rotated:
+        """A new key, in ``signature_scheme`` (default: the newest key's), old keys revoked or
+        kept signing through the overlap -- across schemes too, so an endpoint moves from HMAC to
+        ed25519 (or back) without a request its receiver cannot verify."""
         require_write(principal)
+        wanted = validation.signature_scheme(signature_scheme) if signature_scheme else None
         if revoke_immediately and overlap_s:
             raise InvalidArgument("overlap_seconds cannot be combined with immediate revocation")
         if not 0 <= overlap_s <= MAX_OVERLAP_S:
@@ -313,7 +323,9 @@ class EndpointService:
         def apply(current: Endpoint) -> Endpoint:
             now = self._d.now_ms()
             version = max((k.version for k in current.signing_keys), default=0) + 1
-            secret = generate_secret(self._d.random_bytes(SECRET_BYTES))
+            newest = max(current.signing_keys, key=lambda k: k.version, default=None)
+            scheme = wanted or (newest.scheme if newest is not None else HMAC_SHA256)
+            secret = generate_key(scheme, self._d.random_bytes(SECRET_BYTES))
             new_key = self._seal(current.tenant_id, current.endpoint_id, version, secret, now)
             if revoke_immediately:
                 kept: tuple[StoredKey, ...] = ()
@@ -335,7 +347,9 @@ class EndpointService:
 
         endpoint = self._change(principal, endpoint_id, apply)
         version, secret = secret_box[0]
-        return Rotated(endpoint, secret, version, endpoint.live_keys(self._d.now_ms()))
+        created = _created(endpoint, secret, next(k for k in endpoint.signing_keys if k.version == version))
+        return Rotated(endpoint, created.signing_secret, version, endpoint.live_keys(self._d.now_ms()),
+                       created.public_key)
 
     # -- test events ------------------------------------------------------------------------
 
@@ -432,13 +446,22 @@ class EndpointService:
             key_version=version,
             nonce=self._d.random_bytes(NONCE_BYTES),
         )
-        return StoredKey(version=version, ciphertext_b64=ciphertext, created_at_ms=now)
+        public = signing.public_key(secret) if signing.scheme_of(secret) == ED25519 else ""
+        return StoredKey(version=version, ciphertext_b64=ciphertext, created_at_ms=now, public_key=public)
 
 
-def _fingerprint(spec: EndpointSpec) -> str:
-    canonical = json.dumps(
-        [spec.url, spec.description, list(spec.event_types), spec.rate_limit_per_s,
-         spec.max_in_flight, sorted(spec.metadata.items())],
-        separators=(",", ":"),
-    )
+def _created(endpoint: Endpoint, secret: str, key: StoredKey) -> Created:
+    """What a create or rotation shows: an HMAC secret once; for ed25519 only the public key --
+    the private key never leaves the platform."""
+    if key.scheme == ED25519:
+        return Created(endpoint, "", key.public_key)
+    return Created(endpoint, secret)
+
+
+def _fingerprint(spec: EndpointSpec, scheme: str = HMAC_SHA256) -> str:
+    fields: list[object] = [spec.url, spec.description, list(spec.event_types), spec.rate_limit_per_s,
+                            spec.max_in_flight, sorted(spec.metadata.items())]
+    if scheme != HMAC_SHA256:  # HMAC keeps the fingerprints stored before schemes existed
+        fields.append(scheme)
+    canonical = json.dumps(fields, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -113,7 +113,8 @@ def ms_of(message: Any, field: str) -> int | None:
 
 def key_pb(key: StoredKey) -> Any:
     return pb.SigningKeyInfo(
-        version=key.version, created_at=ts(key.created_at_ms), not_after=ts(key.not_after_ms)
+        version=key.version, created_at=ts(key.created_at_ms), not_after=ts(key.not_after_ms),
+        signature_scheme=key.scheme, public_key=key.public_key,
     )
 
 
@@ -233,9 +234,11 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
 
     @mapped
     def CreateEndpoint(self, request: Any, context: grpc.ServicerContext) -> Any:
-        created = self._endpoints.create(self._principal(context), spec_of(request), request.request_id)
+        created = self._endpoints.create(self._principal(context), spec_of(request), request.request_id,
+                                         request.signature_scheme)
         return pb.CreateEndpointResponse(
-            endpoint=self._endpoint(created.endpoint), signing_secret=created.signing_secret
+            endpoint=self._endpoint(created.endpoint), signing_secret=created.signing_secret,
+            public_key=created.public_key,
         )
 
     @mapped
@@ -290,10 +293,12 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
             request.endpoint_id,
             revoke_immediately=request.mode == pb.RotateSecretRequest.MODE_REVOKE_IMMEDIATELY,
             overlap_s=request.overlap_seconds,
+            signature_scheme=request.signature_scheme,
         )
         return pb.RotateSecretResponse(
             endpoint=self._endpoint(rotated.endpoint),
             signing_secret=rotated.signing_secret,
+            public_key=rotated.public_key,
             new_key_version=rotated.new_key_version,
             live_keys=[key_pb(k) for k in rotated.live_keys],
         )

@@ -129,6 +129,7 @@ def _keys_to_json(keys: Sequence[StoredKey]) -> str:
                 "ciphertext_b64": k.ciphertext_b64,
                 "created_at_ms": k.created_at_ms,
                 "not_after_ms": k.not_after_ms,
+                **({"public_key": k.public_key} if k.public_key else {}),
             }
             for k in keys
         ]
@@ -142,6 +143,7 @@ def _keys_from_json(raw: str | None) -> tuple[StoredKey, ...]:
             ciphertext_b64=str(d["ciphertext_b64"]),
             created_at_ms=int(d["created_at_ms"]),
             not_after_ms=None if d.get("not_after_ms") is None else int(d["not_after_ms"]),
+            public_key=str(d.get("public_key") or ""),
         )
         for d in json.loads(raw or "[]")
     )

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from control_plane.domain import EndpointSpec
 from control_plane.errors import InvalidArgument
-from core import identifiers
+from core import identifiers, signing
 from core.egress import EgressPolicy, EgressRefused, check_resolved, parse_target
 
 MAX_URL_CHARS = 2048
@@ -126,6 +126,15 @@ def spec(raw: EndpointSpec, destination: DestinationValidator) -> EndpointSpec:
 
 
 MAX_REASON_CHARS = 500
+
+
+def signature_scheme(value: str) -> str:
+    """The signing scheme asked for; empty means HMAC-SHA256 (Standard Webhooks v1)."""
+    if not value:
+        return signing.HMAC_SHA256
+    if value not in signing.SCHEMES:
+        raise InvalidArgument(f"unknown signature_scheme {value!r}; use one of: {', '.join(signing.SCHEMES)}")
+    return value
 
 
 def reason(value: str) -> str:

@@ -1,5 +1,10 @@
 """Standard Webhooks signing: pure functions from (id, timestamp, exact body, secrets) to headers.
 
+Two schemes, chosen per endpoint and per key (a rotation may switch): HMAC-SHA256 with a shared
+``whsec_`` secret (signature version ``v1``), and ed25519 (``v1a``) with a ``whsk_`` private key the
+platform keeps and a ``whpk_`` public key the receiver verifies with -- the receiver then holds
+nothing that could forge a webhook.
+
 The signed content is ``f"{webhook-id}.{webhook-timestamp}."`` followed by the body *bytes*
 exactly as they go on the wire; we never re-serialise JSON, because a receiver verifies the raw
 bytes it got. During a secret rotation every live secret signs, and ``webhook-signature`` lists
@@ -18,12 +23,63 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
 from core.timeutil import ms_to_iso
 
 SECRET_PREFIX = "whsec_"
 # 32 random bytes = a 256-bit HMAC-SHA256 key; the spec allows 24..64.
 SECRET_BYTES = 32
 SIGNATURE_VERSION = "v1"
+
+HMAC_SHA256 = "hmac-sha256"
+ED25519 = "ed25519"
+SCHEMES = (HMAC_SHA256, ED25519)
+ED25519_SECRET_PREFIX = "whsk_"  # base64 of the 32-byte seed
+ED25519_PUBLIC_PREFIX = "whpk_"  # base64 of the 32-byte public key
+ED25519_SIGNATURE_VERSION = "v1a"
+
+# What signs: an HMAC key's bytes, or an ed25519 private key.
+SigningMaterial = bytes | Ed25519PrivateKey
+
+
+def generate_key(scheme: str, rng_bytes: bytes) -> str:
+    """A new secret of ``scheme`` from caller-supplied random bytes (32 for either scheme)."""
+    if scheme == HMAC_SHA256:
+        return generate_secret(rng_bytes)
+    if scheme == ED25519:
+        if len(rng_bytes) != SECRET_BYTES:
+            raise ValueError(f"an ed25519 key needs {SECRET_BYTES} random bytes, got {len(rng_bytes)}")
+        return ED25519_SECRET_PREFIX + base64.b64encode(rng_bytes).decode("ascii")
+    raise ValueError(f"unknown signature scheme {scheme!r}; known: {', '.join(SCHEMES)}")
+
+
+def scheme_of(secret: str) -> str:
+    return ED25519 if secret.startswith(ED25519_SECRET_PREFIX) else HMAC_SHA256
+
+
+def _ed25519_private(whsk: str) -> Ed25519PrivateKey:
+    try:
+        seed = base64.b64decode(whsk[len(ED25519_SECRET_PREFIX):], validate=True)
+    except binascii.Error:
+        raise ValueError("ed25519 signing key is not valid base64") from None
+    if len(seed) != 32:
+        raise ValueError("ed25519 signing key must hold a 32-byte seed")
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def public_key(whsk: str) -> str:
+    """The ``whpk_`` public key of a ``whsk_`` private key: what the receiver verifies with."""
+    raw = _ed25519_private(whsk).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return ED25519_PUBLIC_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def signing_material(secret: str) -> SigningMaterial:
+    """What signs for a stored secret of either scheme (errors never include the secret)."""
+    if secret.startswith(ED25519_SECRET_PREFIX):
+        return _ed25519_private(secret)
+    return secret_bytes(secret)
 
 
 def generate_secret(rng_bytes: bytes) -> str:
@@ -62,15 +118,21 @@ def _check_msg_id(msg_id: str) -> None:
         raise ValueError("webhook-id must be printable ASCII without spaces or '.'")
 
 
-def signature(key: bytes, msg_id: str, timestamp_s: int, body: bytes) -> str:
-    """One ``v1,<base64 HMAC-SHA256>`` entry over ``id.timestamp.body``."""
+def signature(key: SigningMaterial, msg_id: str, timestamp_s: int, body: bytes) -> str:
+    """One ``v1,<base64 HMAC-SHA256>`` or ``v1a,<base64 ed25519>`` entry over ``id.timestamp.body``."""
     signed = f"{msg_id}.{timestamp_s}.".encode() + body
+    if isinstance(key, Ed25519PrivateKey):
+        return f"{ED25519_SIGNATURE_VERSION},{base64.b64encode(key.sign(signed)).decode('ascii')}"
     mac = hmac.new(key, signed, hashlib.sha256).digest()
     return f"{SIGNATURE_VERSION},{base64.b64encode(mac).decode('ascii')}"
 
 
+def _version(key: SigningMaterial) -> str:
+    return ED25519_SIGNATURE_VERSION if isinstance(key, Ed25519PrivateKey) else SIGNATURE_VERSION
+
+
 def sign(
-    msg_id: str, timestamp_s: int, body: bytes, secrets: Sequence[tuple[int, bytes]]
+    msg_id: str, timestamp_s: int, body: bytes, secrets: Sequence[tuple[int, SigningMaterial]]
 ) -> dict[str, str]:
     """The three Standard Webhooks headers for one attempt.
 
@@ -97,7 +159,7 @@ def build_headers(
     msg_id: str,
     timestamp_s: int,
     body: bytes,
-    secrets: Sequence[tuple[int, bytes]],
+    secrets: Sequence[tuple[int, SigningMaterial]],
     *,
     event_type: str,
     event_id: str,
@@ -129,7 +191,9 @@ def build_headers(
             "webhook-occurred-at": ms_to_iso(occurred_at_ms),
             "webhook-schema-version": schema_version,
             "webhook-key-versions": " ".join(str(version) for version, _ in secrets),
-            "webhook-signature-version": "v1",
+            # The schemes that signed, in signature order ("v1", "v1a", or both while a rotation
+            # moves an endpoint from one to the other).
+            "webhook-signature-version": " ".join(dict.fromkeys(_version(key) for _, key in secrets)),
         }
     )
     if object_id:

@@ -14,10 +14,10 @@ from core.outcomes import ErrorClass, HttpResult
 from core.records import EndpointConfig
 from core.secrets import SecretDecryptError, decrypt_secret
 from core.settings import DispatchSettings
-from core.signing import build_headers, secret_bytes
+from core.signing import SigningMaterial, build_headers, signing_material
 from operators.http_sender import HttpSender
 
-SigningKeys = list[tuple[int, bytes]]
+SigningKeys = list[tuple[int, SigningMaterial]]
 
 
 class SigningKeyUnavailable(Exception):
@@ -29,7 +29,7 @@ class Sender:
         self._settings = settings
         self._http = http
         self._master_key = master_key
-        self._keys: dict[tuple[str, int], bytes] = {}
+        self._keys: dict[tuple[str, int], SigningMaterial] = {}
 
     def keys(self, cfg: EndpointConfig, now_ms: int) -> SigningKeys:
         """The live signing keys of ``cfg``, newest first (both sides of a rotation overlap)."""
@@ -42,9 +42,9 @@ class Sender:
             cache_key = (cfg.endpoint_id, k.version)
             if cache_key not in self._keys:
                 try:
-                    whsec = decrypt_secret(self._master_key, k.ciphertext_b64, tenant_id=cfg.tenant_id,
-                                           endpoint_id=cfg.endpoint_id, key_version=k.version)
-                    self._keys[cache_key] = secret_bytes(whsec)
+                    secret = decrypt_secret(self._master_key, k.ciphertext_b64, tenant_id=cfg.tenant_id,
+                                            endpoint_id=cfg.endpoint_id, key_version=k.version)
+                    self._keys[cache_key] = signing_material(secret)  # whsec_ (HMAC) or whsk_ (ed25519)
                 except (SecretDecryptError, ValueError) as exc:
                     raise SigningKeyUnavailable(
                         f"signing key v{k.version} does not decrypt ({type(exc).__name__})") from None

@@ -64,3 +64,49 @@ def test_one_event_is_delivered_signed_and_recorded(settings, grpc_channel, rece
     rows = list(cassandra_session.execute("SELECT endpoint_id FROM deliveries_by_event WHERE event_id=%s",
                                           (ignored.event_id,)))
     assert rows == []
+
+
+def test_an_ed25519_endpoint_gets_v1a_signatures_its_public_key_verifies(settings, grpc_channel, receiver,
+                                                                         delivery_job):
+    """Issue 17 item 5 end to end: the job signs with the private key only the platform holds;
+    the receiver verifies with the whpk_ public key, using libsodium (PyNaCl), an ed25519
+    implementation independent of ours. A rotation back to HMAC overlaps: both sign."""
+    import base64
+
+    import nacl.signing
+
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    cp = rpc.ControlPlaneStub(grpc_channel)
+    path = f"/ep/{tenant_id}/ed25519"
+    created = cp.CreateEndpoint(pb.CreateEndpointRequest(
+        url=receiver.base_url + path, event_types=["invoice.*"], signature_scheme="ed25519"), metadata=auth(api_key))
+    assert created.signing_secret == "" and created.public_key.startswith("whpk_")
+    verify_key = nacl.signing.VerifyKey(base64.b64decode(created.public_key[5:]))
+
+    def verified(rec, version: str = "v1a") -> bool:  # type: ignore[no-untyped-def]
+        signed = f"{rec.headers['webhook-id']}.{rec.headers['webhook-timestamp']}.".encode() + rec.body
+        sigs = [s.split(",", 1)[1] for s in rec.headers["webhook-signature"].split() if s.startswith(version + ",")]
+        assert sigs, rec.headers["webhook-signature"]
+        verify_key.verify(signed, base64.b64decode(sigs[0]))  # raises BadSignatureError if not
+        return True
+
+    body = b'{"id":"inv_ed","amount":1}'
+    ev = event(tenant_id, "invoice.paid", body)
+    produce(settings, [ev.to_json()], keys=[ev.event_id])
+    (rec,) = receiver.wait_for(path, 1, timeout=90)
+    assert rec.body == body and verified(rec)
+    assert rec.headers["webhook-signature-version"] == "v1a"
+
+    rotated = cp.RotateSecret(pb.RotateSecretRequest(endpoint_id=created.endpoint.endpoint_id, overlap_seconds=600,
+                                                     signature_scheme="hmac-sha256"), metadata=auth(api_key))
+    assert rotated.signing_secret.startswith("whsec_")
+
+    def both_signed():  # type: ignore[no-untyped-def]
+        ev2 = event(tenant_id, "invoice.paid", b'{"id":"inv_ed2"}')
+        produce(settings, [ev2.to_json()], keys=[ev2.event_id])
+        got = receiver.wait_for(path, len(receiver.requests(path)) + 1, timeout=60)[-1]
+        return got if "v1 " in got.headers["webhook-signature-version"] + " " else None
+
+    rec2 = eventually(both_signed, timeout=120, interval=0, what="a request signed by both keys")
+    assert verified(rec2) and verify_signature(rec2, [rotated.signing_secret]) == [rotated.signing_secret]
+    assert rec2.headers["webhook-signature-version"] == "v1 v1a"

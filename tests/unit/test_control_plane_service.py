@@ -929,3 +929,61 @@ def test_a_forged_endpoint_cursor_is_refused(w: World) -> None:
     with pytest.raises(errors.InvalidArgument, match="cursor"):
         w.endpoints.list(ALICE, 2, _forge(page.next_cursor, after=""))
     assert len(w.endpoints.list(ALICE, 2, page.next_cursor).items) == 1
+
+
+# -- ed25519 endpoints (issue 17, item 5) --------------------------------------------------------
+
+def _stored_secret(w: World, e: Endpoint, version: int) -> str:
+    from core.secrets import decrypt_secret
+
+    stored = w.store.endpoints[(e.tenant_id, e.endpoint_id)]
+    [key] = [k for k in stored.signing_keys if k.version == version]
+    return decrypt_secret(MASTER_KEY, key.ciphertext_b64, tenant_id=e.tenant_id, endpoint_id=e.endpoint_id,
+                          key_version=version)
+
+
+def test_an_ed25519_endpoint_hands_out_its_public_key_and_keeps_the_private_one(w: World) -> None:
+    from core import signing
+
+    created = w.endpoints.create(ALICE, spec(), "", signature_scheme="ed25519")
+    assert created.signing_secret == "" and created.public_key.startswith("whpk_")
+    e = created.endpoint
+    [key] = e.signing_keys
+    assert key.scheme == "ed25519" and key.public_key == created.public_key
+    whsk = _stored_secret(w, e, 1)  # encrypted at rest like an HMAC secret
+    assert whsk.startswith("whsk_") and signing.public_key(whsk) == created.public_key
+    assert whsk[5:] not in repr(created)
+    # What the job receives: the same ciphertext; the dispatcher derives v1a signatures from it.
+    assert w.publisher.configs[-1].signing_keys[0].ciphertext_b64 == key.ciphertext_b64
+
+
+def test_an_unknown_scheme_is_refused_before_anything_is_stored(w: World) -> None:
+    with pytest.raises(errors.InvalidArgument, match="unknown signature_scheme 'rsa'"):
+        w.endpoints.create(ALICE, spec(), "", signature_scheme="rsa")
+    assert not w.store.endpoints
+    e = create(w)
+    with pytest.raises(errors.InvalidArgument, match="unknown signature_scheme"):
+        w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=False, overlap_s=0,
+                                  signature_scheme="hmac-sha1")
+
+
+def test_rotation_moves_an_endpoint_between_schemes_with_an_overlap(w: World) -> None:
+    e = create(w)  # HMAC
+    rotated = w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=False, overlap_s=3600,
+                                        signature_scheme="ed25519")
+    assert rotated.signing_secret == "" and rotated.public_key.startswith("whpk_")
+    assert [(k.version, k.scheme) for k in rotated.live_keys] == [(2, "ed25519"), (1, "hmac-sha256")]
+    again = w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=True, overlap_s=0)
+    assert again.public_key.startswith("whpk_") and again.public_key != rotated.public_key  # kept ed25519
+    back = w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=True, overlap_s=0,
+                                     signature_scheme="hmac-sha256")
+    assert back.signing_secret.startswith("whsec_") and back.public_key == ""
+
+
+def test_a_retried_create_must_ask_for_the_same_scheme(w: World) -> None:
+    first = w.endpoints.create(ALICE, spec(), "req-ed", signature_scheme="ed25519")
+    again = w.endpoints.create(ALICE, spec(), "req-ed", signature_scheme="ed25519")
+    assert again.endpoint.endpoint_id == first.endpoint.endpoint_id
+    assert again.public_key == "" and again.signing_secret == ""  # the retry shows no key either way
+    with pytest.raises(errors.AlreadyExists):
+        w.endpoints.create(ALICE, spec(), "req-ed")  # same body, HMAC this time

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 
 import pytest
@@ -158,3 +159,89 @@ def test_build_headers_refuses_header_injection() -> None:
             occurred_at_ms=0,
             schema_version="1",
         )
+
+
+# -- ed25519 (v1a), verified with libsodium (PyNaCl): an implementation independent of ours --------
+
+def _nacl_verify(whpk: str, headers: dict[str, str], body: bytes) -> list[bool]:
+    """A receiver's check: every v1a signature in the header against the public key."""
+    import nacl.exceptions
+    import nacl.signing
+
+    key = nacl.signing.VerifyKey(base64.b64decode(whpk.removeprefix("whpk_")))
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    out = []
+    for entry in headers["webhook-signature"].split(" "):
+        version, _, sig = entry.partition(",")
+        if version != "v1a":
+            continue
+        try:
+            key.verify(signed, base64.b64decode(sig))
+            out.append(True)
+        except nacl.exceptions.BadSignatureError:
+            out.append(False)
+    return out
+
+
+def test_ed25519_keys_have_the_standard_prefixes_and_sign_v1a() -> None:
+    from core import signing
+
+    whsk = signing.generate_key(signing.ED25519, bytes(range(32)))
+    assert whsk.startswith("whsk_") and signing.scheme_of(whsk) == signing.ED25519
+    whpk = signing.public_key(whsk)
+    assert whpk.startswith("whpk_") and len(base64.b64decode(whpk[5:])) == 32
+    body = b'{"type":"invoice.paid"}'
+    headers = signing.sign("dlv_1", 1_700_000_000, body, [(1, signing.signing_material(whsk))])
+    assert headers["webhook-signature"].startswith("v1a,")
+    assert _nacl_verify(whpk, headers, body) == [True]
+    # The same public key: libsodium derives it from the seed as we do.
+    import nacl.signing
+    assert nacl.signing.SigningKey(bytes(range(32))).verify_key.encode() == base64.b64decode(whpk[5:])
+
+
+def test_ed25519_signatures_fail_for_other_bytes_ids_times_and_keys() -> None:
+    from core import signing
+
+    whsk = signing.generate_key(signing.ED25519, b"\x07" * 32)
+    other = signing.public_key(signing.generate_key(signing.ED25519, b"\x08" * 32))
+    body = b'{"a":1}'
+    headers = signing.sign("dlv_1", 1_700_000_000, body, [(1, signing.signing_material(whsk))])
+    assert _nacl_verify(signing.public_key(whsk), headers, body + b" ") == [False]
+    assert _nacl_verify(signing.public_key(whsk), {**headers, "webhook-id": "dlv_2"}, body) == [False]
+    assert _nacl_verify(signing.public_key(whsk), {**headers, "webhook-timestamp": "1700000001"}, body) == [False]
+    assert _nacl_verify(other, headers, body) == [False]
+
+
+def test_a_rotation_from_hmac_to_ed25519_signs_with_both() -> None:
+    """During the overlap a receiver holding either the old whsec_ or the new whpk_ verifies."""
+    from standardwebhooks.webhooks import Webhook
+
+    from core import signing
+
+    whsec = signing.generate_key(signing.HMAC_SHA256, b"\x01" * 32)
+    whsk = signing.generate_key(signing.ED25519, b"\x02" * 32)
+    body = b'{"rotating":true}'
+    now = int(time.time())
+    keys = [(2, signing.signing_material(whsk)), (1, signing.signing_material(whsec))]
+    headers = signing.build_headers("dlv_9", now, body, keys, event_type="a.b", event_id="evt_1",
+                                    occurred_at_ms=now * 1000, schema_version="1")
+    assert headers["webhook-signature-version"] == "v1a v1" and headers["webhook-key-versions"] == "2 1"
+    assert _nacl_verify(signing.public_key(whsk), headers, body) == [True]
+    Webhook(whsec).verify(body, headers)  # the official library, HMAC side
+
+
+@pytest.mark.parametrize(("scheme", "error"), [("rsa", "unknown signature scheme"), ("", "unknown signature scheme")])
+def test_unknown_schemes_are_refused(scheme: str, error: str) -> None:
+    from core import signing
+
+    with pytest.raises(ValueError, match=error):
+        signing.generate_key(scheme, b"\x00" * 32)
+
+
+def test_a_malformed_ed25519_key_errors_without_echoing_it() -> None:
+    from core import signing
+
+    for bad in ("whsk_not-base64!", "whsk_" + base64.b64encode(b"short").decode()):
+        with pytest.raises(ValueError) as err:
+            signing.signing_material(bad)
+        assert bad[5:] not in str(err.value)
