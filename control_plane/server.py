@@ -17,7 +17,8 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
-from cassandra.cluster import Cluster, Session
+from cassandra import ConsistencyLevel
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -131,7 +132,7 @@ def build(
     policy = EgressPolicy.from_settings(settings.egress)
     if policy.dev_allow_cidrs:
         log.warning("egress dev_allow_cidrs is set (%s): development only", settings.egress.dev_allow_cidrs)
-    store = CassandraStore(session)
+    store = CassandraStore(session, consistency=settings.cassandra.consistency)
     publisher = publisher or KafkaPublisher(settings.kafka)
     publication = ConfigPublication(store, publisher, now_ms, hold_scan_interval_ms=cp.hold_scan_interval_ms)
     endpoints = EndpointService(
@@ -198,10 +199,14 @@ def _reconcile_and_export(reconciler: Reconciler) -> None:
 
 def connect_cassandra(settings: Settings) -> tuple[Cluster, Session]:
     c = settings.cassandra
+    profile = ExecutionProfile(
+        load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=c.local_dc),
+        consistency_level=ConsistencyLevel.name_to_value[c.consistency],
+        serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL)
     cluster = Cluster(
         contact_points=c.contact_points,
         port=c.port,
-        load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=c.local_dc),
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         protocol_version=5,
         sockopts=c.sockopts,
         # serve again within seconds of Cassandra's return (the default backs off to 600 s)

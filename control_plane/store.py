@@ -242,9 +242,12 @@ _VERSION_COLUMNS = (
 class CassandraStore:
     """Both stores over one driver session on keyspace ``webhooks``; statements prepared once."""
 
-    def __init__(self, session: Session, scan_page_size: int = 500) -> None:
+    def __init__(self, session: Session, scan_page_size: int = 500, consistency: str = "LOCAL_QUORUM") -> None:
         self._session = session
         self._scan_page_size = scan_page_size
+        # Whatever session it is given (the server's, a test's), reads and writes at the
+        # configured level (cassandra.consistency); LWTs at LOCAL_SERIAL (the server's profile).
+        self._consistency = ConsistencyLevel.name_to_value[consistency]
         self._p = self._prepare_all()
 
     def _prepare_all(self) -> dict[str, PreparedStatement]:
@@ -303,7 +306,7 @@ class CassandraStore:
         prepared = {}
         for name, text in cql.items():
             stmt = self._session.prepare(text)
-            stmt.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+            stmt.consistency_level = self._consistency
             prepared[name] = stmt
         return prepared
 

@@ -45,6 +45,13 @@ class CassandraSettings(BaseModel):
     # driver's default backs off to 600 s: after a short outage every client (the dispatcher,
     # the control plane, tests) stayed unavailable for minutes after Cassandra was back.
     reconnect_max_delay_s: float = Field(default=5.0, gt=0)
+    # Consistency of every history write and of the reads that drive decisions (the dispatcher's
+    # check before re-sending, replay loads; the control plane's reads). LOCAL_QUORUM survives one
+    # replica down per DC at RF 3 and reads what a quorum acknowledged; LOCAL_ONE would let a
+    # restored dispatcher read a replica that missed the "succeeded" write and send again.
+    # Lightweight transactions (IF NOT EXISTS) use LOCAL_SERIAL.
+    consistency: Literal["ONE", "LOCAL_ONE", "QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "TWO", "THREE", "ALL"] = (
+        "LOCAL_QUORUM")
     # Delivery writes in flight from one operator instance (buffered or sent); more only queues.
     max_concurrent_writes: int = Field(default=1024, ge=1)
     # History writes of many deliveries travel as one unlogged batch (operators/write_batcher.py):

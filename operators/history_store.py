@@ -29,7 +29,8 @@ import asyncio
 import datetime as dt
 from typing import Any
 
-from cassandra.cluster import Cluster, ResponseFuture, Session
+from cassandra import ConsistencyLevel
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
@@ -75,10 +76,14 @@ def status_write_ts(status: str, at_ms: int) -> int:
 class CassandraHistory:
     def __init__(self, settings: CassandraSettings) -> None:
         self._settings = settings
+        profile = ExecutionProfile(
+            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
+            consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
+            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL)
         self._cluster = Cluster(
             settings.contact_points,
             port=settings.port,
-            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
             # v4, not v5: v5 frames carry checksums the driver computes in Python (~2 % of the
             # dispatcher's interpreter in a profile); loopback/LAN TCP already checksums.
             protocol_version=4,

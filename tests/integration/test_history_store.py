@@ -315,3 +315,33 @@ def test_history_and_control_plane_connections_do_not_wait_on_nagle(history: Cas
         cluster.shutdown()
     assert history_flags and all(history_flags), history_flags
     assert cp_flags and all(cp_flags), cp_flags
+
+
+def test_writes_and_decision_reads_use_the_configured_consistency(own_settings: Settings, session: Session) -> None:
+    """Issue 17 item 13: cassandra.consistency reaches Cassandra on the dispatcher's writes and
+    reads and on the control plane's. Shown by asking this one-node cluster (RF 1) for a level it
+    cannot give: TWO fails as Unavailable on every path; the default (LOCAL_QUORUM) works."""
+    from control_plane.errors import Unavailable
+    from control_plane.store import CassandraStore
+
+    assert own_settings.cassandra.consistency == "LOCAL_QUORUM"
+    two = own_settings.cassandra.model_copy(update={"consistency": "TWO"})
+    h = CassandraHistory(two)
+    try:
+        d = delivery()
+        c = h.persist(d, intent(1))
+        h.flush()
+        deadline = time.monotonic() + 10
+        while not c.done():
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        # (the driver wraps the server's Unavailable in NoHostAvailable after trying the next host)
+        with pytest.raises(Exception, match="Cannot achieve consistency level TWO"):
+            c.result()
+        with pytest.raises(Exception, match="Cannot achieve consistency level TWO"):
+            check(h, d.delivery_id)
+    finally:
+        h.close()
+    with pytest.raises(Unavailable):
+        CassandraStore(session, consistency="TWO").get_delivery("dlv_none")
+    assert CassandraStore(session).get_delivery("dlv_none") is None  # LOCAL_QUORUM: served

@@ -215,3 +215,21 @@ def test_reprocessing_an_event_yields_identical_deliveries() -> None:
 
 def test_no_endpoints_no_deliveries() -> None:
     assert deliveries_for(EVENT, [], created_at_ms=NOW, deadline_ms=DAY_MS) == []
+
+
+def test_the_dedupe_state_expires_on_rocksdb_too() -> None:
+    """Issue 17 item 13: the production backend (RocksDB) reclaims expired event ids with its
+    compaction filter; heap keeps its incremental cleanup; expired entries are never returned.
+    (Before, only the heap strategy was set: RocksDB kept every id for good.) The conversion to
+    Java runs inside the TaskManager on every job start (the integration suite runs RocksDB)."""
+    from pyflink.datastream.state import StateTtlConfig
+
+    from operators.fanout import dedupe_ttl
+
+    cfg = dedupe_ttl(7 * 24 * 3600)
+    assert cfg.get_ttl().to_milliseconds() == 7 * 24 * 3600 * 1000
+    assert cfg.get_state_visibility() == StateTtlConfig.StateVisibility.NeverReturnExpired
+    strategies = cfg.get_cleanup_strategies()
+    rocksdb = strategies.get_rocksdb_compact_filter_cleanup_strategy()
+    assert rocksdb is not None and rocksdb.get_query_time_after_num_entries() == 1000
+    assert strategies.get_incremental_cleanup_strategy().get_cleanup_size() == 10
