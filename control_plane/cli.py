@@ -195,6 +195,19 @@ def _metadata(pairs: list[str] | None) -> dict[str, str]:
     return result
 
 
+def reencrypt_report(r: Any) -> str:
+    others = sorted(k for k, n in r.keys_by_master_key.items() if n and k != r.current_master_key_id)
+    verdict = ("every key is sealed under the current master key"
+               + ("" if not r.unpublished else f"; {r.unpublished} endpoint(s) not yet sent to the job: run again")
+               if not others else f"still sealed under {', '.join(others)}: run again")
+    return "\n".join([
+        f"current master key: {r.current_master_key_id}",
+        f"endpoints scanned {r.endpoints_scanned}, re-encrypted {r.endpoints_reencrypted} "
+        f"({r.keys_reencrypted} keys)",
+        "keys by master key: " + ", ".join(f"{k}={n}" for k, n in sorted(r.keys_by_master_key.items())),
+        verdict])
+
+
 def run(args: argparse.Namespace, tenant: Any, admin: Any, emit: Out, show: Callable[[str], None]) -> None:
     group, cmd = args.group, getattr(args, "command", "")
     ref = pb.GetEndpointRequest(endpoint_id=getattr(args, "endpoint_id", "") or "")
@@ -217,6 +230,10 @@ def run(args: argparse.Namespace, tenant: Any, admin: Any, emit: Out, show: Call
             start_time=_ts(args.since), end_time=_ts(args.until), tenant_id=args.tenant or "",
             repair=args.repair, overdue_after_seconds=args.overdue_after), timeout=max(args.timeout, 600))
         out(r, reconcile_report)
+    elif group == "master-key":
+        r = admin.ReencryptSigningKeys(pb.ReencryptSigningKeysRequest(
+            tenant_id=args.tenant or "", dry_run=args.dry_run), timeout=max(args.timeout, 600))
+        out(r, reencrypt_report)
     elif group == "endpoints":
         run_endpoints(args, tenant, ref, out)
     else:
@@ -342,6 +359,12 @@ def parser() -> argparse.ArgumentParser:
     k = keys.add_parser("revoke", help="revoke an API key at once")
     k.add_argument("--tenant", required=True)
     k.add_argument("key_id")
+
+    mk = groups.add_parser("master-key", help="(admin) master-key rotation").add_subparsers(
+        dest="command", required=True)
+    re_ = mk.add_parser("reencrypt", help="seal every signing key under the current master key")
+    re_.add_argument("--tenant", help="one tenant (default: all)")
+    re_.add_argument("--dry-run", action="store_true", help="count only")
 
     rec = groups.add_parser("reconcile", help="(admin) check every durable boundary for a window")
     rec.add_argument("--since", required=True, help="ISO 8601: window of event arrivals, from")
@@ -513,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(stats.render(jobs, alerts))
         return 0
-    admin_group = args.group in ("tenants", "keys", "reconcile")
+    admin_group = args.group in ("tenants", "keys", "reconcile", "master-key")
     env = "WEBHOOKCTL_ADMIN_TOKEN" if admin_group else "WEBHOOKCTL_API_KEY"
     token = os.environ.get(env, "")
     if not token:

@@ -4,9 +4,9 @@ A cursor carries the position plus the identity of the listing (e.g. the endpoin
 filters); a cursor replayed against another listing is refused instead of silently skipping
 rows. It also carries what the first page resolved -- a delivery listing's time range -- and a
 forged range spanning years would walk one Cassandra partition per day: so every cursor carries
-an HMAC-SHA256 tag (128 bits) under a key derived from the master key, and one that does not
-verify is refused before anything is read. Every control-plane replica derives the same key;
-a master-key change invalidates the cursors in flight (clients start their listing again).
+an HMAC-SHA256 tag (128 bits) under a key derived from the current master key, and one that does
+not verify is refused before anything is read. Every control-plane replica derives the same key;
+during a master-key rotation tags under the retired keys are accepted too.
 Cursors are not secret: they only name positions the caller can already read, and every read
 is still tenant-scoped.
 """
@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from control_plane.errors import InvalidArgument
+from core.secrets import Keyring
 
 _TAG_BYTES = 16
 _LABEL = b"webhooks.page-cursor/v1"
@@ -36,25 +37,29 @@ def _unb64(text: str) -> bytes:
 
 
 class Cursors:
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, *accepted: bytes) -> None:
         self._key = key
+        self._accepted = (key, *accepted)  # during a master-key rotation: tags of the old key too
 
     @classmethod
-    def from_master_key(cls, master_key: bytes) -> Cursors:
-        # A key of its own (not the master key itself): a tag never reveals anything about it.
-        return cls(hmac.new(master_key, _LABEL, hashlib.sha256).digest())
+    def from_keyring(cls, keyring: Keyring) -> Cursors:
+        # Keys of their own (not the master keys themselves): a tag never reveals anything about them.
+        def derive(master: bytes) -> bytes:
+            return hmac.new(master, _LABEL, hashlib.sha256).digest()
+        return cls(derive(keyring.current), *(derive(k) for i, k in keyring.keys.items() if i != keyring.current_id))
 
-    def _tag(self, body: str) -> str:
-        return _b64(hmac.new(self._key, body.encode(), hashlib.sha256).digest()[:_TAG_BYTES])
+    @staticmethod
+    def _tag(key: bytes, body: str) -> str:
+        return _b64(hmac.new(key, body.encode(), hashlib.sha256).digest()[:_TAG_BYTES])
 
     def encode(self, kind: str, **fields: Any) -> str:
         body = _b64(json.dumps({"k": kind, **fields}, separators=(",", ":"), sort_keys=True).encode())
-        return f"{body}.{self._tag(body)}"
+        return f"{body}.{self._tag(self._key, body)}"
 
     def decode(self, kind: str, cursor: str, **expected: Any) -> dict[str, Any]:
         """The cursor's fields; InvalidArgument if it is garbage, forged, or from a different listing."""
         body, _, tag = cursor.partition(".")
-        if not hmac.compare_digest(tag.encode(), self._tag(body).encode()):
+        if not any(hmac.compare_digest(tag.encode(), self._tag(k, body).encode()) for k in self._accepted):
             raise InvalidArgument(_NOT_VALID)
         try:
             fields = json.loads(_unb64(body))

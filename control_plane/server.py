@@ -141,7 +141,7 @@ def build(
             publication=publication,
             publisher=publisher,
             destination=DestinationValidator(policy, resolver),
-            master_key=settings.master_key_bytes(),
+            master_key=settings.master_keyring(),
             now_ms=now_ms,
             random_bytes=os.urandom,
             default_overlap_s=cp.secret_rotation_overlap_s,
@@ -150,7 +150,7 @@ def build(
     )
     deliveries = DeliveryService(
         DeliveryDeps(endpoints=store, history=store, publisher=publisher, now_ms=now_ms,
-                     random_bytes=os.urandom, cursors=Cursors.from_master_key(settings.master_key_bytes()))
+                     random_bytes=os.urandom, cursors=Cursors.from_keyring(settings.master_keyring()))
     )
     auth = Authenticator(store, cp.admin_token.get_secret_value())
 
@@ -161,7 +161,7 @@ def build(
     )
     reconciler = Reconciler(settings, session, store, publisher, now_ms)
     rpc.add_AdminServicer_to_server(
-        AdminServicer(auth, AdminService(store, now_ms, os.urandom), reconciler), server)
+        AdminServicer(auth, AdminService(store, now_ms, os.urandom), reconciler, endpoints), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

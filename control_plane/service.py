@@ -50,7 +50,7 @@ from control_plane.publisher import Publisher, PublishError
 from control_plane.store import EndpointStore
 from core import signing, target_proof
 from core.records import EndpointSignal, EndpointStatus, EventRecord, delivery_id_for
-from core.secrets import NONCE_BYTES, encrypt_secret
+from core.secrets import NONCE_BYTES, Keyring, decrypt_secret, encrypt_secret, sealed_with
 from core.signing import ED25519, HMAC_SHA256, SECRET_BYTES, generate_key
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 PING_EVENT_TYPE = "webhook.ping"
 # Who the audit trail names for changes the platform makes itself (410 Gone -> disabled).
 DISPATCHER_ACTOR = "dispatcher"
+ADMIN_ACTOR = "admin"  # changed_by of changes made with the admin credential
 PING_SCHEMA_VERSION = "2026-01-01"
 UPDATABLE_FIELDS = frozenset(
     {"url", "description", "event_types", "rate_limit_per_s", "max_in_flight", "metadata"}
@@ -88,6 +89,20 @@ class Rotated:
 
 
 @dataclass(frozen=True)
+class Reencrypted:
+    """One pass of `master-key reencrypt`. ``keys_by_master_key``: every key of a live (not
+    deleted) endpoint by the id of the master key that seals it after the pass ("(none)": sealed
+    before ids); a retired id that no longer appears, with ``unpublished`` at 0, can be removed."""
+
+    current_id: str
+    endpoints_scanned: int
+    endpoints_reencrypted: int
+    keys_reencrypted: int
+    keys_by_master_key: dict[str, int]
+    unpublished: int
+
+
+@dataclass(frozen=True)
 class TestEventSent:
     event_id: str
     delivery_id: str
@@ -101,7 +116,7 @@ class Deps:
     publication: ConfigPublication
     publisher: Publisher
     destination: validation.DestinationValidator
-    master_key: bytes
+    master_key: Keyring
     now_ms: Callable[[], int]
     random_bytes: Callable[[int], bytes]
     default_overlap_s: int
@@ -123,8 +138,8 @@ def page_size(requested: int, default: int = DEFAULT_PAGE_SIZE, maximum: int = M
 class EndpointService:
     def __init__(self, deps: Deps) -> None:
         self._d = deps
-        self._cursors = Cursors.from_master_key(deps.master_key)
-        self._target_key = target_proof.target_key(deps.master_key)
+        self._cursors = Cursors.from_keyring(deps.master_key)
+        self._target_key = target_proof.target_key(deps.master_key.current)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -350,6 +365,54 @@ class EndpointService:
         created = _created(endpoint, secret, next(k for k in endpoint.signing_keys if k.version == version))
         return Rotated(endpoint, created.signing_secret, version, endpoint.live_keys(self._d.now_ms()),
                        created.public_key)
+
+    # -- master-key rotation ----------------------------------------------------------------
+
+    def reencrypt_keys(self, tenant_id: str | None, dry_run: bool) -> Reencrypted:
+        """Seal every signing key not under the current master key again under it (same key
+        version, same plaintext: receivers notice nothing), as an audited config change that is
+        published to the job like any other -- the job opens both until the retired key goes."""
+        ring = self._d.master_key
+        scanned = changed = moved = unpublished = 0
+        by_key: dict[str, int] = {}
+        tenants = [tenant_id] if tenant_id else self._d.store.iter_tenant_ids()
+        for tenant in tenants:
+            admin = Principal(tenant, ADMIN_ACTOR, read_only=False)
+            after = ""
+            while batch := self._d.store.list_endpoints(tenant, after, MAX_PAGE_SIZE):
+                after = batch[-1].endpoint_id
+                for endpoint in batch:
+                    if endpoint.status is EndpointStatus.DELETED:
+                        continue  # never signs again
+                    scanned += 1
+                    stale = [k for k in endpoint.signing_keys if sealed_with(k.ciphertext_b64) != ring.current_id]
+                    if stale and not dry_run:
+                        endpoint = self._change(admin, endpoint.endpoint_id, self._resealed)
+                        changed, moved = changed + 1, moved + len(stale)
+                    for k in endpoint.signing_keys:
+                        label = sealed_with(k.ciphertext_b64) or "(none)"
+                        by_key[label] = by_key.get(label, 0) + 1
+                    unpublished += endpoint.published_version < endpoint.config_version
+        log.info("master-key reencrypt%s: %d endpoints scanned, %d re-encrypted (%d keys) under %s",
+                 " (dry run)" if dry_run else "", scanned, changed, moved, ring.current_id)
+        return Reencrypted(ring.current_id, scanned, changed, moved, by_key, unpublished)
+
+    def _resealed(self, current: Endpoint) -> Endpoint | None:
+        ring = self._d.master_key
+        if all(sealed_with(k.ciphertext_b64) == ring.current_id for k in current.signing_keys):
+            return None  # done meanwhile (another replica, an earlier pass)
+        keys = []
+        for k in current.signing_keys:
+            if sealed_with(k.ciphertext_b64) == ring.current_id:
+                keys.append(k)
+                continue
+            secret = decrypt_secret(ring, k.ciphertext_b64, tenant_id=current.tenant_id,
+                                    endpoint_id=current.endpoint_id, key_version=k.version)
+            resealed = self._seal(current.tenant_id, current.endpoint_id, k.version, secret, k.created_at_ms)
+            keys.append(replace(k, ciphertext_b64=resealed.ciphertext_b64))
+        principal = Principal(current.tenant_id, ADMIN_ACTOR, read_only=False)
+        return self._next(current, principal, f"re-encrypt signing keys under master key {ring.current_id}",
+                          signing_keys=tuple(keys))
 
     # -- test events ------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from control_plane import errors
+from control_plane import errors, validation
 from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.auth import Authenticator
@@ -359,10 +359,12 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
 
 
 class AdminServicer(rpc.AdminServicer):
-    def __init__(self, auth: Authenticator, admin: AdminService, reconciler: Reconciler) -> None:
+    def __init__(self, auth: Authenticator, admin: AdminService, reconciler: Reconciler,
+                 endpoints: EndpointService) -> None:
         self._auth = auth
         self._admin = admin
         self._reconciler = reconciler
+        self._endpoints = endpoints
 
     @mapped
     def Reconcile(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -377,6 +379,17 @@ class AdminServicer(rpc.AdminServicer):
             gaps=[pb.ReconcileGap(kind=g.kind, id=g.id, tenant_id=g.tenant_id, detail=g.detail) for g in r.gaps],
             repairs=[pb.ReconcileRepair(kind=x.kind, id=x.id, action=x.action, detail=x.detail)
                      for x in out.repairs])
+
+    @mapped
+    def ReencryptSigningKeys(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._auth.admin(context.invocation_metadata())
+        if request.tenant_id:
+            validation.identifier("tenant_id", request.tenant_id)
+        r = self._endpoints.reencrypt_keys(request.tenant_id or None, request.dry_run)
+        return pb.ReencryptSigningKeysReport(
+            current_master_key_id=r.current_id, endpoints_scanned=r.endpoints_scanned,
+            endpoints_reencrypted=r.endpoints_reencrypted, keys_reencrypted=r.keys_reencrypted,
+            keys_by_master_key=r.keys_by_master_key, unpublished=r.unpublished)
 
     @mapped
     def CreateTenant(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -44,6 +44,9 @@ HistoryPosition = tuple[int, str]
 class EndpointStore(Protocol):
     def create_tenant(self, tenant: Tenant) -> bool: ...
     def get_tenant(self, tenant_id: str) -> Tenant | None: ...
+    def iter_tenant_ids(self) -> Iterator[str]:
+        """Every tenant (a full scan, paged: admin operations only)."""
+        ...
     def put_api_key(self, key: ApiKey) -> None: ...
     def get_api_key(self, key_hash: str) -> ApiKey | None: ...
     def get_api_key_by_id(self, tenant_id: str, key_id: str) -> ApiKey | None: ...
@@ -255,6 +258,7 @@ class CassandraStore:
             "tenant_insert": "INSERT INTO tenants (tenant_id, name, created_at) VALUES (?, ?, ?) "
             "IF NOT EXISTS",
             "tenant_get": "SELECT tenant_id, name, created_at FROM tenants WHERE tenant_id = ?",
+            "tenant_ids": "SELECT tenant_id FROM tenants",
             "key_insert": "INSERT INTO api_keys (key_hash, key_id, tenant_id, description, "
             "read_only, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             "key_by_tenant_insert": "INSERT INTO api_keys_by_tenant (tenant_id, key_id, key_hash) "
@@ -317,6 +321,10 @@ class CassandraStore:
         return self._applied(
             "tenant_insert", (tenant.tenant_id, tenant.name, _dt(tenant.created_at_ms))
         )
+
+    @_unavailable_on_driver_error
+    def iter_tenant_ids(self) -> Iterator[str]:
+        return iter([row["tenant_id"] for row in self._execute("tenant_ids", (), fetch_size=self._scan_page_size)])
 
     @_unavailable_on_driver_error
     def get_tenant(self, tenant_id: str) -> Tenant | None:

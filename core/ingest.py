@@ -125,12 +125,13 @@ def _from_fields(d: dict[str, Any], max_payload_bytes: int, payload: bytes | Non
     )
 
 
-def check_target(event: EventRecord, key: bytes) -> None:
+def check_target(event: EventRecord, keys: bytes | list[bytes]) -> None:
     """Refuse an event aimed at one endpoint without the control plane's proof (core.target_proof):
     any producer could otherwise reach an endpoint that never subscribed to the event's type."""
     if event.target_endpoint_id is None:
         return
-    if not target_proof.verify(key, event.tenant_id, event.event_id, event.target_endpoint_id, event.target_proof):
+    if not any(target_proof.verify(key, event.tenant_id, event.event_id, event.target_endpoint_id, event.target_proof)
+               for key in ([keys] if isinstance(keys, bytes) else keys)):
         raise IngestError("untrusted_target", f"target_endpoint_id {event.target_endpoint_id} is honoured only "
                           "on the control plane's own test events (no valid target_proof)")
 

@@ -22,6 +22,8 @@ import binascii
 import hmac
 import json
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from cryptography.exceptions import InvalidTag
@@ -29,8 +31,52 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 MASTER_KEY_BYTES = 32
 NONCE_BYTES = 12
-# First byte of every ciphertext: lets a later format (or a master-key id) be told apart.
+# First byte of every ciphertext. v1: no key id (sealed before master keys had ids); v2: the id
+# of the master key that sealed it follows, so a keyring of several keys decrypts it directly.
 _FORMAT_V1 = b"\x01"
+_FORMAT_V2 = b"\x02"
+_KEY_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """The master keys by id: ``current_id`` seals new secrets; the others (retired, being
+    rotated away from) only open what they sealed, until `webhookctl master-key reencrypt` has
+    moved every secret to the current key and they are removed from the settings."""
+
+    current_id: str
+    keys: Mapping[str, bytes]
+
+    def __post_init__(self) -> None:
+        for key_id, key in self.keys.items():
+            if not _KEY_ID.fullmatch(key_id):
+                raise ValueError(f"master key id {key_id!r}: 1-32 of a-z, 0-9, '_' or '-'")
+            if len(key) != MASTER_KEY_BYTES:
+                raise ValueError(f"master key {key_id!r} must be {MASTER_KEY_BYTES} bytes, got {len(key)}")
+        if self.current_id not in self.keys:
+            raise ValueError(f"current master key id {self.current_id!r} is not in the keyring")
+
+    @classmethod
+    def single(cls, key: bytes, key_id: str = "k1") -> Keyring:
+        return cls(key_id, {key_id: key})
+
+    @property
+    def current(self) -> bytes:
+        return self.keys[self.current_id]
+
+    def __repr__(self) -> str:  # never the keys
+        return f"Keyring(current_id={self.current_id!r}, ids={sorted(self.keys)})"
+
+
+def sealed_with(ciphertext_b64: str) -> str | None:
+    """The id of the master key a ciphertext was sealed with; None for one sealed before ids."""
+    try:
+        raw = base64.b64decode(ciphertext_b64, validate=True)
+    except binascii.Error:
+        return None
+    if raw[:1] != _FORMAT_V2 or len(raw) < 2:
+        return None
+    return raw[2:2 + raw[1]].decode("ascii", "replace")
 _AAD_LABEL = "webhooks.signing-secret/v1"
 
 # Standard and URL-safe base64 alphabets; a secret cut mid-way (e.g. in a truncated log line) is
@@ -55,7 +101,7 @@ def _cipher(master_key: bytes) -> AESGCM:
 
 
 def encrypt_secret(
-    master_key: bytes,
+    master_key: bytes | Keyring,
     secret: str,
     *,
     tenant_id: str,
@@ -63,41 +109,63 @@ def encrypt_secret(
     key_version: int,
     nonce: bytes,
 ) -> str:
-    """Base64 text of ``format || nonce || AES-GCM(secret) || tag`` bound to the endpoint key."""
+    """Base64 text of ``format || [key id] || nonce || AES-GCM(secret) || tag`` bound to the
+    endpoint key. A keyring seals with its current key and records its id (v2); a bare key
+    writes the v1 format."""
     if len(nonce) != NONCE_BYTES:
         raise ValueError(f"nonce must be {NONCE_BYTES} bytes, got {len(nonce)}")
-    sealed = _cipher(master_key).encrypt(
+    key = master_key.current if isinstance(master_key, Keyring) else master_key
+    sealed = _cipher(key).encrypt(
         nonce, secret.encode(), _associated_data(tenant_id, endpoint_id, key_version)
     )
+    if isinstance(master_key, Keyring):
+        key_id = master_key.current_id.encode("ascii")
+        return base64.b64encode(_FORMAT_V2 + bytes([len(key_id)]) + key_id + nonce + sealed).decode("ascii")
     return base64.b64encode(_FORMAT_V1 + nonce + sealed).decode("ascii")
 
 
 def decrypt_secret(
-    master_key: bytes,
+    master_key: bytes | Keyring,
     ciphertext_b64: str,
     *,
     tenant_id: str,
     endpoint_id: str,
     key_version: int,
 ) -> str:
-    """The plaintext secret, or :class:`SecretDecryptError` (wrong key, binding, or tampering)."""
-    cipher = _cipher(master_key)
+    """The plaintext secret, or :class:`SecretDecryptError` (wrong key, binding, or tampering).
+    A v2 ciphertext names its master key; a v1 one is tried under each key of the keyring,
+    the current one first (AES-GCM authenticates: a wrong key fails, it never decrypts wrongly)."""
+    keyring = master_key if isinstance(master_key, Keyring) else None
     try:
         raw = base64.b64decode(ciphertext_b64, validate=True)
     except binascii.Error:
         raise SecretDecryptError("signing-secret ciphertext is not base64") from None
-    if raw[:1] != _FORMAT_V1 or len(raw) < 1 + NONCE_BYTES + 16:
+    if raw[:1] == _FORMAT_V2 and len(raw) >= 2:
+        key_id, body = raw[2 : 2 + raw[1]].decode("ascii", "replace"), raw[2 + raw[1] :]
+        if keyring is None or key_id not in keyring.keys:
+            raise SecretDecryptError(f"signing secret v{key_version} of endpoint {endpoint_id} is sealed under "
+                                     f"master key {key_id!r}, which is not configured")
+        candidates = [keyring.keys[key_id]]
+    elif raw[:1] == _FORMAT_V1:
+        body = raw[1:]
+        candidates = ([keyring.current, *(k for i, k in keyring.keys.items() if i != keyring.current_id)]
+                      if keyring is not None else [master_key])  # type: ignore[list-item]
+    else:
         raise SecretDecryptError("signing-secret ciphertext has an unknown format")
-    nonce, sealed = raw[1 : 1 + NONCE_BYTES], raw[1 + NONCE_BYTES :]
-    try:
-        plain = cipher.decrypt(nonce, sealed, _associated_data(tenant_id, endpoint_id, key_version))
-    except InvalidTag:
-        # One message for every cause, so the error does not tell an attacker which part is wrong.
-        raise SecretDecryptError(
-            f"signing secret v{key_version} of endpoint {endpoint_id} does not decrypt "
-            "under this master key and binding"
-        ) from None
-    return plain.decode()
+    if len(body) < NONCE_BYTES + 16:
+        raise SecretDecryptError("signing-secret ciphertext has an unknown format")
+    nonce, sealed = body[:NONCE_BYTES], body[NONCE_BYTES:]
+    aad = _associated_data(tenant_id, endpoint_id, key_version)
+    for key in candidates:
+        try:
+            return _cipher(key).decrypt(nonce, sealed, aad).decode()
+        except InvalidTag:
+            continue
+    # One message for every cause, so the error does not tell an attacker which part is wrong.
+    raise SecretDecryptError(
+        f"signing secret v{key_version} of endpoint {endpoint_id} does not decrypt "
+        "under this master key and binding"
+    ) from None
 
 
 def constant_time_equals(a: str | bytes, b: str | bytes) -> bool:

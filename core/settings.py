@@ -18,6 +18,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from core.secrets import Keyring
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -241,21 +243,24 @@ class Settings(BaseSettings):
     # AES-256-GCM key (base64 of 32 bytes) that encrypts signing secrets at rest. The dev default
     # only exists so `make run` works; a deployment must set WEBHOOKS_MASTER_KEY.
     master_key: SecretStr = SecretStr(DEV_MASTER_KEY)
-    # A file holding the key instead (base64, e.g. a mounted secret), read where it is used: with
-    # it, the job graph shipped to TaskManagers carries no key at all -- each TaskManager reads
-    # the file at this path on its own machine. Takes precedence over master_key.
+    # The master key's id, recorded in every secret it seals (core.secrets.Keyring).
+    master_key_id: str = "k1"
+    # Master-key rotation: earlier keys by id, which still open what they sealed until
+    # `webhookctl master-key reencrypt` has moved every secret to the current key; then remove
+    # them. JSON in the environment: WEBHOOKS_RETIRED_MASTER_KEYS='{"k1": "<base64>"}'.
+    retired_master_keys: dict[str, SecretStr] = {}
+    # A file holding the key(s) instead (e.g. a mounted secret), read where it is used: with it,
+    # the job graph shipped to TaskManagers carries no key at all -- each TaskManager reads the
+    # file at this path on its own machine. Takes precedence over the three settings above. One
+    # base64 line (that key, id master_key_id), or a keyring: lines of "<id> <base64>", the first
+    # line the current key, the others retired.
     master_key_file: Path | None = None
     run_dir: Path = REPO_ROOT / ".run"
 
     @field_validator("master_key")
     @classmethod
     def _master_key_is_32_bytes(cls, v: SecretStr) -> SecretStr:
-        try:
-            raw = base64.b64decode(v.get_secret_value(), validate=True)
-        except ValueError as exc:
-            raise ValueError("master_key must be base64") from exc
-        if len(raw) != 32:
-            raise ValueError(f"master_key must decode to 32 bytes, got {len(raw)}")
+        _key_bytes("master_key", v.get_secret_value())
         return v
 
     @model_validator(mode="after")
@@ -264,8 +269,7 @@ class Settings(BaseSettings):
         if (cp.tls_cert_file is None) != (cp.tls_key_file is None):
             raise ValueError("control_plane.tls_cert_file and control_plane.tls_key_file go together: "
                              "set both or neither")
-        if self.master_key_file is not None:
-            self.master_key_bytes()  # a missing or malformed file fails here, at start-up
+        self.master_keyring()  # a missing or malformed key file, a bad id: fails here, at start-up
         if self.mode == "production" and (problems := self.production_problems()):
             raise ValueError("mode=production refuses development defaults: " + "; ".join(problems))
         return self
@@ -299,19 +303,31 @@ class Settings(BaseSettings):
         return self
 
     def master_key_bytes(self) -> bytes:
+        """The current master key (what seals new secrets)."""
+        return self.master_keyring().current
+
+    def master_keyring(self) -> Keyring:
+        """Every configured master key by id; the current one seals, all of them open."""
         if self.master_key_file is None:
-            return base64.b64decode(self.master_key.get_secret_value())
+            keys = {self.master_key_id: _key_bytes("master_key", self.master_key.get_secret_value())}
+            for key_id, key in self.retired_master_keys.items():
+                keys.setdefault(key_id, _key_bytes(f"retired_master_keys[{key_id}]", key.get_secret_value()))
+            return _keyring(self.master_key_id, keys, "master_key_id/retired_master_keys")
+        where = f"master_key_file {self.master_key_file}"
         try:
-            text = self.master_key_file.read_text().strip()
+            lines = [line.split() for line in self.master_key_file.read_text().splitlines() if line.strip()]
         except OSError as exc:
-            raise ValueError(f"master_key_file {self.master_key_file}: {exc.strerror}") from None
-        try:
-            raw = base64.b64decode(text, validate=True)
-        except ValueError:
-            raise ValueError(f"master_key_file {self.master_key_file} must hold base64") from None
-        if len(raw) != 32:
-            raise ValueError(f"master_key_file {self.master_key_file} must decode to 32 bytes, got {len(raw)}")
-        return raw
+            raise ValueError(f"{where}: {exc.strerror}") from None
+        if len(lines) == 1 and len(lines[0]) == 1:
+            return _keyring(self.master_key_id, {self.master_key_id: _key_bytes(where, lines[0][0])}, where)
+        if not lines or any(len(parts) != 2 for parts in lines):
+            raise ValueError(f"{where} must hold one base64 key, or lines of '<id> <base64>'")
+        keys = {}
+        for key_id, text in lines:
+            if key_id in keys:
+                raise ValueError(f"{where} names master key {key_id!r} twice")
+            keys[key_id] = _key_bytes(f"{where} ({key_id})", text)
+        return _keyring(lines[0][0], keys, where)
 
 
 def for_taskmanagers(settings: Settings) -> Settings:
@@ -326,12 +342,30 @@ def for_taskmanagers(settings: Settings) -> Settings:
     }
     if settings.master_key_file is not None:
         update["master_key"] = SecretStr("")
+        update["retired_master_keys"] = {}
     return settings.model_copy(update=update)
 
 
 @functools.lru_cache(maxsize=1)
 def load_settings() -> Settings:
     return Settings()
+
+
+def _key_bytes(where: str, text: str) -> bytes:
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise ValueError(f"{where} must hold base64") from None
+    if len(raw) != 32:
+        raise ValueError(f"{where} must decode to 32 bytes, got {len(raw)}")
+    return raw
+
+
+def _keyring(current_id: str, keys: dict[str, bytes], where: str) -> Keyring:
+    try:
+        return Keyring(current_id, keys)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def load_settings_or_exit(program: str) -> Settings:

@@ -136,7 +136,7 @@ class Dispatcher(KeyedProcessFunction):
         self._rt = AsyncRuntime("dispatcher-io")
         from operators.http_sender import HttpSender
 
-        self._sender = Sender(s.dispatch, self._rt.call(HttpSender.create(s.dispatch, policy)), s.master_key_bytes())
+        self._sender = Sender(s.dispatch, self._rt.call(HttpSender.create(s.dispatch, policy)), s.master_keyring())
         self._history = CassandraHistory(s.cassandra)
         self._next_backlog_report = 0
         self._reported: set[str] = set()  # endpoints last reported holding deliveries

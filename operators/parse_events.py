@@ -29,7 +29,9 @@ class ParseEvents(ProcessFunction):
     def open(self, runtime_context: RuntimeContext) -> None:
         self._refused = runtime_context.get_metrics_group().counter("events_dead_lettered")
         self._parsed = runtime_context.get_metrics_group().counter("events_parsed")
-        self._target_key = target_proof.target_key(self._settings.master_key_bytes())
+        # Proofs under any configured master key: during a rotation the control plane may still
+        # hold the old one.
+        self._target_keys = [target_proof.target_key(k) for k in self._settings.master_keyring().keys.values()]
 
     def process_element(self, value: str, ctx: ProcessFunction.Context):  # type: ignore[override]
         # The source decodes with ISO-8859-1, which maps every byte to one char: this gets the
@@ -38,7 +40,7 @@ class ParseEvents(ProcessFunction):
         arrived_ms = ctx.timestamp() or int(time.time() * 1000)
         try:
             event = parse_event(raw, self._max)
-            check_target(event, self._target_key)
+            check_target(event, self._target_keys)
         except IngestError as err:
             self._refused.inc()
             letter = DeadLetter(reason=err.reason, detail=err.detail,

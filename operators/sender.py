@@ -12,7 +12,7 @@ import time
 from core import dispatch
 from core.outcomes import ErrorClass, HttpResult
 from core.records import EndpointConfig
-from core.secrets import SecretDecryptError, decrypt_secret
+from core.secrets import Keyring, SecretDecryptError, decrypt_secret
 from core.settings import DispatchSettings
 from core.signing import SigningMaterial, build_headers, signing_material
 from operators.http_sender import HttpSender
@@ -25,7 +25,7 @@ class SigningKeyUnavailable(Exception):
 
 
 class Sender:
-    def __init__(self, settings: DispatchSettings, http: HttpSender, master_key: bytes) -> None:
+    def __init__(self, settings: DispatchSettings, http: HttpSender, master_key: Keyring) -> None:
         self._settings = settings
         self._http = http
         self._master_key = master_key

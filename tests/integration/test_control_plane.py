@@ -25,6 +25,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from pydantic import SecretStr
 
 from control_plane.api import pb, rpc
 from control_plane.publisher import KafkaPublisher, PublishError
@@ -626,3 +627,48 @@ def test_publish_failure_is_reconciled_by_the_republisher_and_holds_the_clock(st
     consume(stack, topic, lambda k, v: k == CLOCK_KEY.encode()
             and isinstance(c := parse_endpoint_topic_value(v), ConfigClock)
             and c.published_at_ms > created_at)
+
+
+def test_master_key_rotation_reseals_every_key_and_publishes_it(stack: Stack) -> None:
+    """Issue 17 item 10 on the real store and topic: a control plane whose current master key is
+    k2 (k1 retired) re-seals an endpoint's keys created under k1, through the admin RPC; the row
+    in Cassandra and the config on the endpoints topic then carry k2 ciphertexts of the same
+    secret, which a keyring holding only k2 opens: k1 can be retired."""
+    import base64
+
+    from core.secrets import Keyring, decrypt_secret, sealed_with
+
+    t = new_tenant(stack)
+    created = create_endpoint(stack, t)
+    e = created.endpoint
+    old_key = stack.settings.master_key.get_secret_value()
+    new_key = base64.b64encode(bytes(range(7, 39))).decode()
+    rotated_settings = stack.settings.model_copy(update={
+        "master_key": SecretStr(new_key), "master_key_id": "k2", "retired_master_keys": {"k1": SecretStr(old_key)}})
+    server = build(rotated_settings, stack.session, port=0)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            admin = rpc.AdminStub(ch)
+            dry = admin.ReencryptSigningKeys(pb.ReencryptSigningKeysRequest(tenant_id=t.tenant_id, dry_run=True),
+                                             metadata=stack.admin_md())
+            assert (dry.current_master_key_id, dry.endpoints_reencrypted, dict(dry.keys_by_master_key)) == (
+                "k2", 0, {"k1": 1})
+            done = admin.ReencryptSigningKeys(pb.ReencryptSigningKeysRequest(tenant_id=t.tenant_id),
+                                              metadata=stack.admin_md())
+            assert (done.endpoints_reencrypted, done.keys_reencrypted, dict(done.keys_by_master_key)) == (
+                1, 1, {"k2": 1})
+            assert code_of(lambda: admin.ReencryptSigningKeys(pb.ReencryptSigningKeysRequest(),
+                                                              metadata=t.md)) == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        server.stop(grace_s=2)
+    got = stack.api.GetEndpoint(ref(e.endpoint_id), metadata=t.md)
+    assert got.config_version == e.config_version + 1
+    only_k2 = Keyring.single(base64.b64decode(new_key), "k2")
+    [(_, value)] = consume(stack, stack.settings.kafka.endpoints_topic, lambda k, v: k == e.endpoint_id.encode()
+                           and parse_endpoint_topic_value(v).config_version == got.config_version)
+    [key] = parse_endpoint_topic_value(value).signing_keys
+    assert sealed_with(key.ciphertext_b64) == "k2"
+    secret = decrypt_secret(only_k2, key.ciphertext_b64, tenant_id=t.tenant_id, endpoint_id=e.endpoint_id,
+                            key_version=key.version)
+    assert secret == created.signing_secret

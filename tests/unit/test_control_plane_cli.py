@@ -25,6 +25,10 @@ class RecordingStub:
                                                          "gap_delivery_missing": 1},
                     gaps=[pb.ReconcileGap(kind="delivery_missing", id="dlv_x", tenant_id="t_1", detail="no row")],
                     repairs=[pb.ReconcileRepair(kind="delivery_missing", id="dlv_x", action="redriven")])
+            if name == "ReencryptSigningKeys":
+                return pb.ReencryptSigningKeysReport(current_master_key_id="k2", endpoints_scanned=3,
+                                                     endpoints_reencrypted=1, keys_reencrypted=2,
+                                                     keys_by_master_key={"k2": 3, "k1": 1})
             if name == "ReplayDelivery":
                 return pb.ReplayDeliveryResponse(delivery_id=request.delivery_id, request_id="rq")
             return pb.Endpoint(endpoint_id="ep_1", url="https://h.example.com:443/")
@@ -111,3 +115,12 @@ def test_channel_security_by_target_and_flags(target: str, ca: str | None, insec
     monkeypatch.setattr(cli_module.grpc, "ssl_channel_credentials", lambda root_certificates=None: root_certificates)
     cli_module.open_channel(target, ca, insecure)
     assert made == ["tls" if tls else "plain"]
+
+
+def test_master_key_reencrypt_says_whether_the_old_key_can_go() -> None:
+    stub, shown = run(["master-key", "reencrypt", "--tenant", "t_1", "--dry-run"])
+    [(name, request)] = stub.calls
+    assert name == "ReencryptSigningKeys" and request.tenant_id == "t_1" and request.dry_run
+    assert "k1=1, k2=3" in shown[0] and "still sealed under k1: run again" in shown[0]
+    done = pb.ReencryptSigningKeysReport(current_master_key_id="k2", keys_by_master_key={"k2": 4})
+    assert "every key is sealed under the current master key" in cli.reencrypt_report(done)

@@ -42,7 +42,7 @@ from core.records import (
     ReplayRequest,
     delivery_id_for,
 )
-from core.secrets import decrypt_secret
+from core.secrets import Keyring, decrypt_secret
 
 MASTER_KEY = bytes(range(32))
 T0 = 1_790_000_000_000
@@ -83,6 +83,9 @@ class MemoryStore:
 
     def get_tenant(self, tenant_id: str) -> Tenant | None:
         return self.tenants.get(tenant_id)
+
+    def iter_tenant_ids(self) -> Iterator[str]:
+        return iter(sorted(self.tenants))
 
     def put_api_key(self, key: ApiKey) -> None:
         self.keys[key.key_hash] = key
@@ -257,7 +260,7 @@ def w() -> World:
             publication=publication,
             publisher=publisher,
             destination=DestinationValidator(EgressPolicy(), fake_resolver),
-            master_key=MASTER_KEY,
+            master_key=Keyring.single(MASTER_KEY),
             now_ms=clock,
             random_bytes=rng,  # type: ignore[arg-type]
             default_overlap_s=24 * 3600,
@@ -306,7 +309,7 @@ def test_create_returns_secret_once_stores_only_ciphertext_and_publishes(w: Worl
     stored = w.store.endpoints[("tenant-a", e.endpoint_id)]
     key = stored.signing_keys[0]
     assert created.signing_secret not in repr(stored)
-    assert decrypt_secret(MASTER_KEY, key.ciphertext_b64, tenant_id="tenant-a",
+    assert decrypt_secret(Keyring.single(MASTER_KEY), key.ciphertext_b64, tenant_id="tenant-a",
                           endpoint_id=e.endpoint_id, key_version=1) == created.signing_secret
     [config] = w.publisher.configs
     assert config.endpoint_id == e.endpoint_id and config.status is EndpointStatus.ACTIVE
@@ -938,8 +941,8 @@ def _stored_secret(w: World, e: Endpoint, version: int) -> str:
 
     stored = w.store.endpoints[(e.tenant_id, e.endpoint_id)]
     [key] = [k for k in stored.signing_keys if k.version == version]
-    return decrypt_secret(MASTER_KEY, key.ciphertext_b64, tenant_id=e.tenant_id, endpoint_id=e.endpoint_id,
-                          key_version=version)
+    return decrypt_secret(Keyring.single(MASTER_KEY), key.ciphertext_b64, tenant_id=e.tenant_id,
+                          endpoint_id=e.endpoint_id, key_version=version)
 
 
 def test_an_ed25519_endpoint_hands_out_its_public_key_and_keeps_the_private_one(w: World) -> None:
@@ -987,3 +990,51 @@ def test_a_retried_create_must_ask_for_the_same_scheme(w: World) -> None:
     assert again.public_key == "" and again.signing_secret == ""  # the retry shows no key either way
     with pytest.raises(errors.AlreadyExists):
         w.endpoints.create(ALICE, spec(), "req-ed")  # same body, HMAC this time
+
+
+# -- master-key rotation (issue 17, item 10) --------------------------------------------------------
+
+NEW_MASTER = bytes(range(100, 132))
+
+
+def test_reencryption_moves_every_live_key_to_the_new_master_key(w: World) -> None:
+    """Keys sealed under k1 (one endpoint mid-rotation with two live keys) are sealed again under
+    k2 with the same plaintext and version, as an audited, published change; a second pass and a
+    dry run change nothing; once done, a keyring without k1 still opens every key."""
+    from core.secrets import sealed_with
+
+    w.store.tenants["tenant-a"] = Tenant("tenant-a", "a", 0)
+    one, two = create(w), create(w)
+    w.endpoints.rotate_secret(ALICE, two.endpoint_id, revoke_immediately=False, overlap_s=3600)
+    gone = create(w)
+    w.endpoints.delete(ALICE, gone.endpoint_id)
+    before = {e.endpoint_id: [_stored_secret(w, e, k.version) for k in
+                              w.store.endpoints[(e.tenant_id, e.endpoint_id)].signing_keys] for e in (one, two)}
+    ring = Keyring("k2", {"k2": NEW_MASTER, "k1": MASTER_KEY})
+    rotated = replace(w.endpoints._d, master_key=ring)  # what the new settings give the service
+    service = EndpointService(rotated)
+
+    dry = service.reencrypt_keys(None, dry_run=True)
+    assert (dry.endpoints_scanned, dry.endpoints_reencrypted, dry.keys_by_master_key) == (2, 0, {"k1": 3})
+    published = len(w.publisher.configs)
+    report = service.reencrypt_keys(None, dry_run=False)
+    assert (report.current_id, report.endpoints_reencrypted, report.keys_reencrypted) == ("k2", 2, 3)
+    assert report.keys_by_master_key == {"k2": 3} and report.unpublished == 0
+    assert len(w.publisher.configs) == published + 2  # the job gets the re-sealed keys
+    for e in (one, two):
+        stored = w.store.endpoints[(e.tenant_id, e.endpoint_id)]
+        assert all(sealed_with(k.ciphertext_b64) == "k2" for k in stored.signing_keys)
+        assert stored.change == "re-encrypt signing keys under master key k2" and stored.changed_by == "admin"
+        opened = [decrypt_secret(Keyring.single(NEW_MASTER, "k2"), k.ciphertext_b64, tenant_id=e.tenant_id,
+                                 endpoint_id=e.endpoint_id, key_version=k.version) for k in stored.signing_keys]
+        assert opened == before[e.endpoint_id]  # same secrets: receivers notice nothing
+    again = service.reencrypt_keys(None, dry_run=False)
+    assert again.endpoints_reencrypted == 0 and len(w.publisher.configs) == published + 2
+
+
+def test_a_new_secret_is_sealed_under_the_current_key_and_named(w: World) -> None:
+    from core.secrets import sealed_with
+
+    service = EndpointService(replace(w.endpoints._d, master_key=Keyring("k2", {"k2": NEW_MASTER, "k1": MASTER_KEY})))
+    e = service.create(ALICE, spec(), "").endpoint
+    assert sealed_with(e.signing_keys[0].ciphertext_b64) == "k2"

@@ -114,3 +114,47 @@ def test_redacted_wrapper_hides_value_from_str_repr_and_fstrings() -> None:
     assert SECRET not in str(wrapped)
     assert SECRET not in f"{wrapped} {[wrapped]}"
     assert wrapped.reveal() == SECRET
+
+
+# -- master keys by id (issue 17, item 10) ----------------------------------------------------------
+
+def test_a_keyring_seals_with_its_current_key_and_names_it() -> None:
+    from core.secrets import Keyring, sealed_with
+
+    ring = Keyring("k2", {"k2": OTHER_MASTER, "k1": MASTER})
+    c = encrypt_secret(ring, SECRET, tenant_id="t_1", endpoint_id="ep_1", key_version=3, nonce=NONCE)
+    assert sealed_with(c) == "k2" and sealed_with(_encrypt()) is None  # v1: sealed before ids
+    assert _decrypt(c, master=ring) == SECRET  # type: ignore[arg-type]
+    assert _decrypt(c, master=Keyring.single(OTHER_MASTER, "k2")) == SECRET  # type: ignore[arg-type]
+    with pytest.raises(SecretDecryptError, match="sealed under master key 'k2', which is not configured"):
+        _decrypt(c, master=Keyring.single(MASTER, "k1"))  # type: ignore[arg-type]
+    with pytest.raises(SecretDecryptError):
+        _decrypt(c, endpoint_id="ep_2", master=ring)  # type: ignore[arg-type]  # the binding still holds
+
+
+def test_secrets_sealed_before_ids_open_under_any_key_of_the_ring() -> None:
+    from core.secrets import Keyring
+
+    legacy = _encrypt()  # v1, under MASTER
+    assert _decrypt(legacy, master=Keyring("k2", {"k2": OTHER_MASTER, "k1": MASTER})) == SECRET  # type: ignore[arg-type]
+    with pytest.raises(SecretDecryptError, match="does not decrypt"):
+        _decrypt(legacy, master=Keyring.single(OTHER_MASTER))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("current", "keys", "error"), [
+    ("k3", {"k1": MASTER}, "not in the keyring"),
+    ("K1", {"K1": MASTER}, "a-z"),
+    ("k1", {"k1": b"short"}, "must be 32 bytes"),
+])
+def test_a_bad_keyring_is_refused(current: str, keys: dict[str, bytes], error: str) -> None:
+    from core.secrets import Keyring
+
+    with pytest.raises(ValueError, match=error):
+        Keyring(current, keys)
+
+
+def test_a_keyring_never_shows_its_keys() -> None:
+    from core.secrets import Keyring
+
+    text = repr(Keyring("k1", {"k1": MASTER}))
+    assert "k1" in text and MASTER.hex() not in text and str(MASTER) not in text
