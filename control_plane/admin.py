@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from control_plane import validation
 from control_plane.auth import API_KEY_BYTES, hash_api_key, new_api_key
 from control_plane.domain import ApiKey, Tenant
 from control_plane.errors import AlreadyExists, InvalidArgument, NotFound
 from control_plane.store import EndpointStore
 from core import identifiers
+from core.fanout import filter_covered
+from core.records import EndpointStatus
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,27 @@ class AdminService:
         self._store.put_api_key(key)
         log.info("api key %s issued for tenant %s (read_only=%s)", key.key_id, tenant_id, read_only)
         return IssuedKey(key, plaintext)
+
+    def set_event_types(self, tenant_id: str, types: Sequence[str], unrestricted: bool) -> tuple[Tenant, list[str]]:
+        """Restrict the event types the tenant's endpoints may subscribe to (or lift the
+        restriction). Endpoints are checked when created or changed; the ones whose filters the
+        new list no longer covers are returned, for the admin to follow up -- they are not changed."""
+        if unrestricted and types:
+            raise InvalidArgument("give allowed_event_types or unrestricted, not both")
+        allowed = None if unrestricted else validation.event_types(types)
+        if not tenant_id or not self._store.set_allowed_event_types(tenant_id, allowed):
+            raise NotFound(f"tenant {tenant_id or '(empty)'} not found")
+        tenant = self._store.get_tenant(tenant_id)
+        assert tenant is not None
+        outside: list[str] = []
+        after = ""
+        while allowed is not None and (batch := self._store.list_endpoints(tenant_id, after, 100)):
+            after = batch[-1].endpoint_id
+            outside += [e.endpoint_id for e in batch if e.status is not EndpointStatus.DELETED
+                        and not all(filter_covered(f, allowed) for f in e.spec.event_types)]
+        log.info("tenant %s event types %s; %d endpoint(s) outside them", tenant_id,
+                 "unrestricted" if allowed is None else ",".join(allowed), len(outside))
+        return tenant, outside
 
     def revoke_api_key(self, tenant_id: str, key_id: str) -> None:
         key = self._store.get_api_key_by_id(tenant_id, key_id) if tenant_id and key_id else None

@@ -84,6 +84,7 @@ def endpoint_detail(e: Any) -> str:
         ("config version", f"{e.config_version} (published {e.published_version})"),
         ("signing keys", keys or "-"),
         ("metadata", ", ".join(f"{k}={v}" for k, v in sorted(e.metadata.items())) or "-"),
+        ("payload", (e.payload_mode or "full") + (f" {', '.join(e.payload_fields)}" if e.payload_fields else "")),
         ("updated", _when(e.updated_at)),
     ]
     return "\n".join(f"{k + ':':<16}{v}" for k, v in pairs)
@@ -215,7 +216,14 @@ def run(args: argparse.Namespace, tenant: Any, admin: Any, emit: Out, show: Call
     def out(message: Any, text: Callable[[Any], str]) -> None:
         emit(message) if args.json else show(text(message))
 
-    if group == "tenants":
+    if group == "tenants" and cmd == "event-types":
+        r = admin.SetTenantEventTypes(pb.SetTenantEventTypesRequest(
+            tenant_id=args.tenant, allowed_event_types=args.allow or [], unrestricted=args.unrestricted))
+        out(r, lambda r: (f"tenant {r.tenant.tenant_id}: " + (", ".join(r.tenant.allowed_event_types)
+                                                            if r.tenant.event_types_restricted else "unrestricted"))
+            + (f"\nendpoints outside the list (not changed): {', '.join(r.endpoints_outside)}"
+               if r.endpoints_outside else ""))
+    elif group == "tenants":
         t = admin.CreateTenant(pb.CreateTenantRequest(tenant_id=args.id or "", name=args.name or ""))
         out(t, lambda t: f"tenant {t.tenant_id} created")
     elif group == "keys" and cmd == "create":
@@ -256,7 +264,8 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
             request_id=args.request_id or "", url=args.url, description=args.description or "",
             event_types=args.event_type, rate_limit_per_s=args.rate_limit,
             max_in_flight=args.max_in_flight, metadata=_metadata(args.metadata),
-            signature_scheme=args.signature_scheme or ""))
+            signature_scheme=args.signature_scheme or "", payload_mode=args.payload_mode or "",
+            payload_fields=args.payload_field or []))
         out(r, lambda r: f"{endpoint_detail(r.endpoint)}\n\n" + _key_shown(r))
     elif cmd == "get":
         out(tenant.GetEndpoint(ref), endpoint_detail)
@@ -266,8 +275,11 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
     elif cmd == "update":
         values = pb.Endpoint(url=args.url or "", description=args.description or "",
                              event_types=args.event_type or [], metadata=_metadata(args.metadata))
+        values.payload_mode = args.payload_mode or ""
+        values.payload_fields.extend(args.payload_field or [])
         paths = [p for p, given in (("url", args.url), ("description", args.description),
-                                    ("event_types", args.event_type), ("metadata", args.metadata))
+                                    ("event_types", args.event_type), ("metadata", args.metadata),
+                                    ("payload_mode", args.payload_mode), ("payload_fields", args.payload_field))
                  if given is not None]
         for field, value, clear in (("rate_limit_per_s", args.rate_limit, args.clear_rate_limit),
                                     ("max_in_flight", args.max_in_flight, args.clear_max_in_flight)):
@@ -350,6 +362,11 @@ def parser() -> argparse.ArgumentParser:
     t = tenants.add_parser("create", help="create a tenant")
     t.add_argument("--id")
     t.add_argument("--name")
+    t = tenants.add_parser("event-types", help="restrict the event types the tenant's endpoints may subscribe to")
+    t.add_argument("tenant")
+    allow = t.add_mutually_exclusive_group(required=True)
+    allow.add_argument("--allow", action="append", metavar="TYPE", help="repeat: invoice.paid, invoice.*, *")
+    allow.add_argument("--unrestricted", action="store_true")
 
     keys = groups.add_parser("keys", help="(admin) API keys").add_subparsers(dest="command", required=True)
     k = keys.add_parser("create", help="issue an API key for a tenant (printed once)")
@@ -386,6 +403,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--max-in-flight", type=int)
     c.add_argument("--metadata", action="append", metavar="KEY=VALUE")
     c.add_argument("--request-id", help="idempotency key: a retry returns the same endpoint")
+    c.add_argument("--payload-mode", choices=["full", "fields", "thin"],
+                   help="what the endpoint is sent: the full payload (default), only --payload-field "
+                   "members, or a thin reference")
+    c.add_argument("--payload-field", action="append", metavar="JSON_POINTER",
+                   help="repeat; e.g. /id, /customer/id (with --payload-mode fields)")
     c.add_argument("--signature-scheme", choices=["hmac-sha256", "ed25519"],
                    help="hmac-sha256 (default: a shared whsec_ secret) or ed25519 (receivers get a whpk_ public key)")
     for name, text in (("get", "show one endpoint"),
@@ -408,6 +430,8 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--clear-rate-limit", action="store_true")
     u.add_argument("--max-in-flight", type=int)
     u.add_argument("--clear-max-in-flight", action="store_true")
+    u.add_argument("--payload-mode", choices=["full", "fields", "thin"])
+    u.add_argument("--payload-field", action="append", metavar="JSON_POINTER", help="replaces the allow-list")
     r = ep.add_parser("rotate-secret", help="new signing secret; the old one may keep signing for an overlap")
     r.add_argument("endpoint_id")
     mode = r.add_mutually_exclusive_group()

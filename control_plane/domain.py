@@ -32,6 +32,9 @@ class Tenant:
     tenant_id: str
     name: str
     created_at_ms: int
+    # The event types (exact, `prefix.*`, `*`) this tenant's endpoints may subscribe to, set by
+    # the admin; None: unrestricted.
+    allowed_event_types: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class EndpointSpec:
     rate_limit_per_s: float | None
     max_in_flight: int | None
     metadata: Mapping[str, str] = field(default_factory=dict)
+    # What the endpoint is sent of each event (core.minimise): full, fields (payload_fields, JSON
+    # Pointers), or thin.
+    payload_mode: str = "full"
+    payload_fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,8 @@ class Endpoint:
             published_at_ms=published_at_ms,
             rate_limit_per_s=self.spec.rate_limit_per_s,
             max_in_flight=self.spec.max_in_flight,
+            payload_mode=self.spec.payload_mode,
+            payload_fields=self.spec.payload_fields,
         )
 
 

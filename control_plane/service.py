@@ -48,7 +48,8 @@ from control_plane.errors import (
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import Publisher, PublishError
 from control_plane.store import EndpointStore
-from core import signing, target_proof
+from core import minimise, signing, target_proof
+from core.fanout import filter_covered
 from core.records import EndpointSignal, EndpointStatus, EventRecord, delivery_id_for
 from core.secrets import NONCE_BYTES, Keyring, decrypt_secret, encrypt_secret, sealed_with
 from core.signing import ED25519, HMAC_SHA256, SECRET_BYTES, generate_key
@@ -61,7 +62,8 @@ DISPATCHER_ACTOR = "dispatcher"
 ADMIN_ACTOR = "admin"  # changed_by of changes made with the admin credential
 PING_SCHEMA_VERSION = "2026-01-01"
 UPDATABLE_FIELDS = frozenset(
-    {"url", "description", "event_types", "rate_limit_per_s", "max_in_flight", "metadata"}
+    {"url", "description", "event_types", "rate_limit_per_s", "max_in_flight", "metadata", "payload_mode",
+     "payload_fields"}
 )
 MAX_OVERLAP_S = 7 * 24 * 3600
 # A rotation adds a key and an overlap keeps old ones signing; every live key adds a signature
@@ -180,6 +182,7 @@ class EndpointService:
         require_write(principal)
         scheme = validation.signature_scheme(signature_scheme)
         spec = validation.spec(raw, self._d.destination)
+        self._authorise_event_types(principal, spec.event_types)
         endpoint_id = "ep_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         if request_id:
             validation.identifier("request_id", request_id)
@@ -267,6 +270,7 @@ class EndpointService:
             changes["description"] = validation.description(values.description)
         if "event_types" in paths:
             changes["event_types"] = validation.event_types(values.event_types)
+            self._authorise_event_types(principal, changes["event_types"])  # type: ignore[arg-type]
         if "rate_limit_per_s" in paths:
             changes["rate_limit_per_s"] = validation.rate_limit(values.rate_limit_per_s)
         if "max_in_flight" in paths:
@@ -275,10 +279,16 @@ class EndpointService:
             changes["metadata"] = validation.metadata(values.metadata)
 
         def apply(current: Endpoint) -> Endpoint | None:
-            spec = replace(current.spec, **changes)  # type: ignore[arg-type]
+            payload: dict[str, object] = {}
+            if paths & {"payload_mode", "payload_fields"}:
+                # Checked together: a mode and the allow-list it needs (or must not have).
+                mode = (values.payload_mode or minimise.FULL) if "payload_mode" in paths else current.spec.payload_mode
+                fields = values.payload_fields if "payload_fields" in paths else current.spec.payload_fields
+                payload = {"payload_mode": mode, "payload_fields": validation.payload_fields(mode, fields)}
+            spec = replace(current.spec, **changes, **payload)  # type: ignore[arg-type]
             if spec == current.spec:
                 return None
-            changed = sorted(f for f in changes if getattr(spec, f) != getattr(current.spec, f))
+            changed = sorted(f for f in {**changes, **payload} if getattr(spec, f) != getattr(current.spec, f))
             return self._next(current, principal, "update " + ",".join(changed), spec=spec)
 
         return self._change(principal, endpoint_id, apply)
@@ -450,6 +460,18 @@ class EndpointService:
 
     # -- helpers ----------------------------------------------------------------------------
 
+    def _authorise_event_types(self, principal: Principal, filters: Sequence[str]) -> None:
+        """Subscription authorisation: a tenant the admin restricted subscribes only within its
+        allow-list (`*` only where `*` is allowed)."""
+        tenant = self._d.store.get_tenant(principal.tenant_id)
+        allowed = tenant.allowed_event_types if tenant is not None else None
+        if allowed is None:
+            return
+        refused = [f for f in filters if not filter_covered(f, allowed)]
+        if refused:
+            raise PermissionDenied(f"event types {', '.join(refused)} are not allowed for this tenant "
+                                   f"(allowed: {', '.join(allowed)})")
+
     def _load(self, principal: Principal, endpoint_id: str, include_deleted: bool = False) -> Endpoint:
         validation.identifier("endpoint_id", endpoint_id)
         endpoint = self._d.store.get_endpoint(principal.tenant_id, endpoint_id)
@@ -526,5 +548,7 @@ def _fingerprint(spec: EndpointSpec, scheme: str = HMAC_SHA256) -> str:
                             spec.max_in_flight, sorted(spec.metadata.items())]
     if scheme != HMAC_SHA256:  # HMAC keeps the fingerprints stored before schemes existed
         fields.append(scheme)
+    if spec.payload_mode != minimise.FULL:  # likewise: full keeps the fingerprints stored before
+        fields.append([spec.payload_mode, list(spec.payload_fields)])
     canonical = json.dumps(fields, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

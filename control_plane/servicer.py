@@ -29,6 +29,7 @@ from control_plane.domain import (
     EndpointSpec,
     EndpointVersion,
     StoredKey,
+    Tenant,
 )
 from control_plane.reconcile import Reconciler
 from control_plane.service import EndpointService
@@ -133,7 +134,15 @@ def endpoint_pb(e: Endpoint, now_ms: int) -> Any:
         signing_keys=[key_pb(k) for k in e.live_keys(now_ms)],
         created_at=ts(e.created_at_ms),
         updated_at=ts(e.updated_at_ms),
+        payload_mode=e.spec.payload_mode,
+        payload_fields=list(e.spec.payload_fields),
     )
+
+
+def tenant_pb(t: Tenant) -> Any:
+    return pb.Tenant(tenant_id=t.tenant_id, name=t.name, created_at=ts(t.created_at_ms),
+                     event_types_restricted=t.allowed_event_types is not None,
+                     allowed_event_types=list(t.allowed_event_types or ()))
 
 
 def spec_of(message: Any) -> EndpointSpec:
@@ -144,6 +153,8 @@ def spec_of(message: Any) -> EndpointSpec:
         rate_limit_per_s=message.rate_limit_per_s if message.HasField("rate_limit_per_s") else None,
         max_in_flight=message.max_in_flight if message.HasField("max_in_flight") else None,
         metadata=dict(message.metadata),
+        payload_mode=message.payload_mode,
+        payload_fields=tuple(message.payload_fields),
     )
 
 
@@ -394,8 +405,14 @@ class AdminServicer(rpc.AdminServicer):
     @mapped
     def CreateTenant(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._auth.admin(context.invocation_metadata())
-        tenant = self._admin.create_tenant(request.tenant_id, request.name)
-        return pb.Tenant(tenant_id=tenant.tenant_id, name=tenant.name, created_at=ts(tenant.created_at_ms))
+        return tenant_pb(self._admin.create_tenant(request.tenant_id, request.name))
+
+    @mapped
+    def SetTenantEventTypes(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._auth.admin(context.invocation_metadata())
+        tenant, outside = self._admin.set_event_types(request.tenant_id, list(request.allowed_event_types),
+                                                      request.unrestricted)
+        return pb.SetTenantEventTypesResponse(tenant=tenant_pb(tenant), endpoints_outside=outside)
 
     @mapped
     def CreateApiKey(self, request: Any, context: grpc.ServicerContext) -> Any:

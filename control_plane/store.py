@@ -44,6 +44,9 @@ HistoryPosition = tuple[int, str]
 class EndpointStore(Protocol):
     def create_tenant(self, tenant: Tenant) -> bool: ...
     def get_tenant(self, tenant_id: str) -> Tenant | None: ...
+    def set_allowed_event_types(self, tenant_id: str, types: tuple[str, ...] | None) -> bool:
+        """False when the tenant does not exist."""
+        ...
     def iter_tenant_ids(self) -> Iterator[str]:
         """Every tenant (a full scan, paged: admin operations only)."""
         ...
@@ -153,6 +156,7 @@ def _keys_from_json(raw: str | None) -> tuple[StoredKey, ...]:
 
 
 def _spec(row: dict[str, Any]) -> EndpointSpec:
+    policy = json.loads(row.get("payload_policy") or "{}")
     return EndpointSpec(
         url=row["url"] or "",
         description=row["description"] or "",
@@ -160,7 +164,16 @@ def _spec(row: dict[str, Any]) -> EndpointSpec:
         rate_limit_per_s=row["rate_limit_per_s"],
         max_in_flight=row["max_in_flight"],
         metadata=dict(row["metadata"] or {}),
+        payload_mode=str(policy.get("mode") or "full"),
+        payload_fields=tuple(policy.get("fields") or ()),
     )
+
+
+def _payload_policy(s: EndpointSpec) -> str | None:
+    """The payload mode and allow-list as one JSON column; None (no column) for full payloads."""
+    if s.payload_mode == "full":
+        return None
+    return json.dumps({"mode": s.payload_mode, "fields": list(s.payload_fields)})
 
 
 def _endpoint(row: dict[str, Any]) -> Endpoint:
@@ -234,7 +247,7 @@ def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
 _ENDPOINT_COLUMNS = (
     "tenant_id, endpoint_id, url, description, event_types, rate_limit_per_s, max_in_flight, "
     "metadata, status, config_version, published_version, signing_keys, created_at, updated_at, "
-    "changed_by, change"
+    "changed_by, change, payload_policy"
 )
 _VERSION_COLUMNS = (
     "tenant_id, endpoint_id, config_version, url, description, event_types, rate_limit_per_s, "
@@ -257,7 +270,8 @@ class CassandraStore:
         cql = {
             "tenant_insert": "INSERT INTO tenants (tenant_id, name, created_at) VALUES (?, ?, ?) "
             "IF NOT EXISTS",
-            "tenant_get": "SELECT tenant_id, name, created_at FROM tenants WHERE tenant_id = ?",
+            "tenant_get": "SELECT tenant_id, name, created_at, allowed_event_types FROM tenants WHERE tenant_id = ?",
+            "tenant_set_types": "UPDATE tenants SET allowed_event_types = ? WHERE tenant_id = ? IF EXISTS",
             "tenant_ids": "SELECT tenant_id FROM tenants",
             "key_insert": "INSERT INTO api_keys (key_hash, key_id, tenant_id, description, "
             "read_only, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -269,11 +283,11 @@ class CassandraStore:
             "AND key_id = ?",
             "key_revoke": "UPDATE api_keys SET revoked_at = ? WHERE key_hash = ?",
             "endpoint_insert": f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
             "endpoint_replace": "UPDATE endpoints SET url = ?, description = ?, event_types = ?, "
             "rate_limit_per_s = ?, max_in_flight = ?, metadata = ?, status = ?, "
-            "config_version = ?, signing_keys = ?, updated_at = ?, changed_by = ?, change = ? "
-            "WHERE tenant_id = ? AND endpoint_id = ? IF config_version = ?",
+            "config_version = ?, signing_keys = ?, updated_at = ?, changed_by = ?, change = ?, "
+            "payload_policy = ? WHERE tenant_id = ? AND endpoint_id = ? IF config_version = ?",
             "endpoint_mark": "UPDATE endpoints SET published_version = ? "
             "WHERE tenant_id = ? AND endpoint_id = ? IF published_version < ?",
             "endpoint_get": f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints "
@@ -331,7 +345,13 @@ class CassandraStore:
         row = self._first("tenant_get", (tenant_id,))
         if row is None:
             return None
-        return Tenant(row["tenant_id"], row["name"] or "", _ms(row["created_at"]) or 0)
+        allowed = row.get("allowed_event_types")  # null: unrestricted (a restriction is never empty)
+        return Tenant(row["tenant_id"], row["name"] or "", _ms(row["created_at"]) or 0,
+                      None if not allowed else tuple(allowed))
+
+    @_unavailable_on_driver_error
+    def set_allowed_event_types(self, tenant_id: str, types: tuple[str, ...] | None) -> bool:
+        return self._applied("tenant_set_types", (None if types is None else list(types), tenant_id))
 
     @_unavailable_on_driver_error
     def put_api_key(self, key: ApiKey) -> None:
@@ -381,7 +401,7 @@ class CassandraStore:
              s.rate_limit_per_s, s.max_in_flight, dict(s.metadata), endpoint.status.value,
              endpoint.config_version, endpoint.published_version,
              _keys_to_json(endpoint.signing_keys), _dt(endpoint.created_at_ms),
-             _dt(endpoint.updated_at_ms), endpoint.changed_by, endpoint.change),
+             _dt(endpoint.updated_at_ms), endpoint.changed_by, endpoint.change, _payload_policy(s)),
         )
 
     @_unavailable_on_driver_error
@@ -392,7 +412,7 @@ class CassandraStore:
             (s.url, s.description, list(s.event_types), s.rate_limit_per_s, s.max_in_flight,
              dict(s.metadata), endpoint.status.value, endpoint.config_version,
              _keys_to_json(endpoint.signing_keys), _dt(endpoint.updated_at_ms),
-             endpoint.changed_by, endpoint.change, endpoint.tenant_id, endpoint.endpoint_id,
+             endpoint.changed_by, endpoint.change, _payload_policy(s), endpoint.tenant_id, endpoint.endpoint_id,
              expected_version),
         )
 

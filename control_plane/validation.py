@@ -13,7 +13,7 @@ from typing import Protocol
 
 from control_plane.domain import EndpointSpec
 from control_plane.errors import InvalidArgument
-from core import identifiers, signing
+from core import identifiers, minimise, signing
 from core.egress import EgressPolicy, EgressRefused, check_resolved, parse_target
 
 MAX_URL_CHARS = 2048
@@ -122,7 +122,18 @@ def spec(raw: EndpointSpec, destination: DestinationValidator) -> EndpointSpec:
         rate_limit_per_s=rate_limit(raw.rate_limit_per_s),
         max_in_flight=max_in_flight(raw.max_in_flight),
         metadata=metadata(raw.metadata),
+        payload_mode=raw.payload_mode or minimise.FULL,
+        payload_fields=payload_fields(raw.payload_mode or minimise.FULL, raw.payload_fields),
     )
+
+
+def payload_fields(mode: str, fields: Sequence[str]) -> tuple[str, ...]:
+    """The payload mode and allow-list, checked together (core.minimise)."""
+    try:
+        minimise.check(mode, fields)
+    except minimise.InvalidAllowList as exc:
+        raise InvalidArgument(f"payload allow-list: {exc}") from None
+    return tuple(fields)
 
 
 MAX_REASON_CHARS = 500

@@ -34,6 +34,23 @@ def filter_accepts(filters: Iterable[str], event_type: str) -> bool:
     return False
 
 
+def filter_covered(f: str, allowed: Iterable[str]) -> bool:
+    """Whether an endpoint filter ``f`` can only ever match event types the tenant's allow-list
+    permits (subscription authorisation): ``*`` needs ``*``; a prefix needs an equal or wider
+    prefix; an exact type needs a filter of the allow-list that accepts it."""
+    for a in allowed:
+        if a == "*" or a == f:
+            return True
+        if f == "*" or not a.endswith(".*"):
+            continue
+        if f.endswith(".*"):
+            if f[:-1].startswith(a[:-1]):
+                return True
+        elif filter_accepts((a,), f):
+            return True
+    return False
+
+
 def select_endpoints(event: EventRecord, configs: Iterable[EndpointConfig]) -> list[EndpointConfig]:
     """The endpoints this event goes to, in a stable order (by endpoint_id)."""
     chosen = []

@@ -136,6 +136,10 @@ class EndpointConfig:
     published_at_ms: int
     rate_limit_per_s: float | None = None
     max_in_flight: int | None = None
+    # What the endpoint is sent of each event (core.minimise); absent in records published
+    # before it existed, which means "full".
+    payload_mode: str = "full"
+    payload_fields: tuple[str, ...] = ()
     # Set by the dispatcher when a later record for this endpoint could not be read: sends wait
     # until a readable config replaces it. Never published (the control plane never sets it).
     refused: str | None = None
@@ -143,6 +147,10 @@ class EndpointConfig:
     def to_json(self) -> bytes:
         d = asdict(self)
         del d["refused"]
+        if self.payload_mode == "full":  # records stay as they were for endpoints that do not minimise
+            del d["payload_mode"], d["payload_fields"]
+        else:
+            d["payload_fields"] = list(self.payload_fields)
         d["status"] = self.status.value
         d["event_types"] = list(self.event_types)
         d["signing_keys"] = [asdict(k) for k in self.signing_keys]
@@ -169,6 +177,8 @@ class EndpointConfig:
             published_at_ms=int(d["published_at_ms"]),
             rate_limit_per_s=None if d.get("rate_limit_per_s") is None else float(d["rate_limit_per_s"]),
             max_in_flight=None if d.get("max_in_flight") is None else int(d["max_in_flight"]),
+            payload_mode=str(d.get("payload_mode") or "full"),
+            payload_fields=tuple(str(f) for f in d.get("payload_fields") or ()),
         )
 
 

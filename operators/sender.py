@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from core import dispatch
+from core.minimise import minimise
 from core.outcomes import ErrorClass, HttpResult
 from core.records import EndpointConfig
 from core.secrets import Keyring, SecretDecryptError, decrypt_secret
@@ -54,6 +55,10 @@ class Sender:
     async def send(self, p: dispatch.Pending, payload: bytes, cfg: EndpointConfig,
                    keys: SigningKeys) -> dispatch.SendReport:
         e = p.delivery.event
+        # What this endpoint may see of the event; the signature covers exactly these bytes.
+        payload = minimise(payload, cfg.payload_mode, cfg.payload_fields, event_type=e.event_type,
+                           event_id=e.event_id, object_id=e.object_id, object_version=e.object_version,
+                           occurred_at_ms=e.occurred_at_ms)
         started = int(time.time() * 1000)
         headers = build_headers(
             p.delivery_id, started // 1000, payload, keys, event_type=e.event_type,

@@ -672,3 +672,26 @@ def test_master_key_rotation_reseals_every_key_and_publishes_it(stack: Stack) ->
     secret = decrypt_secret(only_k2, key.ciphertext_b64, tenant_id=t.tenant_id, endpoint_id=e.endpoint_id,
                             key_version=key.version)
     assert secret == created.signing_secret
+
+
+
+def test_subscription_authorisation_and_a_malformed_allow_list_over_grpc(stack: Stack) -> None:
+    """Issue 17 item 3 on the real API: the admin restricts a tenant's event types; `*` and types
+    outside are PERMISSION_DENIED; a malformed payload allow-list is INVALID_ARGUMENT."""
+    t = new_tenant(stack)
+    wide = create_endpoint(stack, t, event_types=["*"]).endpoint
+    r = stack.admin.SetTenantEventTypes(pb.SetTenantEventTypesRequest(
+        tenant_id=t.tenant_id, allowed_event_types=["invoice.*"]), metadata=stack.admin_md())
+    assert r.tenant.event_types_restricted and list(r.tenant.allowed_event_types) == ["invoice.*"]
+    assert list(r.endpoints_outside) == [wide.endpoint_id]
+    request = pb.CreateEndpointRequest(url=HOOK_URL, event_types=["*"])
+    assert code_of(lambda: stack.api.CreateEndpoint(request, metadata=t.md)) == grpc.StatusCode.PERMISSION_DENIED
+    ok = create_endpoint(stack, t, event_types=["invoice.paid"], payload_mode="fields", payload_fields=["/id"])
+    assert (ok.endpoint.payload_mode, list(ok.endpoint.payload_fields)) == ("fields", ["/id"])
+    bad = pb.CreateEndpointRequest(url=HOOK_URL, event_types=["invoice.paid"], payload_mode="fields",
+                                   payload_fields=["id"])
+    with pytest.raises(grpc.RpcError) as err:
+        stack.api.CreateEndpoint(bad, metadata=t.md)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "JSON Pointer" in err.value.details()
+    assert code_of(lambda: stack.admin.SetTenantEventTypes(pb.SetTenantEventTypesRequest(
+        tenant_id=t.tenant_id, unrestricted=True), metadata=t.md)) == grpc.StatusCode.PERMISSION_DENIED

@@ -110,3 +110,35 @@ def test_an_ed25519_endpoint_gets_v1a_signatures_its_public_key_verifies(setting
     rec2 = eventually(both_signed, timeout=120, interval=0, what="a request signed by both keys")
     assert verified(rec2) and verify_signature(rec2, [rotated.signing_secret]) == [rotated.signing_secret]
     assert rec2.headers["webhook-signature-version"] == "v1 v1a"
+
+
+def test_minimised_payloads_are_what_is_signed_and_sent_and_history_keeps_the_original(
+        settings, grpc_channel, receiver, delivery_job, cassandra_session):
+    """Issue 17 item 3 end to end: an endpoint on a JSON Pointer allow-list gets only those
+    members, a thin endpoint no business data; each signature verifies over the bytes received;
+    the event row keeps the full payload."""
+    import json
+
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    cp = rpc.ControlPlaneStub(grpc_channel)
+    made = {}
+    for name, mode, fields in (("fields", "fields", ["/id", "/customer/id"]), ("thin", "thin", []),
+                               ("full", "", [])):
+        r = cp.CreateEndpoint(pb.CreateEndpointRequest(
+            url=f"{receiver.base_url}/ep/{tenant_id}/{name}", event_types=["invoice.*"], payload_mode=mode,
+            payload_fields=fields), metadata=auth(api_key))
+        made[name] = r.signing_secret
+    body = b'{"id":"inv_1","amount":4200,"customer":{"id":"cus_1","email":"a@b.example","card":"4242"}}'
+    ev = event(tenant_id, "invoice.paid", body)
+    produce(settings, [ev.to_json()], keys=[ev.event_id])
+
+    got = {name: receiver.wait_for(f"/ep/{tenant_id}/{name}", 1, timeout=90)[0] for name in made}
+    for name, rec in got.items():
+        assert verify_signature(rec, [made[name]]) == [made[name]], name
+    assert json.loads(got["fields"].body) == {"id": "inv_1", "customer": {"id": "cus_1"}}
+    thin = json.loads(got["thin"].body)
+    assert thin["type"] == "invoice.paid" and thin["event_id"] == ev.event_id and thin["thin"] is True
+    assert b"4242" not in got["thin"].body and b"4242" not in got["fields"].body
+    assert got["full"].body == body
+    row = cassandra_session.execute("SELECT payload FROM events WHERE event_id=%s", (ev.event_id,)).one()
+    assert bytes(row.payload) == body

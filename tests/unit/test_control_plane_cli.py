@@ -25,6 +25,12 @@ class RecordingStub:
                                                          "gap_delivery_missing": 1},
                     gaps=[pb.ReconcileGap(kind="delivery_missing", id="dlv_x", tenant_id="t_1", detail="no row")],
                     repairs=[pb.ReconcileRepair(kind="delivery_missing", id="dlv_x", action="redriven")])
+            if name == "CreateEndpoint":
+                return pb.CreateEndpointResponse(endpoint=pb.Endpoint(endpoint_id="ep_1"), signing_secret="whsec_x")
+            if name == "SetTenantEventTypes":
+                return pb.SetTenantEventTypesResponse(
+                    tenant=pb.Tenant(tenant_id=request.tenant_id, event_types_restricted=not request.unrestricted,
+                                     allowed_event_types=request.allowed_event_types), endpoints_outside=["ep_9"])
             if name == "ReencryptSigningKeys":
                 return pb.ReencryptSigningKeysReport(current_master_key_id="k2", endpoints_scanned=3,
                                                      endpoints_reencrypted=1, keys_reencrypted=2,
@@ -124,3 +130,15 @@ def test_master_key_reencrypt_says_whether_the_old_key_can_go() -> None:
     assert "k1=1, k2=3" in shown[0] and "still sealed under k1: run again" in shown[0]
     done = pb.ReencryptSigningKeysReport(current_master_key_id="k2", keys_by_master_key={"k2": 4})
     assert "every key is sealed under the current master key" in cli.reencrypt_report(done)
+
+
+def test_payload_flags_and_tenant_event_types() -> None:
+    stub, _ = run(["endpoints", "create", "--url", "https://h.example.com/", "--event-type", "a.b",
+                   "--payload-mode", "fields", "--payload-field", "/id", "--payload-field", "/c/id"])
+    request = stub.calls[0][1]
+    assert (request.payload_mode, list(request.payload_fields)) == ("fields", ["/id", "/c/id"])
+    stub, _ = run(["endpoints", "update", "ep_1", "--payload-mode", "thin"])
+    assert sorted(stub.calls[0][1].update_mask.paths) == ["payload_mode"]
+    stub, shown = run(["tenants", "event-types", "t_1", "--allow", "invoice.*", "--allow", "order.shipped"])
+    assert list(stub.calls[0][1].allowed_event_types) == ["invoice.*", "order.shipped"]
+    assert "invoice.*, order.shipped" in shown[0] and "ep_9" in shown[0]

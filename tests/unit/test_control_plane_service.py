@@ -87,6 +87,12 @@ class MemoryStore:
     def iter_tenant_ids(self) -> Iterator[str]:
         return iter(sorted(self.tenants))
 
+    def set_allowed_event_types(self, tenant_id: str, types: tuple[str, ...] | None) -> bool:
+        if tenant_id not in self.tenants:
+            return False
+        self.tenants[tenant_id] = replace(self.tenants[tenant_id], allowed_event_types=types)
+        return True
+
     def put_api_key(self, key: ApiKey) -> None:
         self.keys[key.key_hash] = key
 
@@ -1038,3 +1044,57 @@ def test_a_new_secret_is_sealed_under_the_current_key_and_named(w: World) -> Non
     service = EndpointService(replace(w.endpoints._d, master_key=Keyring("k2", {"k2": NEW_MASTER, "k1": MASTER_KEY})))
     e = service.create(ALICE, spec(), "").endpoint
     assert sealed_with(e.signing_keys[0].ciphertext_b64) == "k2"
+
+
+# -- payload minimisation and subscription authorisation (issue 17, item 3) ------------------------
+
+def test_an_endpoint_can_be_sent_only_allowed_fields_and_the_job_is_told(w: World) -> None:
+    e = w.endpoints.create(ALICE, spec(payload_mode="fields", payload_fields=("/id", "/customer/id")), "").endpoint
+    assert (e.spec.payload_mode, e.spec.payload_fields) == ("fields", ("/id", "/customer/id"))
+    cfg = w.publisher.configs[-1]
+    assert (cfg.payload_mode, cfg.payload_fields) == ("fields", ("/id", "/customer/id"))
+    thin = w.endpoints.update(ALICE, e.endpoint_id, spec(payload_mode="thin"), ["payload_mode", "payload_fields"])
+    assert (thin.spec.payload_mode, thin.spec.payload_fields) == ("thin", ())
+    assert thin.change == "update payload_fields,payload_mode"
+
+
+@pytest.mark.parametrize(("mode", "fields", "error"), [
+    ("fields", (), "needs at least one JSON Pointer"),
+    ("fields", ("customer.id",), "must start with '/'"),
+    ("thin", ("/id",), "only used with payload mode 'fields'"),
+    ("partial", (), "unknown payload mode"),
+])
+def test_a_malformed_allow_list_is_invalid_argument(w: World, mode: str, fields: tuple[str, ...], error: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match=f"payload allow-list: .*{error}"):
+        w.endpoints.create(ALICE, spec(payload_mode=mode, payload_fields=fields), "")
+    assert not w.store.endpoints
+
+
+def test_an_update_to_fields_mode_without_fields_is_refused(w: World) -> None:
+    e = create(w)
+    with pytest.raises(errors.InvalidArgument, match="needs at least one"):
+        w.endpoints.update(ALICE, e.endpoint_id, spec(payload_mode="fields"), ["payload_mode"])
+
+
+def test_a_restricted_tenant_subscribes_only_within_its_allow_list(w: World) -> None:
+    from control_plane.admin import AdminService
+
+    w.store.tenants["tenant-a"] = Tenant("tenant-a", "a", 0)
+    wide = create(w, event_types=("*",))
+    narrow = create(w, event_types=("invoice.paid",))
+    admin = AdminService(w.store, w.clock, counting_random())  # type: ignore[arg-type]
+    tenant, outside = admin.set_event_types("tenant-a", ["invoice.*", "order.shipped"], unrestricted=False)
+    assert tenant.allowed_event_types == ("invoice.*", "order.shipped") and outside == [wide.endpoint_id]
+    assert narrow.endpoint_id not in outside
+    create(w, event_types=("invoice.*", "invoice.paid.v2.*", "order.shipped"))  # covered
+    for refused in (("*",), ("order.*",), ("customer.created",), ("invoice.paid", "refund.created")):
+        with pytest.raises(errors.PermissionDenied, match="not allowed for this tenant"):
+            create(w, event_types=refused)
+    with pytest.raises(errors.PermissionDenied, match=r"\*"):
+        w.endpoints.update(ALICE, narrow.endpoint_id, spec(event_types=("*",)), ["event_types"])
+    admin.set_event_types("tenant-a", [], unrestricted=True)
+    create(w, event_types=("*",))  # lifted
+    with pytest.raises(errors.NotFound):
+        admin.set_event_types("tenant-nope", ["a.b"], unrestricted=False)
+    with pytest.raises(errors.InvalidArgument):
+        admin.set_event_types("tenant-a", ["a.b"], unrestricted=True)

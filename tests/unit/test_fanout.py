@@ -233,3 +233,23 @@ def test_the_dedupe_state_expires_on_rocksdb_too() -> None:
     rocksdb = strategies.get_rocksdb_compact_filter_cleanup_strategy()
     assert rocksdb is not None and rocksdb.get_query_time_after_num_entries() == 1000
     assert strategies.get_incremental_cleanup_strategy().get_cleanup_size() == 10
+
+
+
+@pytest.mark.parametrize(("f", "allowed", "covered"), [
+    ("invoice.paid", ["invoice.paid"], True),
+    ("invoice.paid", ["invoice.*"], True),
+    ("invoice.paid", ["*"], True),
+    ("invoice.*", ["invoice.*"], True),
+    ("invoice.paid.*", ["invoice.*"], True),
+    ("invoice.*", ["invoice.paid"], False),       # a prefix needs an equal or wider prefix
+    ("invoice.*", ["invoice.paid.*"], False),
+    ("*", ["invoice.*", "order.*"], False),        # `*` only where `*` is allowed
+    ("*", ["*"], True),
+    ("order.shipped", ["invoice.*"], False),
+    ("invoices.paid", ["invoice.*"], False),       # a prefix is a dotted segment, not a string prefix
+])
+def test_filter_covered(f: str, allowed: list[str], covered: bool) -> None:
+    from core.fanout import filter_covered
+
+    assert filter_covered(f, allowed) is covered

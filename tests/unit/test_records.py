@@ -76,7 +76,21 @@ CONFIGS = [
         status=EndpointStatus.DELETED, event_types=(), signing_keys=(), published_at_ms=NOW,
         rate_limit_per_s=10.0,
     ),
+    EndpointConfig(
+        endpoint_id="ep_4", tenant_id="t_2", config_version=3, url="https://example.com/",
+        status=EndpointStatus.ACTIVE, event_types=("a.b",), signing_keys=(), published_at_ms=NOW,
+        payload_mode="fields", payload_fields=("/id", "/customer/id"),
+    ),
 ]
+
+
+def test_the_payload_policy_travels_only_when_it_is_not_full() -> None:
+    """Configs of endpoints sent the full payload are the records they always were; one published
+    before the policy existed reads as full."""
+    assert "payload_mode" not in json.loads(CONFIGS[0].to_json())
+    doc = json.loads(CONFIGS[3].to_json())
+    assert (doc["payload_mode"], doc["payload_fields"]) == ("fields", ["/id", "/customer/id"])
+    assert parse_endpoint_topic_value(CONFIGS[0].to_json()).payload_mode == "full"
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.endpoint_id)
