@@ -17,7 +17,7 @@ keyspace and job name; its own receiver subprocess):
    before-p99) again), restored (then, for --restored-seconds, endpoint still failing), after
    (the drain);
 3. N events for the failing endpoint, produced in batches; pending = rows of the run's
-   `deliveries_by_endpoint` for that endpoint (written by the dispatcher as each delivery is
+   `endpoint_deliveries` for that endpoint (written by the dispatcher as each delivery is
    persisted into keyed state, all still pending since the endpoint only answers 503);
 4. once N are pending: TaskManager RSS (with children, from /proc) and JVM heap used (Flink REST),
    the first checkpoint triggered after that (full state size, duration), state bytes per
@@ -79,6 +79,7 @@ from bench.run import (
     receiver_process,
     topics,
 )
+from core.history_buckets import HISTORY_BUCKETS
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from stack.cassandra_schema import apply
@@ -343,12 +344,12 @@ def _days(since: float) -> list[dt.date]:
 
 
 def count_pending(session: Session, keyspace: str, tenant: Tenant, since: float) -> int:
-    """Rows of the endpoint's deliveries_by_endpoint partitions (one per UTC day)."""
+    """Rows of the endpoint's endpoint_deliveries partitions (one per UTC day and bucket)."""
     endpoint_id = tenant.endpoints[0][0]
-    stmt = SimpleStatement(f"SELECT count(*) FROM {keyspace}.deliveries_by_endpoint "
-                           "WHERE tenant_id=%s AND endpoint_id=%s AND day=%s", fetch_size=5000)
-    return sum(session.execute(stmt, (tenant.tenant_id, endpoint_id, day), timeout=180).one()[0]
-               for day in _days(since))
+    stmt = SimpleStatement(f"SELECT count(*) FROM {keyspace}.endpoint_deliveries "
+                           "WHERE tenant_id=%s AND endpoint_id=%s AND day=%s AND bucket=%s", fetch_size=5000)
+    return sum(session.execute(stmt, (tenant.tenant_id, endpoint_id, day, b), timeout=180).one()[0]
+               for day in _days(since) for b in range(HISTORY_BUCKETS))
 
 
 def wait_pending(session: Session, keyspace: str, tenant: Tenant, since: float, n: int,
@@ -376,14 +377,15 @@ def reconcile(session: Session, keyspace: str, tenant: Tenant, since: float, exp
     """(rows not 'succeeded', expected deliveries without a row) for the endpoint, polled until
     clean (status writes travel in batches) or the timeout."""
     endpoint_id = tenant.endpoints[0][0]
-    stmt = SimpleStatement(f"SELECT delivery_id, status FROM {keyspace}.deliveries_by_endpoint "
-                           "WHERE tenant_id=%s AND endpoint_id=%s AND day=%s", fetch_size=5000)
+    stmt = SimpleStatement(f"SELECT delivery_id, status FROM {keyspace}.endpoint_deliveries "
+                           "WHERE tenant_id=%s AND endpoint_id=%s AND day=%s AND bucket=%s", fetch_size=5000)
     deadline = time.monotonic() + timeout_s
     while True:
         status: dict[str, str | None] = {}
         for day in _days(since):
-            for row in session.execute(stmt, (tenant.tenant_id, endpoint_id, day), timeout=180):
-                status[row.delivery_id] = row.status
+            for b in range(HISTORY_BUCKETS):
+                for row in session.execute(stmt, (tenant.tenant_id, endpoint_id, day, b), timeout=180):
+                    status[row.delivery_id] = row.status
         not_ok = sum(1 for d in expected if d in status and status[d] != "succeeded")
         missing = len(expected - status.keys())
         if (not_ok == 0 and missing == 0) or time.monotonic() > deadline:

@@ -40,6 +40,7 @@ from control_plane.publisher import Publisher
 from control_plane.store import EndpointStore
 from core import fanout
 from core import reconcile as rc
+from core.history_buckets import bucket_of
 from core.ingest import IngestError, parse_event
 from core.records import EventRecord, RedriveRequest, delivery_id_for
 from core.settings import Settings
@@ -122,8 +123,9 @@ class Reconciler:
             "UPDATE deliveries USING TIMESTAMP ? SET status='succeeded', attempt_count=?, auto_retry_active=false,"
             " updated_at=? WHERE delivery_id=?")
         self._w_by_endpoint = p(
-            "INSERT INTO deliveries_by_endpoint (tenant_id, endpoint_id, day, created_at, delivery_id, event_id,"
-            " event_type, status, attempt_count, updated_at) VALUES (?,?,?,?,?,?,?,'succeeded',?,?) USING TIMESTAMP ?")
+            "INSERT INTO endpoint_deliveries (tenant_id, endpoint_id, day, bucket, created_at, delivery_id,"
+            " event_id, event_type, status, attempt_count, updated_at) VALUES (?,?,?,?,?,?,?,?,'succeeded',?,?)"
+            " USING TIMESTAMP ?")
 
     # -- the whole run -----------------------------------------------------------------------------
     def run(self, since_ms: int | None, until_ms: int | None, tenant_id: str | None, repair: bool, requested_by: str,
@@ -364,7 +366,8 @@ class Reconciler:
         s.execute(self._w_status, (status_ts, attempt_count, _ts(now), delivery_id))
         s.execute(self._w_by_event, (event.event_id, endpoint_id, delivery_id, event.tenant_id, version,
                                      _ts(created), now * 1000))
-        s.execute(self._w_by_endpoint, (event.tenant_id, endpoint_id, _ts(created).date(), _ts(created), delivery_id,
+        s.execute(self._w_by_endpoint, (event.tenant_id, endpoint_id, _ts(created).date(), bucket_of(delivery_id),
+                                        _ts(created), delivery_id,
                                         event.event_id, event.event_type, attempt_count, _ts(now), status_ts))
 
     def _event(self, event_id: str, w: _Window) -> EventRecord | None:

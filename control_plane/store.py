@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import calendar
 import functools
+import heapq
 import json
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
@@ -35,6 +36,7 @@ from control_plane.domain import (
     attempt_outcome,
 )
 from control_plane.errors import Unavailable
+from core.history_buckets import HISTORY_BUCKETS
 from core.records import EndpointStatus
 
 # (created_at_ms, delivery_id) of the last row a caller saw; iteration resumes after it.
@@ -320,6 +322,10 @@ class CassandraStore:
             "attempt_count, last_http_status, updated_at FROM deliveries_by_endpoint "
             "WHERE tenant_id = ? AND endpoint_id = ? AND day = ? "
             "AND created_at >= ? AND created_at <= ?",
+            "deliveries_by_day_bucket": "SELECT created_at, delivery_id, event_id, event_type, status, "
+            "attempt_count, last_http_status, updated_at FROM endpoint_deliveries "
+            "WHERE tenant_id = ? AND endpoint_id = ? AND day = ? AND bucket = ? "
+            "AND created_at >= ? AND created_at <= ?",
         }
         prepared = {}
         for name, text in cql.items():
@@ -546,7 +552,10 @@ class CassandraStore:
         end_ms: int,
         after: HistoryPosition | None,
     ) -> Iterator[DeliverySummary]:
-        # One partition per (endpoint, UTC day): walk the days newest first.
+        # Partitions per (endpoint, UTC day, bucket): walk the days newest first, reading a day's
+        # buckets at once and merging them newest first (core.history_buckets). The unbucketed
+        # table written before them is read beside them until its rows expire; a delivery made
+        # before an upgrade and finished after it has a row in both, merged into one.
         upper_ms = end_ms - 1 if after is None else min(end_ms - 1, after[0])
         if upper_ms < start_ms:
             return
@@ -554,12 +563,12 @@ class CassandraStore:
         first_day = _utc_day(start_ms)
         try:
             while day >= first_day:
-                rows = self._execute(
-                    "deliveries_by_day",
-                    (tenant_id, endpoint_id, day, _dt(start_ms), _dt(upper_ms)),
-                    fetch_size=self._scan_page_size,
-                )
-                for row in rows:
+                bounds = (_dt(start_ms), _dt(upper_ms))
+                sources = self._execute_all(
+                    [("deliveries_by_day", (tenant_id, endpoint_id, day, *bounds))]
+                    + [("deliveries_by_day_bucket", (tenant_id, endpoint_id, day, b, *bounds))
+                       for b in range(HISTORY_BUCKETS)])
+                for row in _merged(sources):
                     summary = _summary(row, tenant_id, endpoint_id)
                     if after is not None and summary.created_at_ms == after[0] \
                             and summary.delivery_id <= after[1]:
@@ -570,6 +579,15 @@ class CassandraStore:
             raise Unavailable(f"storage unavailable ({type(exc).__name__}); retry") from exc
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _execute_all(self, queries: list[tuple[str, Sequence[Any]]]) -> list[Iterator[dict[str, Any]]]:
+        """Several reads sent at once (first pages in parallel), each then read like _execute."""
+        futures = []
+        for name, params in queries:
+            bound = self._p[name].bind(params)
+            bound.fetch_size = self._scan_page_size
+            futures.append(self._session.execute_async(bound))
+        return [_rows(f.result()) for f in futures]
 
     def _execute(
         self, name: str, params: Sequence[Any], fetch_size: int | None = None
@@ -589,6 +607,33 @@ class CassandraStore:
     def _applied(self, name: str, params: Sequence[Any]) -> bool:
         row = self._first(name, params)
         return row is not None and bool(row["[applied]"])
+
+
+def _rows(result: Any) -> Iterator[dict[str, Any]]:
+    names = result.column_names
+    for row in result:
+        yield row if isinstance(row, dict) else dict(zip(names, row, strict=True))
+
+
+def _merged(sources: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """Rows of several newest-first partitions as one newest-first stream; rows of one delivery
+    from the old and the new table (sources[0] is the old one) come out as one, the new table's
+    cells winning where it has them."""
+    def keyed(i: int, src: Iterator[dict[str, Any]]) -> Iterator[tuple[tuple[int, str, int], dict[str, Any]]]:
+        for r in src:
+            yield (-(_ms(r["created_at"]) or 0), r["delivery_id"], i), r
+
+    streams = [keyed(i, src) for i, src in enumerate(sources)]
+    pending: dict[str, Any] | None = None
+    for (_, did, _), row in heapq.merge(*streams, key=lambda kv: kv[0]):
+        if pending is not None and pending["delivery_id"] == did:
+            pending = {**pending, **{k: v for k, v in row.items() if v is not None}}
+            continue
+        if pending is not None:
+            yield pending
+        pending = row
+    if pending is not None:
+        yield pending
 
 
 def _replay(row: dict[str, Any]) -> ReplayAudit:

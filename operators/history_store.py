@@ -36,6 +36,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
 from core.dispatch import FINAL_STATUSES, AttemptRecord, DurableRecord, Intent
 from core.fanout import FanoutSnapshot, NewDelivery
+from core.history_buckets import bucket_of
 from core.records import EventRecord
 from core.settings import CassandraSettings
 from operators.write_batcher import AllOf, BatchCompletion, Completion, Statement, WriteBatcher
@@ -58,7 +59,7 @@ def _hour(ms: int) -> int:
 # One year in microseconds: longer than the 30-day history window, so a write in a lower band is
 # older than one in a higher band for as long as the row lives, whatever the clocks said.
 # The price: cells up to two years "in the future". TTLs count from the local write time, so
-# expiry is unaffected; TWCS (deliveries_by_endpoint) files such cells in future windows, and
+# expiry is unaffected; TWCS (endpoint_deliveries) files such cells in future windows, and
 # Cassandra 5's maximum_timestamp guardrail, if enabled, must allow 2 years.
 BAND_US = 365 * 24 * 3600 * 1_000_000
 _STATUS_BAND = {"pending": 0, "failed": 1, "expired": 1, "succeeded": 2}
@@ -116,8 +117,8 @@ class CassandraHistory:
             " endpoint_config_version, created_at) VALUES (?,?,?,?,?,?) USING TIMESTAMP ?"
         )
         self._insert_by_endpoint = p(
-            "INSERT INTO deliveries_by_endpoint (tenant_id, endpoint_id, day, created_at, delivery_id, event_id,"
-            " event_type, status, attempt_count) VALUES (?,?,?,?,?,?,?,'pending',0) USING TIMESTAMP ?"
+            "INSERT INTO endpoint_deliveries (tenant_id, endpoint_id, day, bucket, created_at, delivery_id, event_id,"
+            " event_type, status, attempt_count) VALUES (?,?,?,?,?,?,?,?,'pending',0) USING TIMESTAMP ?"
         )
         self._reserve_attempt = p(
             "INSERT INTO attempts (delivery_id, attempt_number, attempt_id, endpoint_id, endpoint_config_version,"
@@ -130,16 +131,17 @@ class CassandraHistory:
             " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) USING TIMESTAMP ?"
         )
         self._insert_attempt_by_endpoint = p(
-            "INSERT INTO attempts_by_endpoint (endpoint_id, hour, started_at, delivery_id, attempt_number,"
-            " tenant_id, outcome, http_status, error_class, latency_ms, manual) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+            "INSERT INTO endpoint_attempts (endpoint_id, hour, bucket, started_at, delivery_id, attempt_number,"
+            " tenant_id, outcome, http_status, error_class, latency_ms, manual) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
         )
         self._update_delivery = p(
             "UPDATE deliveries USING TIMESTAMP ? SET status=?, attempt_count=?, next_attempt_at=?,"
             " last_http_status=?, last_error_class=?, auto_retry_active=?, updated_at=? WHERE delivery_id=?"
         )
         self._update_by_endpoint = p(
-            "UPDATE deliveries_by_endpoint USING TIMESTAMP ? SET status=?, attempt_count=?, last_http_status=?,"
-            " updated_at=? WHERE tenant_id=? AND endpoint_id=? AND day=? AND created_at=? AND delivery_id=?"
+            "UPDATE endpoint_deliveries USING TIMESTAMP ? SET status=?, attempt_count=?, last_http_status=?,"
+            " updated_at=? WHERE tenant_id=? AND endpoint_id=? AND day=? AND bucket=? AND created_at=?"
+            " AND delivery_id=?"
         )
         self._select_delivery = p(
             "SELECT event_id, tenant_id, endpoint_id, endpoint_config_version, created_at, expires_at, status,"
@@ -184,7 +186,8 @@ class CassandraHistory:
                                      d.expires_at_ms, created, wts)),
             (self._insert_by_event, (e.event_id, d.endpoint_id, d.delivery_id, d.tenant_id,
                                      d.endpoint_config_version, created, wts)),
-            (self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), created,
+            (self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), bucket_of(d.delivery_id),
+                                        created,
                                         d.delivery_id, e.event_id, e.event_type, wts)),
             self._reserved(d, intent, d.created_at_ms),
         ]
@@ -235,7 +238,7 @@ class CassandraHistory:
                 r.finished_at_ms * 1000 + BAND_US)))
             if r.sent:  # the index is of requests made; a row not sent is only in `attempts`
                 statements.append((self._insert_attempt_by_endpoint, (
-                    d.endpoint_id, _hour(r.started_at_ms), r.started_at_ms, d.delivery_id,
+                    d.endpoint_id, _hour(r.started_at_ms), bucket_of(d.delivery_id), r.started_at_ms, d.delivery_id,
                     r.intent.number, d.tenant_id, r.outcome, r.http_status, r.error_class, r.latency_ms,
                     r.manual)))
         if r.delivery_status is not None:
@@ -245,7 +248,7 @@ class CassandraHistory:
                 r.error_class, r.auto_retry_active, now, d.delivery_id)))
             statements.append((self._update_by_endpoint, (
                 wts, r.delivery_status, attempt_count, r.http_status, now, d.tenant_id, d.endpoint_id,
-                _day(d.created_at_ms), d.created_at_ms, d.delivery_id)))
+                _day(d.created_at_ms), bucket_of(d.delivery_id), d.created_at_ms, d.delivery_id)))
         if next_intent is not None:
             statements.append(self._reserved(d, next_intent, r.finished_at_ms))
         return self._batcher.add(statements)

@@ -30,6 +30,7 @@ from pydantic import SecretStr
 from control_plane.api import pb, rpc
 from control_plane.publisher import KafkaPublisher, PublishError
 from control_plane.server import ControlPlaneServer, build
+from core.history_buckets import bucket_of
 from core.ingest import parse_event
 from core.records import (
     CLOCK_KEY,
@@ -195,8 +196,9 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 20) -> None:
 
 
 def write_delivery(stack: Stack, tenant_id: str, endpoint_id: str, n: int, status: str | None,
-                   created_ms: int, attempts: int = 1) -> str:
-    """Delivery rows as the Flink job's fan-out and dispatcher write them (001_history.cql)."""
+                   created_ms: int, attempts: int = 1, legacy: bool = False) -> str:
+    """Delivery rows as the Flink job's dispatcher writes them (001_history.cql, and the bucketed
+    endpoint index of 008; ``legacy``: the unbucketed one it wrote before)."""
     event_id = f"evt_it_{uuid.uuid4().hex[:8]}_{n}"
     did = delivery_id_for(event_id, endpoint_id)
     created = datetime.fromtimestamp(created_ms / 1000, tz=UTC)
@@ -210,12 +212,21 @@ def write_delivery(stack: Stack, tenant_id: str, endpoint_id: str, n: int, statu
          datetime.fromtimestamp((created_ms + DAY_MS) / 1000, tz=UTC), status, attempts,
          status is None, created),
     )
-    s.execute(
-        "INSERT INTO deliveries_by_endpoint (tenant_id, endpoint_id, day, created_at, delivery_id, "
-        "event_id, event_type, status, attempt_count, last_http_status, updated_at) "
-        "VALUES (%s, %s, %s, %s, %s, %s, 'invoice.paid', %s, %s, 503, %s)",
-        (tenant_id, endpoint_id, created.date(), created, did, event_id, status, attempts, created),
-    )
+    if legacy:
+        s.execute(
+            "INSERT INTO deliveries_by_endpoint (tenant_id, endpoint_id, day, created_at, delivery_id, "
+            "event_id, event_type, status, attempt_count, last_http_status, updated_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, 'invoice.paid', %s, %s, 503, %s)",
+            (tenant_id, endpoint_id, created.date(), created, did, event_id, status, attempts, created),
+        )
+    else:
+        s.execute(
+            "INSERT INTO endpoint_deliveries (tenant_id, endpoint_id, day, bucket, created_at, delivery_id, "
+            "event_id, event_type, status, attempt_count, last_http_status, updated_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, 'invoice.paid', %s, %s, 503, %s)",
+            (tenant_id, endpoint_id, created.date(), bucket_of(did), created, did, event_id, status, attempts,
+             created),
+        )
     for number in range(1, attempts + 1):
         s.execute(
             "INSERT INTO attempts (delivery_id, attempt_number, attempt_id, endpoint_id, "
@@ -468,6 +479,36 @@ def test_list_and_get_deliveries(stack: Stack) -> None:
     assert stack.api.GetDelivery(pb.GetDeliveryRequest(delivery_id=pending), metadata=t.md).auto_retry_active
     assert code_of(lambda: stack.api.GetDelivery(pb.GetDeliveryRequest(delivery_id="dlv_nope"),
                                                  metadata=t.md)) == grpc.StatusCode.NOT_FOUND
+
+
+def test_an_endpoints_history_spans_buckets_and_the_table_before_them(stack: Stack) -> None:
+    """Issue 17 item 13: one endpoint's deliveries of a day live in 16 partitions (a hash of the
+    delivery id); the listing merges them newest first and pages across them, and still reads the
+    unbucketed table written before the upgrade -- a delivery made then and finished after has a
+    row in each, listed once with the newer status."""
+    from core.history_buckets import HISTORY_BUCKETS, bucket_of
+
+    t = new_tenant(stack)
+    e = create_endpoint(stack, t).endpoint
+    now = now_ms()
+    ids = [write_delivery(stack, t.tenant_id, e.endpoint_id, n, "failed", now - n * 1000) for n in range(1, 41)]
+    assert len({bucket_of(d) for d in ids}) > HISTORY_BUCKETS // 2  # really spread
+    old = write_delivery(stack, t.tenant_id, e.endpoint_id, 50, None, now - 50_000, legacy=True)
+    created = datetime.fromtimestamp((now - 50_000) / 1000, tz=UTC)
+    stack.session.execute(  # its final status, written after the upgrade: the bucketed table only
+        "UPDATE endpoint_deliveries SET status='succeeded', attempt_count=2 WHERE tenant_id=%s AND endpoint_id=%s"
+        " AND day=%s AND bucket=%s AND created_at=%s AND delivery_id=%s",
+        (t.tenant_id, e.endpoint_id, created.date(), bucket_of(old), created, old))
+    seen, cursor = [], ""
+    while True:
+        r = stack.api.ListDeliveries(pb.ListDeliveriesRequest(endpoint_id=e.endpoint_id, page_size=7, cursor=cursor),
+                                     metadata=t.md)
+        seen += list(r.deliveries)
+        if not (cursor := r.next_cursor):
+            break
+    assert [d.delivery_id for d in seen] == [*ids, old]  # newest first, each once
+    merged = seen[-1]
+    assert (merged.status, merged.attempt_count, merged.event_type) == (pb.DELIVERY_STATUS_SUCCEEDED, 2, "invoice.paid")
 
 
 def test_replay_publishes_a_replay_request_on_the_same_delivery(stack: Stack) -> None:

@@ -17,6 +17,7 @@ from cassandra.cluster import Session
 
 from core.dispatch import AttemptRecord, DurableRecord, Intent
 from core.fanout import NewDelivery
+from core.history_buckets import bucket_of
 from core.records import EventRecord, delivery_id_for
 from core.settings import Settings
 from operators.history_store import CassandraHistory
@@ -93,9 +94,10 @@ def check(h: CassandraHistory, delivery_id: str) -> DurableRecord:
 
 def by_endpoint_status(session: Session, d: NewDelivery) -> str | None:
     rows = list(session.execute(
-        "SELECT status FROM deliveries_by_endpoint WHERE tenant_id=%s AND endpoint_id=%s AND day=%s"
+        "SELECT status FROM endpoint_deliveries WHERE tenant_id=%s AND endpoint_id=%s AND day=%s AND bucket=%s"
         " AND created_at=%s AND delivery_id=%s",
-        (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), _utc(d.created_at_ms), d.delivery_id)))
+        (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), bucket_of(d.delivery_id), _utc(d.created_at_ms),
+         d.delivery_id)))
     return rows[0].status if rows else None
 
 
@@ -108,11 +110,11 @@ def _day(ms: int) -> dt.date:
 
 
 def indexed_numbers(session: Session, d: NewDelivery, started_ms: list[int]) -> list[int]:
-    """The delivery's attempt numbers in attempts_by_endpoint, over the hours of these starts."""
+    """The delivery's attempt numbers in endpoint_attempts, over the hours of these starts."""
     hours = {_utc(ms // 3_600_000 * 3_600_000) for ms in started_ms}
     return sorted(r.attempt_number for hour in hours for r in session.execute(
-        "SELECT delivery_id, attempt_number FROM attempts_by_endpoint WHERE endpoint_id=%s AND hour=%s",
-        (d.endpoint_id, hour)) if r.delivery_id == d.delivery_id)
+        "SELECT delivery_id, attempt_number FROM endpoint_attempts WHERE endpoint_id=%s AND hour=%s AND bucket=%s",
+        (d.endpoint_id, hour, bucket_of(d.delivery_id))) if r.delivery_id == d.delivery_id)
 
 
 def attempts(session: Session, delivery_id: str) -> list[Any]:
