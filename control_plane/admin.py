@@ -34,12 +34,15 @@ class AdminService:
         store: EndpointStore,
         now_ms: Callable[[], int],
         random_bytes: Callable[[int], bytes],
+        verify_endpoints_by_default: bool = False,
     ) -> None:
         self._store = store
         self._now_ms = now_ms
         self._random = random_bytes
+        # Production mode: new tenants' endpoints answer an ownership challenge unless told otherwise.
+        self._verify_default = verify_endpoints_by_default
 
-    def create_tenant(self, tenant_id: str, name: str) -> Tenant:
+    def create_tenant(self, tenant_id: str, name: str, verify_endpoints: bool | None = None) -> Tenant:
         tenant_id = tenant_id or "t_" + uuid.UUID(bytes=self._random(16)).hex[:20]
         if not _TENANT_ID.fullmatch(tenant_id):
             raise InvalidArgument(
@@ -48,7 +51,8 @@ class AdminService:
             )
         if len(name) > MAX_NAME_CHARS:
             raise InvalidArgument(f"name is longer than {MAX_NAME_CHARS} characters")
-        tenant = Tenant(tenant_id, name, self._now_ms())
+        verify = self._verify_default if verify_endpoints is None else verify_endpoints
+        tenant = Tenant(tenant_id, name, self._now_ms(), verify_endpoints=verify)
         if not self._store.create_tenant(tenant):
             raise AlreadyExists(f"tenant {tenant_id} already exists")
         log.info("tenant %s created", tenant_id)

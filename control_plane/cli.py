@@ -56,7 +56,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 
 def _status(enum: Any, value: int) -> str:
-    return enum.Name(value).rsplit("_", 1)[-1].lower()
+    return enum.Name(value).split("_STATUS_", 1)[-1].lower()  # ENDPOINT_STATUS_PENDING_VERIFICATION
 
 
 def endpoint_rows(endpoints: Iterable[Any]) -> str:
@@ -85,6 +85,8 @@ def endpoint_detail(e: Any) -> str:
         ("signing keys", keys or "-"),
         ("metadata", ", ".join(f"{k}={v}" for k, v in sorted(e.metadata.items())) or "-"),
         ("payload", (e.payload_mode or "full") + (f" {', '.join(e.payload_fields)}" if e.payload_fields else "")),
+        *([("challenge", f"{e.challenge_event_id}, answer by {_when(e.challenge_expires_at)} "
+                         "(then: endpoints verify)")] if e.challenge_event_id else []),
         ("updated", _when(e.updated_at)),
     ]
     return "\n".join(f"{k + ':':<16}{v}" for k, v in pairs)
@@ -224,7 +226,8 @@ def run(args: argparse.Namespace, tenant: Any, admin: Any, emit: Out, show: Call
             + (f"\nendpoints outside the list (not changed): {', '.join(r.endpoints_outside)}"
                if r.endpoints_outside else ""))
     elif group == "tenants":
-        t = admin.CreateTenant(pb.CreateTenantRequest(tenant_id=args.id or "", name=args.name or ""))
+        t = admin.CreateTenant(pb.CreateTenantRequest(tenant_id=args.id or "", name=args.name or "",
+                                                      verify_endpoints=args.verify_endpoints))
         out(t, lambda t: f"tenant {t.tenant_id} created")
     elif group == "keys" and cmd == "create":
         k = admin.CreateApiKey(pb.CreateApiKeyRequest(
@@ -311,6 +314,10 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
             *(f"  v{k.version} {k.signature_scheme}"
               + (f" until {_when(k.not_after)}" if k.HasField("not_after") else "") for k in r.live_keys),
             _key_shown(r)]))
+    elif cmd == "verify":
+        out(tenant.VerifyEndpoint(ref), endpoint_detail)
+    elif cmd == "resend-challenge":
+        out(tenant.ResendChallenge(ref), endpoint_detail)
     else:  # ping
         out(tenant.SendTestEvent(ref), lambda r: f"ping {r.event_id} queued as delivery {r.delivery_id}")
 
@@ -362,6 +369,8 @@ def parser() -> argparse.ArgumentParser:
     t = tenants.add_parser("create", help="create a tenant")
     t.add_argument("--id")
     t.add_argument("--name")
+    t.add_argument("--verify-endpoints", action=argparse.BooleanOptionalAction, default=None,
+                   help="endpoints answer an ownership challenge before receiving events (default: on in production)")
     t = tenants.add_parser("event-types", help="restrict the event types the tenant's endpoints may subscribe to")
     t.add_argument("tenant")
     allow = t.add_mutually_exclusive_group(required=True)
@@ -415,7 +424,9 @@ def parser() -> argparse.ArgumentParser:
                        ("enable", "resume deliveries to a disabled endpoint"),
                        ("delete", "delete an endpoint; its pending deliveries are cancelled"),
                        ("versions", "the endpoint's configuration history"),
-                       ("ping", "send a signed webhook.ping event to the endpoint")):
+                       ("ping", "send a signed webhook.ping event to the endpoint"),
+                       ("verify", "activate an endpoint that answered its ownership challenge"),
+                       ("resend-challenge", "send a pending endpoint a new ownership challenge")):
         ep.add_parser(name, help=text).add_argument("endpoint_id")
     ls = ep.add_parser("list", help="list the tenant's endpoints")
     ls.add_argument("--page-size", type=int, default=0)

@@ -35,6 +35,17 @@ class Tenant:
     # The event types (exact, `prefix.*`, `*`) this tenant's endpoints may subscribe to, set by
     # the admin; None: unrestricted.
     allowed_event_types: tuple[str, ...] | None = None
+    # New endpoints (and URL changes) must answer an ownership challenge before they receive events.
+    verify_endpoints: bool = False
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """The ownership challenge an endpoint must answer: the `webhook.challenge` event sent to it
+    and when answering stops counting. The token is derived, never stored (service._token)."""
+
+    event_id: str
+    expires_at_ms: int
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class Endpoint:
     # this version can always be rebuilt from the endpoint row itself (see service._audit).
     changed_by: str
     change: str
+    challenge: Challenge | None = None  # set while PENDING_VERIFICATION
 
     def live_keys(self, now_ms: int) -> tuple[StoredKey, ...]:
         return tuple(k for k in self.signing_keys if k.live_at(now_ms))

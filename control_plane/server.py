@@ -146,6 +146,8 @@ def build(
             random_bytes=os.urandom,
             default_overlap_s=cp.secret_rotation_overlap_s,
             fault=faults.killer(cp.kill_at),
+            history=store,
+            challenge_ttl_s=cp.challenge_ttl_s,
         )
     )
     deliveries = DeliveryService(
@@ -161,7 +163,8 @@ def build(
     )
     reconciler = Reconciler(settings, session, store, publisher, now_ms)
     rpc.add_AdminServicer_to_server(
-        AdminServicer(auth, AdminService(store, now_ms, os.urandom), reconciler, endpoints), server)
+        AdminServicer(auth, AdminService(store, now_ms, os.urandom, settings.mode == "production"), reconciler,
+                      endpoints), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import hmac
 import json
 import logging
 import uuid
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 from control_plane import validation
 from control_plane.cursor import Cursors
 from control_plane.domain import (
+    Challenge,
     Endpoint,
     EndpointSpec,
     EndpointVersion,
@@ -47,12 +49,13 @@ from control_plane.errors import (
 )
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import Publisher, PublishError
-from control_plane.store import EndpointStore
+from control_plane.store import EndpointStore, HistoryStore
 from core import minimise, signing, target_proof
 from core.fanout import filter_covered
 from core.records import EndpointSignal, EndpointStatus, EventRecord, delivery_id_for
 from core.secrets import NONCE_BYTES, Keyring, decrypt_secret, encrypt_secret, sealed_with
 from core.signing import ED25519, HMAC_SHA256, SECRET_BYTES, generate_key
+from core.timeutil import ms_to_iso
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ PING_EVENT_TYPE = "webhook.ping"
 DISPATCHER_ACTOR = "dispatcher"
 ADMIN_ACTOR = "admin"  # changed_by of changes made with the admin credential
 PING_SCHEMA_VERSION = "2026-01-01"
+CHALLENGE_EVENT_TYPE = "webhook.challenge"
 UPDATABLE_FIELDS = frozenset(
     {"url", "description", "event_types", "rate_limit_per_s", "max_in_flight", "metadata", "payload_mode",
      "payload_fields"}
@@ -124,6 +128,9 @@ class Deps:
     default_overlap_s: int
     # Fault injection for the crash tests (control_plane.faults); a no-op unless configured.
     fault: Callable[[str], None] = lambda point: None
+    # Where ownership-challenge answers are read (the delivery history); how long one stays open.
+    history: HistoryStore | None = None
+    challenge_ttl_s: int = 3600
 
 
 def require_write(principal: Principal) -> None:
@@ -142,6 +149,8 @@ class EndpointService:
         self._d = deps
         self._cursors = Cursors.from_keyring(deps.master_key)
         self._target_key = target_proof.target_key(deps.master_key.current)
+        self._challenge_key = hmac.new(deps.master_key.current, b"webhooks.endpoint-challenge/v1",
+                                       hashlib.sha256).digest()
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -207,11 +216,13 @@ class EndpointService:
         now = self._d.now_ms()
         secret = generate_key(scheme, self._d.random_bytes(SECRET_BYTES))
         key = self._seal(principal.tenant_id, endpoint_id, 1, secret, now)
+        challenge = self._new_challenge(now) if self._verifies(principal) else None
         endpoint = Endpoint(
             tenant_id=principal.tenant_id,
             endpoint_id=endpoint_id,
             spec=spec,
-            status=EndpointStatus.ACTIVE,
+            status=EndpointStatus.PENDING_VERIFICATION if challenge else EndpointStatus.ACTIVE,
+            challenge=challenge,
             config_version=1,
             published_version=0,
             signing_keys=(key,),
@@ -235,7 +246,11 @@ class EndpointService:
             return self._created_again(self._published(existing))
         log.info("endpoint %s created for tenant %s", endpoint_id, principal.tenant_id)
         self._d.fault("create.stored")  # stored, not yet published: the dual write's gap
-        return _created(self._published(endpoint), secret, key)
+        published = self._published(endpoint)
+        if challenge is not None:
+            # Never fails the create (its secret is shown only now): ResendChallenge recovers.
+            self._send_challenge(published, raise_unavailable=False)
+        return _created(published, secret, key)
 
     def _created_again(self, endpoint: Endpoint) -> Created:
         """The answer to a retried create: the same endpoint, and no secret. A secret is shown
@@ -289,15 +304,26 @@ class EndpointService:
             if spec == current.spec:
                 return None
             changed = sorted(f for f in {**changes, **payload} if getattr(spec, f) != getattr(current.spec, f))
-            return self._next(current, principal, "update " + ",".join(changed), spec=spec)
+            extra: dict[str, object] = {}
+            if spec.url != current.spec.url and verifies:
+                # Ownership was proven for the old URL only: the new one answers a challenge first.
+                extra = {"status": EndpointStatus.PENDING_VERIFICATION,
+                         "challenge": self._new_challenge(self._d.now_ms())}
+            return self._next(current, principal, "update " + ",".join(changed), spec=spec, **extra)
 
-        return self._change(principal, endpoint_id, apply)
+        verifies = "url" in changes and self._verifies(principal)
+        updated = self._change(principal, endpoint_id, apply)
+        if verifies and updated.status is EndpointStatus.PENDING_VERIFICATION and updated.change.startswith("update"):
+            self._send_challenge(updated, raise_unavailable=False)
+        return updated
 
     def set_enabled(self, principal: Principal, endpoint_id: str, enabled: bool) -> Endpoint:
         require_write(principal)
         target = EndpointStatus.ACTIVE if enabled else EndpointStatus.DISABLED
 
         def apply(current: Endpoint) -> Endpoint | None:
+            if current.status is EndpointStatus.PENDING_VERIFICATION:
+                raise FailedPrecondition("the endpoint awaits its ownership challenge: answer it, then VerifyEndpoint")
             if current.status is target:
                 return None  # idempotent: enabling an active endpoint changes nothing
             return self._next(current, principal, "enable" if enabled else "disable", status=target)
@@ -423,6 +449,84 @@ class EndpointService:
         principal = Principal(current.tenant_id, ADMIN_ACTOR, read_only=False)
         return self._next(current, principal, f"re-encrypt signing keys under master key {ring.current_id}",
                           signing_keys=tuple(keys))
+
+    # -- ownership challenge ------------------------------------------------------------------
+
+    def verify(self, principal: Principal, endpoint_id: str) -> Endpoint:
+        """Activate an endpoint whose URL answered its challenge: a 2xx whose body (its first 256
+        bytes, as history keeps them) holds the token. Proves who controlled the URL then only."""
+        require_write(principal)
+        endpoint = self._load(principal, endpoint_id)
+        if endpoint.status is not EndpointStatus.PENDING_VERIFICATION:
+            return endpoint  # verified already (or never asked to be): nothing to do
+        c = endpoint.challenge
+        if c is None:
+            raise FailedPrecondition("no open ownership challenge; ResendChallenge sends one")
+        if self._d.now_ms() >= c.expires_at_ms:
+            raise FailedPrecondition(f"the ownership challenge expired at {ms_to_iso(c.expires_at_ms)}; "
+                                     "ResendChallenge sends a new one")
+        detail = self._d.history.get_delivery(delivery_id_for(c.event_id, endpoint_id)) if self._d.history else None
+        token = self._token(endpoint_id, c.event_id)
+        attempts = detail.attempts if detail is not None else ()
+        if not any(a.http_status is not None and 200 <= a.http_status < 300 and token in a.response_prefix
+                   for a in attempts):
+            last = attempts[-1] if attempts else None
+            seen = f"{len(attempts)} attempt(s), the last answered {last.http_status or last.error_class or '-'}" \
+                if last else "no attempt yet"
+            raise FailedPrecondition(f"the endpoint has not answered its challenge: it must answer 2xx with the "
+                                     f"challenge token in its body ({seen})")
+
+        def apply(current: Endpoint) -> Endpoint | None:
+            if current.status is not EndpointStatus.PENDING_VERIFICATION or current.challenge != c:
+                return None  # verified meanwhile, or a new challenge replaced this one
+            return self._next(current, principal, f"verified ownership (challenge {c.event_id})",
+                              status=EndpointStatus.ACTIVE, challenge=None)
+
+        return self._change(principal, endpoint_id, apply)
+
+    def resend_challenge(self, principal: Principal, endpoint_id: str) -> Endpoint:
+        """A new challenge (new token, new expiry) for an endpoint awaiting verification."""
+        require_write(principal)
+
+        def apply(current: Endpoint) -> Endpoint | None:
+            if current.status is not EndpointStatus.PENDING_VERIFICATION:
+                raise FailedPrecondition("the endpoint is not awaiting an ownership challenge")
+            return self._next(current, principal, "new ownership challenge",
+                              challenge=self._new_challenge(self._d.now_ms()))
+
+        endpoint = self._change(principal, endpoint_id, apply)
+        self._send_challenge(endpoint, raise_unavailable=True)
+        return endpoint
+
+    def _verifies(self, principal: Principal) -> bool:
+        tenant = self._d.store.get_tenant(principal.tenant_id)
+        return tenant is not None and tenant.verify_endpoints
+
+    def _new_challenge(self, now: int) -> Challenge:
+        event_id = "evt_challenge_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
+        return Challenge(event_id, now + self._d.challenge_ttl_s * 1000)
+
+    def _token(self, endpoint_id: str, event_id: str) -> str:
+        # Derived, never stored: a copy of the endpoints table cannot answer a challenge.
+        return hmac.new(self._challenge_key, f"{endpoint_id}\n{event_id}".encode(), hashlib.sha256).hexdigest()[:40]
+
+    def _send_challenge(self, endpoint: Endpoint, raise_unavailable: bool) -> None:
+        c = endpoint.challenge
+        assert c is not None
+        payload = json.dumps({"type": CHALLENGE_EVENT_TYPE, "challenge": self._token(endpoint.endpoint_id, c.event_id),
+                              "endpoint_id": endpoint.endpoint_id, "expires_at": ms_to_iso(c.expires_at_ms)},
+                             separators=(",", ":")).encode()
+        event = EventRecord(
+            event_id=c.event_id, tenant_id=endpoint.tenant_id, event_type=CHALLENGE_EVENT_TYPE,
+            schema_version=PING_SCHEMA_VERSION, object_id=endpoint.endpoint_id, object_version=endpoint.config_version,
+            occurred_at_ms=self._d.now_ms(), payload=payload, target_endpoint_id=endpoint.endpoint_id,
+            target_proof=target_proof.prove(self._target_key, endpoint.tenant_id, c.event_id, endpoint.endpoint_id))
+        try:
+            self._d.publisher.publish_event(event)
+        except PublishError as exc:
+            log.warning("challenge %s for endpoint %s not queued: %s", c.event_id, endpoint.endpoint_id, exc)
+            if raise_unavailable:
+                raise Unavailable("could not queue the challenge (Kafka unavailable); retry") from exc
 
     # -- test events ------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ _CODES: dict[type[errors.ControlPlaneError], grpc.StatusCode] = {
 _STATUS_TO_PB = {
     EndpointStatus.ACTIVE: pb.ENDPOINT_STATUS_ACTIVE,
     EndpointStatus.DISABLED: pb.ENDPOINT_STATUS_DISABLED,
+    EndpointStatus.PENDING_VERIFICATION: pb.ENDPOINT_STATUS_PENDING_VERIFICATION,
 }
 _DELIVERY_TO_PB = {
     DeliveryStatus.PENDING: pb.DELIVERY_STATUS_PENDING,
@@ -136,13 +137,15 @@ def endpoint_pb(e: Endpoint, now_ms: int) -> Any:
         updated_at=ts(e.updated_at_ms),
         payload_mode=e.spec.payload_mode,
         payload_fields=list(e.spec.payload_fields),
+        challenge_event_id=e.challenge.event_id if e.challenge else "",
+        challenge_expires_at=ts(e.challenge.expires_at_ms) if e.challenge else None,
     )
 
 
 def tenant_pb(t: Tenant) -> Any:
     return pb.Tenant(tenant_id=t.tenant_id, name=t.name, created_at=ts(t.created_at_ms),
                      event_types_restricted=t.allowed_event_types is not None,
-                     allowed_event_types=list(t.allowed_event_types or ()))
+                     allowed_event_types=list(t.allowed_event_types or ()), verify_endpoints=t.verify_endpoints)
 
 
 def spec_of(message: Any) -> EndpointSpec:
@@ -315,6 +318,14 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
         )
 
     @mapped
+    def VerifyEndpoint(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._endpoint(self._endpoints.verify(self._principal(context), request.endpoint_id))
+
+    @mapped
+    def ResendChallenge(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._endpoint(self._endpoints.resend_challenge(self._principal(context), request.endpoint_id))
+
+    @mapped
     def SendTestEvent(self, request: Any, context: grpc.ServicerContext) -> Any:
         sent = self._endpoints.send_test_event(self._principal(context), request.endpoint_id)
         return pb.SendTestEventResponse(event_id=sent.event_id, delivery_id=sent.delivery_id)
@@ -405,7 +416,8 @@ class AdminServicer(rpc.AdminServicer):
     @mapped
     def CreateTenant(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._auth.admin(context.invocation_metadata())
-        return tenant_pb(self._admin.create_tenant(request.tenant_id, request.name))
+        verify = request.verify_endpoints if request.HasField("verify_endpoints") else None
+        return tenant_pb(self._admin.create_tenant(request.tenant_id, request.name, verify))
 
     @mapped
     def SetTenantEventTypes(self, request: Any, context: grpc.ServicerContext) -> Any:

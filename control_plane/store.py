@@ -23,6 +23,7 @@ from cassandra.query import PreparedStatement
 from control_plane.domain import (
     ApiKey,
     Attempt,
+    Challenge,
     DeliveryDetail,
     DeliveryStatus,
     DeliverySummary,
@@ -191,7 +192,19 @@ def _endpoint(row: dict[str, Any]) -> Endpoint:
         updated_at_ms=_ms(row["updated_at"]) or 0,
         changed_by=row["changed_by"] or "",
         change=row["change"] or "",
+        challenge=_challenge(row.get("challenge")),
     )
+
+
+def _challenge_json(c: Challenge | None) -> str | None:
+    return None if c is None else json.dumps({"event_id": c.event_id, "expires_at_ms": c.expires_at_ms})
+
+
+def _challenge(raw: str | None) -> Challenge | None:
+    if not raw:
+        return None
+    d = json.loads(raw)
+    return Challenge(str(d["event_id"]), int(d["expires_at_ms"]))
 
 
 def _summary(row: dict[str, Any], tenant_id: str, endpoint_id: str) -> DeliverySummary:
@@ -249,7 +262,7 @@ def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
 _ENDPOINT_COLUMNS = (
     "tenant_id, endpoint_id, url, description, event_types, rate_limit_per_s, max_in_flight, "
     "metadata, status, config_version, published_version, signing_keys, created_at, updated_at, "
-    "changed_by, change, payload_policy"
+    "changed_by, change, payload_policy, challenge"
 )
 _VERSION_COLUMNS = (
     "tenant_id, endpoint_id, config_version, url, description, event_types, rate_limit_per_s, "
@@ -270,9 +283,10 @@ class CassandraStore:
 
     def _prepare_all(self) -> dict[str, PreparedStatement]:
         cql = {
-            "tenant_insert": "INSERT INTO tenants (tenant_id, name, created_at) VALUES (?, ?, ?) "
+            "tenant_insert": "INSERT INTO tenants (tenant_id, name, created_at, verify_endpoints) VALUES (?, ?, ?, ?) "
             "IF NOT EXISTS",
-            "tenant_get": "SELECT tenant_id, name, created_at, allowed_event_types FROM tenants WHERE tenant_id = ?",
+            "tenant_get": "SELECT tenant_id, name, created_at, allowed_event_types, verify_endpoints FROM tenants "
+            "WHERE tenant_id = ?",
             "tenant_set_types": "UPDATE tenants SET allowed_event_types = ? WHERE tenant_id = ? IF EXISTS",
             "tenant_ids": "SELECT tenant_id FROM tenants",
             "key_insert": "INSERT INTO api_keys (key_hash, key_id, tenant_id, description, "
@@ -285,11 +299,11 @@ class CassandraStore:
             "AND key_id = ?",
             "key_revoke": "UPDATE api_keys SET revoked_at = ? WHERE key_hash = ?",
             "endpoint_insert": f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
             "endpoint_replace": "UPDATE endpoints SET url = ?, description = ?, event_types = ?, "
             "rate_limit_per_s = ?, max_in_flight = ?, metadata = ?, status = ?, "
             "config_version = ?, signing_keys = ?, updated_at = ?, changed_by = ?, change = ?, "
-            "payload_policy = ? WHERE tenant_id = ? AND endpoint_id = ? IF config_version = ?",
+            "payload_policy = ?, challenge = ? WHERE tenant_id = ? AND endpoint_id = ? IF config_version = ?",
             "endpoint_mark": "UPDATE endpoints SET published_version = ? "
             "WHERE tenant_id = ? AND endpoint_id = ? IF published_version < ?",
             "endpoint_get": f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints "
@@ -339,7 +353,7 @@ class CassandraStore:
     @_unavailable_on_driver_error
     def create_tenant(self, tenant: Tenant) -> bool:
         return self._applied(
-            "tenant_insert", (tenant.tenant_id, tenant.name, _dt(tenant.created_at_ms))
+            "tenant_insert", (tenant.tenant_id, tenant.name, _dt(tenant.created_at_ms), tenant.verify_endpoints)
         )
 
     @_unavailable_on_driver_error
@@ -353,7 +367,7 @@ class CassandraStore:
             return None
         allowed = row.get("allowed_event_types")  # null: unrestricted (a restriction is never empty)
         return Tenant(row["tenant_id"], row["name"] or "", _ms(row["created_at"]) or 0,
-                      None if not allowed else tuple(allowed))
+                      None if not allowed else tuple(allowed), bool(row.get("verify_endpoints")))
 
     @_unavailable_on_driver_error
     def set_allowed_event_types(self, tenant_id: str, types: tuple[str, ...] | None) -> bool:
@@ -407,7 +421,8 @@ class CassandraStore:
              s.rate_limit_per_s, s.max_in_flight, dict(s.metadata), endpoint.status.value,
              endpoint.config_version, endpoint.published_version,
              _keys_to_json(endpoint.signing_keys), _dt(endpoint.created_at_ms),
-             _dt(endpoint.updated_at_ms), endpoint.changed_by, endpoint.change, _payload_policy(s)),
+             _dt(endpoint.updated_at_ms), endpoint.changed_by, endpoint.change, _payload_policy(s),
+             _challenge_json(endpoint.challenge)),
         )
 
     @_unavailable_on_driver_error
@@ -418,7 +433,8 @@ class CassandraStore:
             (s.url, s.description, list(s.event_types), s.rate_limit_per_s, s.max_in_flight,
              dict(s.metadata), endpoint.status.value, endpoint.config_version,
              _keys_to_json(endpoint.signing_keys), _dt(endpoint.updated_at_ms),
-             endpoint.changed_by, endpoint.change, _payload_policy(s), endpoint.tenant_id, endpoint.endpoint_id,
+             endpoint.changed_by, endpoint.change, _payload_policy(s), _challenge_json(endpoint.challenge),
+             endpoint.tenant_id, endpoint.endpoint_id,
              expected_version),
         )
 

@@ -388,7 +388,8 @@ class EndpointDriver:
             return "no config"
         if cfg.status is EndpointStatus.DELETED:
             return "deleted"
-        if cfg.status is not EndpointStatus.ACTIVE:
+        if cfg.status not in (EndpointStatus.ACTIVE, EndpointStatus.PENDING_VERIFICATION):
+            # (a pending endpoint only ever holds its challenge: fan-out sends it nothing else)
             return "disabled"
         if cfg.refused is not None:
             return "config unreadable"

@@ -55,7 +55,12 @@ def select_endpoints(event: EventRecord, configs: Iterable[EndpointConfig]) -> l
     """The endpoints this event goes to, in a stable order (by endpoint_id)."""
     chosen = []
     for c in configs:
-        if c.tenant_id != event.tenant_id or c.status is not EndpointStatus.ACTIVE:
+        if c.tenant_id != event.tenant_id:
+            continue
+        # An endpoint awaiting its ownership challenge gets the control plane's targeted events
+        # only (the challenge): nothing it subscribed to reaches it before it is verified.
+        targeted_ok = event.target_endpoint_id is not None and c.status is EndpointStatus.PENDING_VERIFICATION
+        if c.status is not EndpointStatus.ACTIVE and not targeted_ok:
             continue
         if event.target_endpoint_id is not None:
             if c.endpoint_id == event.target_endpoint_id:

@@ -102,6 +102,9 @@ class EndpointStatus(enum.StrEnum):
     ACTIVE = "active"
     DISABLED = "disabled"  # by a person, or by a 410 Gone from the endpoint
     DELETED = "deleted"
+    # Created for a tenant that requires an ownership challenge: it receives only the control
+    # plane's `webhook.challenge` event until the challenge is answered (control_plane.service).
+    PENDING_VERIFICATION = "pending_verification"
 
     @staticmethod
     def tolerant(raw: object) -> EndpointStatus:

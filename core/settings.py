@@ -171,6 +171,8 @@ class ControlPlaneSettings(BaseModel):
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     secret_rotation_overlap_s: int = Field(default=24 * 3600, ge=0)
+    # How long an endpoint's ownership challenge can be answered (then ResendChallenge).
+    challenge_ttl_s: int = Field(default=3600, ge=10)
     # How often the config clock heartbeat is published on the endpoints topic (see fan-out): a
     # held event waits half of it on average, plus the tick's trip. 50 small records/s on a
     # compacted topic; each tick costs the control plane a Kafka produce (other replicas' durable

@@ -24,12 +24,13 @@ def auth(token: str) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")]
 
 
-def new_tenant(channel: grpc.Channel, settings: Settings) -> tuple[str, str]:
+def new_tenant(channel: grpc.Channel, settings: Settings, verify_endpoints: bool | None = None) -> tuple[str, str]:
     """A fresh tenant and an API key for it, made with the admin credential."""
     admin = rpc.AdminStub(channel)
     md = auth(settings.control_plane.admin_token.get_secret_value())
     tenant_id = f"ten_{uuid.uuid4().hex[:10]}"
-    admin.CreateTenant(pb.CreateTenantRequest(tenant_id=tenant_id, name="test tenant"), metadata=md)
+    admin.CreateTenant(pb.CreateTenantRequest(tenant_id=tenant_id, name="test tenant",
+                                              verify_endpoints=verify_endpoints), metadata=md)
     key = admin.CreateApiKey(pb.CreateApiKeyRequest(tenant_id=tenant_id, description="tests"), metadata=md)
     return tenant_id, key.api_key
 

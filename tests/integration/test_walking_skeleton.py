@@ -5,6 +5,7 @@ of the exact bytes to the receiver -> delivery and attempt in Cassandra -> gRPC 
 from __future__ import annotations
 
 import hashlib
+import time
 
 import pytest
 
@@ -142,3 +143,57 @@ def test_minimised_payloads_are_what_is_signed_and_sent_and_history_keeps_the_or
     assert got["full"].body == body
     row = cassandra_session.execute("SELECT payload FROM events WHERE event_id=%s", (ev.event_id,)).one()
     assert bytes(row.payload) == body
+
+
+def test_an_endpoint_answers_its_ownership_challenge_before_it_receives_events(
+        settings, grpc_channel, receiver, delivery_job):
+    """Issue 17 item 4 end to end: a verifying tenant's new endpoint is PENDING_VERIFICATION; the
+    job sends it the signed `webhook.challenge` (and no subscribed event); VerifyEndpoint refuses
+    an endpoint that did not echo the token and activates one that did; events then flow."""
+    import json
+
+    import grpc
+
+    from tests.integration.helpers import eventually
+
+    tenant_id, api_key = new_tenant(grpc_channel, settings, verify_endpoints=True)
+    cp = rpc.ControlPlaneStub(grpc_channel)
+    echo, silent = f"/ep/{tenant_id}/echo", f"/ep/{tenant_id}/silent"
+    receiver.set_behaviour(echo, "echo_challenge")
+    made = {}
+    for path in (echo, silent):
+        r = cp.CreateEndpoint(pb.CreateEndpointRequest(url=receiver.base_url + path, event_types=["invoice.*"]),
+                              metadata=auth(api_key))
+        assert r.endpoint.status == pb.ENDPOINT_STATUS_PENDING_VERIFICATION and r.endpoint.challenge_event_id
+        made[path] = (r.endpoint.endpoint_id, r.signing_secret)
+    early = event(tenant_id, "invoice.paid", b'{"id":"before verification"}')
+    produce(settings, [early.to_json()], keys=[early.event_id])
+
+    for path, (endpoint_id, secret) in made.items():
+        (challenge,) = receiver.wait_for(path, 1, timeout=90)
+        assert challenge.headers["webhook-event-type"] == "webhook.challenge"
+        assert verify_signature(challenge, [secret]) == [secret]
+        assert json.loads(challenge.body)["endpoint_id"] == endpoint_id
+
+    silent_id = made[silent][0]
+    with pytest.raises(grpc.RpcError) as refused:
+        cp.VerifyEndpoint(pb.GetEndpointRequest(endpoint_id=silent_id), metadata=auth(api_key))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "has not answered its challenge" in refused.value.details()
+
+    echo_id = made[echo][0]
+
+    def verified():  # type: ignore[no-untyped-def]
+        try:  # the answer reaches history in the dispatcher's next batch
+            return cp.VerifyEndpoint(pb.GetEndpointRequest(endpoint_id=echo_id), metadata=auth(api_key))
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err
+            return None
+
+    assert eventually(verified, timeout=60, what="verified").status == pb.ENDPOINT_STATUS_ACTIVE
+    later = event(tenant_id, "invoice.paid", b'{"id":"after verification"}')
+    produce(settings, [later.to_json()], keys=[later.event_id])
+    recs = receiver.wait_for(echo, 2, timeout=90)
+    assert [r.headers["webhook-event-id"] for r in recs][1:] == [later.event_id]  # the early one never went
+    time.sleep(1)
+    assert len(receiver.requests(silent)) == 1  # the challenge only

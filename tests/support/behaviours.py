@@ -156,6 +156,23 @@ class HugeBody(Behaviour):
         return response
 
 
+@dataclass(frozen=True)
+class EchoChallenge(Behaviour):
+    """What an endpoint that accepts ownership challenges answers: 200 echoing the challenge token
+    of a `webhook.challenge` body (anything else: 200, empty)."""
+
+    kind: ClassVar[str] = "echo_challenge"
+
+    async def respond(self, request: web.BaseRequest) -> web.StreamResponse:
+        import json
+
+        try:
+            token = json.loads(await request.read()).get("challenge")
+        except (ValueError, AttributeError):
+            token = None
+        return web.json_response({"challenge": token} if token else {})
+
+
 async def _wait_forever() -> NoReturn:
     while True:
         await asyncio.sleep(3600)
@@ -198,7 +215,7 @@ def huge_body(n_bytes: int) -> HugeBody:
 
 
 _KINDS: dict[str, type[Behaviour]] = {
-    cls.kind: cls for cls in (Ok, Status, RetryAfter, Gone, Redirect, Hang, Reset, Slow, HugeBody)
+    cls.kind: cls for cls in (Ok, Status, RetryAfter, Gone, Redirect, Hang, Reset, Slow, HugeBody, EchoChallenge)
 }
 
 

@@ -270,6 +270,8 @@ def w() -> World:
             now_ms=clock,
             random_bytes=rng,  # type: ignore[arg-type]
             default_overlap_s=24 * 3600,
+            history=store,
+            challenge_ttl_s=600,
         )
     )
     deliveries = DeliveryService(
@@ -1098,3 +1100,82 @@ def test_a_restricted_tenant_subscribes_only_within_its_allow_list(w: World) -> 
         admin.set_event_types("tenant-nope", ["a.b"], unrestricted=False)
     with pytest.raises(errors.InvalidArgument):
         admin.set_event_types("tenant-a", ["a.b"], unrestricted=True)
+
+
+# -- endpoint ownership challenge (issue 17, item 4) ---------------------------------------------
+
+def _answer(w: World, e: Endpoint, status: int = 200, echo: bool = True) -> None:
+    """What the job records when the URL answers the challenge event (history, as the job writes it)."""
+    import json as _json
+
+    [event] = [ev for ev in w.publisher.events if ev.event_id == e.challenge.event_id]  # type: ignore[union-attr]
+    token = _json.loads(event.payload)["challenge"]
+    did = delivery_id_for(event.event_id, e.endpoint_id)
+    body = _json.dumps({"challenge": token}) if echo else "{}"
+    attempt = Attempt(1, "a1", w.clock.now, w.clock.now + 5, status, 5, "succeeded", "", False, 1, e.spec.url,
+                      (1,), "", body)
+    summary = DeliverySummary(did, event.event_id, e.tenant_id, e.endpoint_id, "webhook.challenge",
+                              DeliveryStatus.SUCCEEDED, 1, status, w.clock.now, None)
+    w.store.deliveries[did] = DeliveryDetail(summary, 1, False, None, None, "", (attempt,))
+
+
+def test_a_verifying_tenants_endpoint_waits_for_its_challenge(w: World) -> None:
+    w.store.tenants["tenant-a"] = Tenant("tenant-a", "a", 0, verify_endpoints=True)
+    e = w.endpoints.create(ALICE, spec(), "").endpoint
+    assert e.status is EndpointStatus.PENDING_VERIFICATION and e.challenge is not None
+    assert w.publisher.configs[-1].status is EndpointStatus.PENDING_VERIFICATION
+    [challenge] = w.publisher.events
+    assert (challenge.event_type, challenge.target_endpoint_id) == ("webhook.challenge", e.endpoint_id)
+    assert challenge.target_proof  # the job honours the target only with the proof
+    with pytest.raises(errors.FailedPrecondition, match="has not answered its challenge.*no attempt yet"):
+        w.endpoints.verify(ALICE, e.endpoint_id)
+    with pytest.raises(errors.FailedPrecondition, match="awaits its ownership challenge"):
+        w.endpoints.set_enabled(ALICE, e.endpoint_id, enabled=True)
+    _answer(w, e, echo=False)
+    with pytest.raises(errors.FailedPrecondition, match="1 attempt"):
+        w.endpoints.verify(ALICE, e.endpoint_id)
+    _answer(w, e)
+    verified = w.endpoints.verify(ALICE, e.endpoint_id)
+    assert verified.status is EndpointStatus.ACTIVE and verified.challenge is None
+    assert verified.change.startswith("verified ownership")
+    assert w.publisher.configs[-1].status is EndpointStatus.ACTIVE
+    assert w.endpoints.verify(ALICE, e.endpoint_id) == verified  # idempotent
+
+
+def test_an_expired_challenge_is_refused_and_a_new_one_can_be_sent(w: World) -> None:
+    w.store.tenants["tenant-a"] = Tenant("tenant-a", "a", 0, verify_endpoints=True)
+    e = w.endpoints.create(ALICE, spec(), "").endpoint
+    _answer(w, e)
+    w.clock.now += 601_000  # challenge_ttl_s=600
+    with pytest.raises(errors.FailedPrecondition, match="expired"):
+        w.endpoints.verify(ALICE, e.endpoint_id)
+    again = w.endpoints.resend_challenge(ALICE, e.endpoint_id)
+    assert again.challenge is not None and again.challenge.event_id != e.challenge.event_id  # type: ignore[union-attr]
+    with pytest.raises(errors.FailedPrecondition):  # the old answer does not answer the new challenge
+        w.endpoints.verify(ALICE, e.endpoint_id)
+    _answer(w, again)
+    assert w.endpoints.verify(ALICE, e.endpoint_id).status is EndpointStatus.ACTIVE
+    with pytest.raises(errors.FailedPrecondition, match="not awaiting"):
+        w.endpoints.resend_challenge(ALICE, e.endpoint_id)
+
+
+def test_a_new_url_is_challenged_again_and_other_tenants_are_not_challenged(w: World) -> None:
+    w.store.tenants["tenant-a"] = Tenant("tenant-a", "a", 0, verify_endpoints=True)
+    e = w.endpoints.create(ALICE, spec(), "").endpoint
+    _answer(w, e)
+    w.endpoints.verify(ALICE, e.endpoint_id)
+    moved = w.endpoints.update(ALICE, e.endpoint_id, spec(url="https://hooks.example.com/new"), ["url"])
+    assert moved.status is EndpointStatus.PENDING_VERIFICATION and len(w.publisher.events) == 2
+    described = w.endpoints.update(ALICE, e.endpoint_id, spec(description="x"), ["description"])
+    assert described.challenge == moved.challenge and len(w.publisher.events) == 2  # no new challenge
+    other = w.endpoints.create(BOB, spec(), "").endpoint  # tenant-b does not verify
+    assert other.status is EndpointStatus.ACTIVE
+
+
+def test_tenants_verify_endpoints_by_default_in_production_only(w: World) -> None:
+    from control_plane.admin import AdminService
+
+    prod = AdminService(w.store, w.clock, counting_random(), verify_endpoints_by_default=True)  # type: ignore[arg-type]
+    assert prod.create_tenant("t-prod", "p").verify_endpoints
+    assert not prod.create_tenant("t-optout", "p", verify_endpoints=False).verify_endpoints
+    assert not w.admin.create_tenant("t-dev", "d").verify_endpoints

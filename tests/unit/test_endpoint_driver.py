@@ -270,6 +270,16 @@ def test_deliveries_held_while_disabled_go_as_soon_as_the_endpoint_is_enabled() 
     assert sum(sim.requests.values()) == 5  # in the same pass as the config
 
 
+def test_an_endpoint_awaiting_verification_is_sent_what_it_holds() -> None:
+    """Fan-out routes only the challenge to such an endpoint; the dispatcher must send it (it
+    would hold it like a disabled endpoint's deliveries, and the challenge could never be answered)."""
+    sim = Sim()
+    sim.config(config(status=EndpointStatus.PENDING_VERIFICATION))
+    sim.new(delivery(0))
+    sim.advance(T0 + 1_000)
+    assert sum(sim.requests.values()) == 1
+
+
 def test_an_unreadable_config_holds_the_endpoint_until_a_readable_one_replaces_it() -> None:
     sim = Sim()
     sim.config(config())

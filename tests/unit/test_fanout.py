@@ -95,6 +95,10 @@ SELECT_TABLE = [
     ([endpoint("ep_1", tenant_id="t_2")], replace(EVENT, target_endpoint_id="ep_1"), []),
     ([endpoint("ep_1", status=EndpointStatus.DISABLED)], replace(EVENT, target_endpoint_id="ep_1"), []),
     ([endpoint("ep_2")], replace(EVENT, target_endpoint_id="ep_1"), []),
+    # an endpoint awaiting its ownership challenge gets the (targeted) challenge and nothing else
+    ([endpoint("ep_1", status=EndpointStatus.PENDING_VERIFICATION)], replace(EVENT, target_endpoint_id="ep_1"),
+     ["ep_1"]),
+    ([endpoint("ep_1", status=EndpointStatus.PENDING_VERIFICATION), endpoint("ep_2")], EVENT, ["ep_2"]),
     ([], EVENT, []),
 ]
 
