@@ -25,6 +25,8 @@ from typing import Any, ClassVar, NoReturn
 from aiohttp import web
 
 _HUGE_CHUNK = 64 * 1024
+# The request body, read by the receiver before the behaviour answers (the stream is consumed then).
+BODY = web.RequestKey("body", bytes)
 
 
 class Behaviour:
@@ -166,8 +168,8 @@ class EchoChallenge(Behaviour):
     async def respond(self, request: web.BaseRequest) -> web.StreamResponse:
         import json
 
-        try:
-            token = json.loads(await request.read()).get("challenge")
+        try:  # the receiver has read the body already (request["body"])
+            token = json.loads(request.get(BODY) or b"{}").get("challenge")
         except (ValueError, AttributeError):
             token = None
         return web.json_response({"challenge": token} if token else {})

@@ -58,7 +58,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from tests.support.behaviours import Behaviour, Ok, from_json, parse_script
+from tests.support.behaviours import BODY, Behaviour, Ok, from_json, parse_script
 
 RecordMode = Literal["none", "count", "full"]
 RECORD_MODES: tuple[RecordMode, ...] = ("none", "count", "full")
@@ -232,6 +232,7 @@ class Receiver:
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         # content.read() rather than request.read(): no 1 MiB client_max_size cap on bodies.
         body = await request.content.read()
+        request[BODY] = body  # the stream is consumed: behaviours that look at the body read it here
         received_at, received_monotonic = time.time(), time.monotonic()
         path = request.path
         behaviour = self._next_behaviour(path)
