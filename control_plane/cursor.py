@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from control_plane.errors import InvalidArgument
-from core.secrets import Keyring
+from core.secrets import Keyring, derive_key
 
 _TAG_BYTES = 16
 _LABEL = b"webhooks.page-cursor/v1"
@@ -43,10 +43,8 @@ class Cursors:
 
     @classmethod
     def from_keyring(cls, keyring: Keyring) -> Cursors:
-        # Keys of their own (not the master keys themselves): a tag never reveals anything about them.
-        def derive(master: bytes) -> bytes:
-            return hmac.new(master, _LABEL, hashlib.sha256).digest()
-        return cls(derive(keyring.current), *(derive(k) for i, k in keyring.keys.items() if i != keyring.current_id))
+        return cls(derive_key(keyring.current, _LABEL),
+                   *(derive_key(k, _LABEL) for i, k in keyring.keys.items() if i != keyring.current_id))
 
     @staticmethod
     def _tag(key: bytes, body: str) -> str:

@@ -133,6 +133,7 @@ def build(
     if policy.dev_allow_cidrs:
         log.warning("egress dev_allow_cidrs is set (%s): development only", settings.egress.dev_allow_cidrs)
     store = CassandraStore(session, consistency=settings.cassandra.consistency)
+    keyring = settings.master_keyring()  # read once (a key file is read from disk)
     publisher = publisher or KafkaPublisher(settings.kafka)
     publication = ConfigPublication(store, publisher, now_ms, hold_scan_interval_ms=cp.hold_scan_interval_ms)
     endpoints = EndpointService(
@@ -141,7 +142,7 @@ def build(
             publication=publication,
             publisher=publisher,
             destination=DestinationValidator(policy, resolver),
-            master_key=settings.master_keyring(),
+            master_key=keyring,
             now_ms=now_ms,
             random_bytes=os.urandom,
             default_overlap_s=cp.secret_rotation_overlap_s,
@@ -152,7 +153,7 @@ def build(
     )
     deliveries = DeliveryService(
         DeliveryDeps(endpoints=store, history=store, publisher=publisher, now_ms=now_ms,
-                     random_bytes=os.urandom, cursors=Cursors.from_keyring(settings.master_keyring()))
+                     random_bytes=os.urandom, cursors=Cursors.from_keyring(keyring))
     )
     auth = Authenticator(store, cp.admin_token.get_secret_value())
 

@@ -37,6 +37,7 @@ from control_plane.domain import (
     Page,
     Principal,
     StoredKey,
+    Tenant,
 )
 from control_plane.errors import (
     Aborted,
@@ -53,7 +54,7 @@ from control_plane.store import EndpointStore, HistoryStore
 from core import minimise, signing, target_proof
 from core.fanout import filter_covered
 from core.records import EndpointSignal, EndpointStatus, EventRecord, delivery_id_for
-from core.secrets import NONCE_BYTES, Keyring, decrypt_secret, encrypt_secret, sealed_with
+from core.secrets import NONCE_BYTES, Keyring, decrypt_secret, derive_key, encrypt_secret, sealed_with
 from core.signing import ED25519, HMAC_SHA256, SECRET_BYTES, generate_key
 from core.timeutil import ms_to_iso
 
@@ -149,8 +150,7 @@ class EndpointService:
         self._d = deps
         self._cursors = Cursors.from_keyring(deps.master_key)
         self._target_key = target_proof.target_key(deps.master_key.current)
-        self._challenge_key = hmac.new(deps.master_key.current, b"webhooks.endpoint-challenge/v1",
-                                       hashlib.sha256).digest()
+        self._challenge_key = derive_key(deps.master_key.current, b"webhooks.endpoint-challenge/v1")
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -191,7 +191,8 @@ class EndpointService:
         require_write(principal)
         scheme = validation.signature_scheme(signature_scheme)
         spec = validation.spec(raw, self._d.destination)
-        self._authorise_event_types(principal, spec.event_types)
+        tenant = self._d.store.get_tenant(principal.tenant_id)
+        _authorise_event_types(tenant, spec.event_types)
         endpoint_id = "ep_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         if request_id:
             validation.identifier("request_id", request_id)
@@ -216,7 +217,7 @@ class EndpointService:
         now = self._d.now_ms()
         secret = generate_key(scheme, self._d.random_bytes(SECRET_BYTES))
         key = self._seal(principal.tenant_id, endpoint_id, 1, secret, now)
-        challenge = self._new_challenge(now) if self._verifies(principal) else None
+        challenge = self._new_challenge(now) if tenant is not None and tenant.verify_endpoints else None
         endpoint = Endpoint(
             tenant_id=principal.tenant_id,
             endpoint_id=endpoint_id,
@@ -278,6 +279,7 @@ class EndpointService:
                 f"{', '.join(sorted(UPDATABLE_FIELDS))}"
             )
         # Validate only what changes: an unchanged URL is not re-resolved.
+        tenant = self._d.store.get_tenant(principal.tenant_id) if paths & {"url", "event_types"} else None
         changes: dict[str, object] = {}
         if "url" in paths:
             changes["url"] = self._d.destination(values.url)
@@ -285,7 +287,7 @@ class EndpointService:
             changes["description"] = validation.description(values.description)
         if "event_types" in paths:
             changes["event_types"] = validation.event_types(values.event_types)
-            self._authorise_event_types(principal, changes["event_types"])  # type: ignore[arg-type]
+            _authorise_event_types(tenant, changes["event_types"])  # type: ignore[arg-type]
         if "rate_limit_per_s" in paths:
             changes["rate_limit_per_s"] = validation.rate_limit(values.rate_limit_per_s)
         if "max_in_flight" in paths:
@@ -293,7 +295,11 @@ class EndpointService:
         if "metadata" in paths:
             changes["metadata"] = validation.metadata(values.metadata)
 
+        verifies = "url" in changes and tenant is not None and tenant.verify_endpoints
+        issued: list[Challenge] = []  # the challenge this update made (apply may run more than once)
+
         def apply(current: Endpoint) -> Endpoint | None:
+            issued.clear()
             payload: dict[str, object] = {}
             if paths & {"payload_mode", "payload_fields"}:
                 # Checked together: a mode and the allow-list it needs (or must not have).
@@ -307,13 +313,12 @@ class EndpointService:
             extra: dict[str, object] = {}
             if spec.url != current.spec.url and verifies:
                 # Ownership was proven for the old URL only: the new one answers a challenge first.
-                extra = {"status": EndpointStatus.PENDING_VERIFICATION,
-                         "challenge": self._new_challenge(self._d.now_ms())}
+                issued.append(self._new_challenge(self._d.now_ms()))
+                extra = {"status": EndpointStatus.PENDING_VERIFICATION, "challenge": issued[0]}
             return self._next(current, principal, "update " + ",".join(changed), spec=spec, **extra)
 
-        verifies = "url" in changes and self._verifies(principal)
         updated = self._change(principal, endpoint_id, apply)
-        if verifies and updated.status is EndpointStatus.PENDING_VERIFICATION and updated.change.startswith("update"):
+        if issued and updated.challenge == issued[0]:
             self._send_challenge(updated, raise_unavailable=False)
         return updated
 
@@ -498,10 +503,6 @@ class EndpointService:
         self._send_challenge(endpoint, raise_unavailable=True)
         return endpoint
 
-    def _verifies(self, principal: Principal) -> bool:
-        tenant = self._d.store.get_tenant(principal.tenant_id)
-        return tenant is not None and tenant.verify_endpoints
-
     def _new_challenge(self, now: int) -> Challenge:
         event_id = "evt_challenge_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         return Challenge(event_id, now + self._d.challenge_ttl_s * 1000)
@@ -564,18 +565,6 @@ class EndpointService:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _authorise_event_types(self, principal: Principal, filters: Sequence[str]) -> None:
-        """Subscription authorisation: a tenant the admin restricted subscribes only within its
-        allow-list (`*` only where `*` is allowed)."""
-        tenant = self._d.store.get_tenant(principal.tenant_id)
-        allowed = tenant.allowed_event_types if tenant is not None else None
-        if allowed is None:
-            return
-        refused = [f for f in filters if not filter_covered(f, allowed)]
-        if refused:
-            raise PermissionDenied(f"event types {', '.join(refused)} are not allowed for this tenant "
-                                   f"(allowed: {', '.join(allowed)})")
-
     def _load(self, principal: Principal, endpoint_id: str, include_deleted: bool = False) -> Endpoint:
         validation.identifier("endpoint_id", endpoint_id)
         endpoint = self._d.store.get_endpoint(principal.tenant_id, endpoint_id)
@@ -637,6 +626,18 @@ class EndpointService:
         )
         public = signing.public_key(secret) if signing.scheme_of(secret) == ED25519 else ""
         return StoredKey(version=version, ciphertext_b64=ciphertext, created_at_ms=now, public_key=public)
+
+
+def _authorise_event_types(tenant: Tenant | None, filters: Sequence[str]) -> None:
+    """Subscription authorisation: a tenant the admin restricted subscribes only within its
+    allow-list (`*` only where `*` is allowed)."""
+    allowed = tenant.allowed_event_types if tenant is not None else None
+    if allowed is None:
+        return
+    refused = [f for f in filters if not filter_covered(f, allowed)]
+    if refused:
+        raise PermissionDenied(f"event types {', '.join(refused)} are not allowed for this tenant "
+                               f"(allowed: {', '.join(allowed)})")
 
 
 def _created(endpoint: Endpoint, secret: str, key: StoredKey) -> Created:

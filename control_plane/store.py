@@ -611,11 +611,7 @@ class CassandraStore:
         bound = self._p[name].bind(params)
         if fetch_size is not None:
             bound.fetch_size = fetch_size
-        result = self._session.execute(bound)
-        # Whatever row factory the shared session uses, rows become dicts keyed by column name.
-        names = result.column_names
-        for row in result:
-            yield row if isinstance(row, dict) else dict(zip(names, row, strict=True))
+        yield from _rows(self._session.execute(bound))
 
     def _first(self, name: str, params: Sequence[Any]) -> dict[str, Any] | None:
         return next(self._execute(name, params), None)
@@ -626,6 +622,7 @@ class CassandraStore:
 
 
 def _rows(result: Any) -> Iterator[dict[str, Any]]:
+    # Whatever row factory the shared session uses, rows become dicts keyed by column name.
     names = result.column_names
     for row in result:
         yield row if isinstance(row, dict) else dict(zip(names, row, strict=True))

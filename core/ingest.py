@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from core import target_proof
@@ -125,13 +126,13 @@ def _from_fields(d: dict[str, Any], max_payload_bytes: int, payload: bytes | Non
     )
 
 
-def check_target(event: EventRecord, keys: bytes | list[bytes]) -> None:
+def check_target(event: EventRecord, keys: Sequence[bytes]) -> None:
     """Refuse an event aimed at one endpoint without the control plane's proof (core.target_proof):
     any producer could otherwise reach an endpoint that never subscribed to the event's type."""
     if event.target_endpoint_id is None:
         return
     if not any(target_proof.verify(key, event.tenant_id, event.event_id, event.target_endpoint_id, event.target_proof)
-               for key in ([keys] if isinstance(keys, bytes) else keys)):
+               for key in keys):
         raise IngestError("untrusted_target", f"target_endpoint_id {event.target_endpoint_id} is honoured only "
                           "on the control plane's own test events (no valid target_proof)")
 

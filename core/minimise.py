@@ -85,9 +85,6 @@ def minimise(payload: bytes, mode: str, fields: Sequence[str], *, event_type: st
     raise InvalidAllowList(f"unknown payload mode {mode!r}")
 
 
-_MISSING = object()
-
-
 def _copy(source: Any, out: dict[str, Any], path: tuple[str, ...]) -> None:
     node = source
     for token in path:
@@ -96,7 +93,7 @@ def _copy(source: Any, out: dict[str, Any], path: tuple[str, ...]) -> None:
         node = node[token]
     target = out
     for token in path[:-1]:
-        nxt = target.get(token, _MISSING)
+        nxt = target.get(token)
         if not isinstance(nxt, dict):
             nxt = target[token] = {}
         target = nxt

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import json
 import re
@@ -66,6 +67,12 @@ class Keyring:
 
     def __repr__(self) -> str:  # never the keys
         return f"Keyring(current_id={self.current_id!r}, ids={sorted(self.keys)})"
+
+
+def derive_key(master_key: bytes, label: bytes) -> bytes:
+    """A key of its own for one purpose (page cursors, target proofs, challenges), HMAC-SHA256 of
+    a label under the master key: what it signs never reveals anything about the master key."""
+    return hmac.new(master_key, label, hashlib.sha256).digest()
 
 
 def sealed_with(ciphertext_b64: str) -> str | None:

@@ -15,12 +15,14 @@ import hashlib
 import hmac
 import json
 
+from core.secrets import derive_key
+
 _LABEL = b"webhooks.event-target/v1"
 
 
 def target_key(master_key: bytes) -> bytes:
     """A key of its own for proofs (never the master key itself)."""
-    return hmac.new(master_key, _LABEL, hashlib.sha256).digest()
+    return derive_key(master_key, _LABEL)
 
 
 def _message(tenant_id: str, event_id: str, endpoint_id: str) -> bytes:

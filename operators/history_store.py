@@ -187,8 +187,7 @@ class CassandraHistory:
             (self._insert_by_event, (e.event_id, d.endpoint_id, d.delivery_id, d.tenant_id,
                                      d.endpoint_config_version, created, wts)),
             (self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), bucket_of(d.delivery_id),
-                                        created,
-                                        d.delivery_id, e.event_id, e.event_type, wts)),
+                                        created, d.delivery_id, e.event_id, e.event_type, wts)),
             self._reserved(d, intent, d.created_at_ms),
         ]
         if not write_event:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import json
 import socket
 import struct
 import types
@@ -166,8 +167,6 @@ class EchoChallenge(Behaviour):
     kind: ClassVar[str] = "echo_challenge"
 
     async def respond(self, request: web.BaseRequest) -> web.StreamResponse:
-        import json
-
         try:  # the receiver has read the body already (request["body"])
             token = json.loads(request.get(BODY) or b"{}").get("challenge")
         except (ValueError, AttributeError):

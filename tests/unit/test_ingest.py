@@ -251,16 +251,16 @@ def test_a_targeted_event_needs_the_control_planes_proof() -> None:
 
     key = target_proof.target_key(b"k" * 32)
     plain_event = parse(plain())
-    check_target(plain_event, key)  # not aimed: nothing to prove
+    check_target(plain_event, [key])  # not aimed: nothing to prove
     aimed = parse(plain(target_endpoint_id="ep_7"))
     with pytest.raises(IngestError) as err:
-        check_target(aimed, key)
+        check_target(aimed, [key])
     assert err.value.reason == "untrusted_target" and "ep_7" in err.value.detail
     good = target_proof.prove(key, aimed.tenant_id, aimed.event_id, "ep_7")
     proved = parse(plain(target_endpoint_id="ep_7", target_proof=good))
     assert proved.target_proof == good
-    check_target(proved, key)
+    check_target(proved, [key])
     # The proof survives the control plane's own encoding (EventRecord.to_json -> parse_event).
-    check_target(parse_event(proved.to_json(), LIMIT), key)
+    check_target(parse_event(proved.to_json(), LIMIT), [key])
     with pytest.raises(IngestError):
-        check_target(parse(plain(target_endpoint_id="ep_8", target_proof=good)), key)
+        check_target(parse(plain(target_endpoint_id="ep_8", target_proof=good)), [key])
