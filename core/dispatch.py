@@ -160,6 +160,9 @@ class Pending:
     auto_retry_active: bool = True
     manual: tuple[ManualRequest, ...] = ()  # manual requests waiting, oldest first
     sending_manual: ManualRequest | None = None
+    # An operator asked to skip this ordering key's head (core.ordering): it ends failed, without
+    # another request, as soon as it is idle (after the request in flight, if any, is recorded).
+    skip: ManualRequest | None = None
     record: AttemptRecord | None = None
     write_retry_at_ms: int = 0
     write_failures: int = 0
@@ -333,6 +336,22 @@ def end_without_sending(p: Pending, now_ms: int, status: str, outcome: str, deta
         manual=False, delivery_status=status, next_attempt_at_ms=None, auto_retry_active=False)
     return replace(p, stage=Stage.RECORDING, busy=False, auto_retry_active=False, manual=(),
                    intent=None, record=record)
+
+
+def skip_head(p: Pending, now_ms: int) -> Pending:
+    """An operator skipped this ordering key's head: it ends ``failed`` without another request;
+    its reserved attempt row, if any, is closed as not sent and names who skipped it. Manual
+    requests still owed stay owed (a person asked for them)."""
+    req = p.skip
+    assert req is not None
+    record = AttemptRecord(
+        intent=p.intent, sent=False, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
+        outcome="skipped" if p.intent is None else "not_sent", error_class=None,
+        detail=f"ordering head skipped by {req.requested_by}", manual=False, delivery_status="failed",
+        next_attempt_at_ms=None, auto_retry_active=False, requested_by=req.requested_by, request_id=req.request_id)
+    issued = p.issued if p.intent is None else max(p.issued, p.intent.number)
+    return replace(p, stage=Stage.RECORDING, busy=False, auto_retry_active=False, intent=None, issued=issued,
+                   skip=None, record=record)
 
 
 def manual_not_sent(p: Pending, now_ms: int, detail: str) -> Pending:

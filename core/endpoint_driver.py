@@ -30,13 +30,14 @@ from typing import Literal
 
 from core import breaker as brk
 from core import dispatch as d
-from core import ratelimit, telemetry
+from core import ordering, ratelimit, telemetry
 from core.dispatch import Pending, Stage, replace
 from core.endpoint_store import EndpointStore
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
+from core.ordering import KeyQueues
 from core.outcomes import ErrorClass, HttpResult
-from core.records import EndpointConfig, EndpointSignal, EndpointStatus, ReplayRequest
+from core.records import SKIP, EndpointConfig, EndpointSignal, EndpointStatus, ReplayRequest
 from core.retry import RetrySchedule
 
 # -- what the driver asks for ----------------------------------------------------------------
@@ -69,8 +70,10 @@ class Send:
 
 @dataclass(frozen=True)
 class Record:
-    """Write ``p.record``; ``p.intent`` (if any) is the next attempt row, reserved in the same write."""
+    """Write ``p.record``; ``p.intent`` (if any) is the next attempt row, reserved in the same write.
+    ``key_row``: the head of an ordering key failed (its key is blocked) or is final (free again)."""
     p: Pending
+    key_row: ordering.KeyRowChange | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,10 @@ class EndpointDriver:
         self._loading: set[str] = set()
         self._load_retry_at: dict[str, int] = {}
         self._signals: list[EndpointSignal] = []
+        # Ordering keys (core.ordering): which held delivery of each key may be sent automatically,
+        # and the heads an operator asked to skip.
+        self._order = KeyQueues()
+        self._skips: set[str] = set()
         # The overflow queue: sequence numbers [head, tail) in keyed state. Entries from
         # _own_from on were spilled by this incarnation (their intent is unused); earlier ones
         # are a restore's and are CHECKed. _superseded: spilled deliveries a replay loaded into
@@ -186,6 +193,7 @@ class EndpointDriver:
             # Work an earlier incarnation held: its durable record decides what happens next.
             self.counts["adopted_after_restore"] += 1
             self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
+            self._join_key(p, started=p.attempt_count > 0)
             self._put(d.adopt(p))
 
     # -- inputs --------------------------------------------------------------------------------
@@ -207,6 +215,7 @@ class EndpointDriver:
         else:
             p = d.reserve(p, self.rng, now_ms)
         self.store.put(p)
+        self._join_key(p)
         self._put(p)
         return True
 
@@ -222,6 +231,8 @@ class EndpointDriver:
                 return "duplicate"
             self.store.mark_request(r.request_id, now_ms)
         req = d.ManualRequest(r.request_id, r.requested_by, now_ms, r.tenant_id)
+        if r.action == SKIP:
+            return self._add_skip(r.delivery_id, req)
         p = self.items.get(r.delivery_id)
         if p is not None:
             if p.delivery.tenant_id != r.tenant_id:
@@ -237,11 +248,31 @@ class EndpointDriver:
         self.store.put_replay(r.delivery_id, self._loads[r.delivery_id])
         return "loading"
 
+    def _add_skip(self, did: str, req: d.ManualRequest) -> str:
+        """An operator skips an ordering key's head: it ends failed once it is idle."""
+        p = self.items.get(did)
+        if p is None:
+            self.counts["skips_not_held"] += 1  # final already, or never this endpoint's
+            return "not held"
+        if p.delivery.tenant_id != req.tenant_id:
+            self.counts["replays_refused"] += 1
+            return "refused"
+        if not self._order.key_of(did) or not self._order.is_head(did):
+            self.counts["skips_not_head"] += 1
+            return "not a head"
+        self.store.add_skip(did, req)  # durable with the rest of the entry: a restore applies it
+        self._put(replace(p, skip=req))
+        self.counts["skips"] += 1
+        return "skipping"
+
     def set_config(self, cfg: EndpointConfig) -> bool:
         """A config for this endpoint; an older version than the one held is ignored."""
         if self.config is not None and cfg.config_version < self.config.config_version:
             return False
+        was_ordered = self._ordered
         self.config = cfg
+        if was_ordered and not self._ordered:
+            self._requeue(*self.items)  # held behind heads: free to go now
         self._tenant = cfg.tenant_id
         self.store.put_config(cfg)
         # A new config may be the fix (a rotated key, a corrected URL): stop holding at once.
@@ -305,6 +336,9 @@ class EndpointDriver:
             else:
                 self._put(nxt)
         elif kind == "record":
+            assert p.record is not None
+            if p.record.delivery_status in d.FINAL_STATUSES:
+                self._leave_key(key)  # its automatic life is over: the key's next may go
             nxt = d.after_record_written(p)
             if nxt is None:
                 self._forget(key)
@@ -339,6 +373,7 @@ class EndpointDriver:
         blocked = self._blocked(now_ms)
         if blocked == "deleted":
             self._end_all(now_ms)
+        self._apply_skips(now_ms)
         self._expire(now_ms, dec)
         self._close_stale_manual(now_ms, blocked, dec)
         self._storage(now_ms, write_budget, dec)
@@ -472,7 +507,7 @@ class EndpointDriver:
                 dec.actions.append(Reserve(p))
             else:
                 p = replace(d.with_next_intent(p, self.rng, now_ms), busy=True)
-                dec.actions.append(Record(p))
+                dec.actions.append(Record(p, self._key_row(p)))
             self._put(p)
         for did in list(self._loads):
             if did in self._loading:
@@ -618,6 +653,8 @@ class EndpointDriver:
 
     def _start_send(self, p: Pending, dec: Decision) -> None:
         assert self.config is not None
+        if not p.manual:
+            self._order.mark_started(p.delivery_id)  # head of its key until it is final
         p = d.start_sending(p)
         self.in_flight += 1
         self._put(p)
@@ -687,11 +724,16 @@ class EndpointDriver:
             return
         else:
             self._tenant = self._tenant or delivery.tenant_id
+            # History does not keep the ordering key: the endpoint's setting now decides it.
+            e = delivery.event
+            key = ordering.key_for(self.config.ordering_key, e.object_id, e.payload) if self.config else ""
+            delivery = replace(delivery, ordering_key=key)
             auto = durable.auto_retry_active and not durable.final
             p = Pending(delivery=light(delivery), stage=Stage.RESERVE, attempt_count=durable.attempt_count,
                         issued=durable.max_attempt_number, auto_retry_active=auto,
                         next_attempt_at_ms=durable.next_attempt_at_ms or delivery.created_at_ms, manual=requests)
         self.store.put(p)
+        self._join_key(p, started=p.attempt_count > 0)
         self._put(p)
 
     # -- the overflow queue ------------------------------------------------------------------------
@@ -707,6 +749,9 @@ class EndpointDriver:
 
     def _spill(self, p: Pending) -> None:
         did = p.delivery_id
+        # Out of memory, out of its key: it joins again when paged back in (arrival order, so
+        # normally behind the versions held now; one that arrived late goes after them).
+        self._leave_key(did)
         self.items.pop(did, None)
         self._work.discard(did)
         self._manual.discard(did)
@@ -743,6 +788,7 @@ class EndpointDriver:
                 else:
                     p = d.adopt(p)  # a restore's, or superseded: read its durable record first
                 self.store.put(p)
+                self._join_key(p, started=p.attempt_count > 0)
                 self._put(p)
             self._spill_head = head + n
             self.store.put_spill_range(self._spill_head, self._spill_tail)
@@ -767,6 +813,63 @@ class EndpointDriver:
         got = self.store.peek_spilled(self.endpoint_id, self._spill_head)
         return got.delivery.expires_at_ms if got is not None else None
 
+    # -- ordering keys (core.ordering) ---------------------------------------------------------
+
+    @property
+    def _ordered(self) -> bool:
+        return self.config is not None and bool(self.config.ordering_key)
+
+    def _may_send_auto(self, did: str) -> bool:
+        return not self._ordered or self._order.is_head(did)
+
+    def _join_key(self, p: Pending, started: bool = False) -> None:
+        e = p.delivery.event
+        self._order.add(p.delivery_id, p.delivery.ordering_key, e.object_version, p.delivery.created_at_ms, started)
+
+    def _leave_key(self, did: str) -> None:
+        head = self._order.remove(did)
+        if head is not None:
+            self._requeue(head)
+
+    def _requeue(self, *dids: str) -> None:
+        """Index deliveries that may now be sent automatically (a new head; ordering turned off)."""
+        for did in dids:
+            p = self.items.get(did)
+            if (p is not None and p.stage in d.WAITING_STAGES and not p.busy and p.auto_retry_active
+                    and not p.manual and self._may_send_auto(did)):
+                self._seq += 1
+                heapq.heappush(self._due, (p.next_attempt_at_ms, 1 if p.stage is Stage.ADOPTED else 0,
+                                           self._seq, did))
+
+    def _apply_skips(self, now_ms: int) -> None:
+        """End the heads an operator skipped, each once it is idle (a request in flight is
+        recorded first; a restored one is CHECKed first: it may be final already)."""
+        for did in list(self._skips):
+            p = self.items.get(did)
+            if p is None or p.skip is None:
+                self._skips.discard(did)
+            elif p.busy:
+                continue
+            elif p.stage is Stage.ADOPTED:
+                self._put(replace(p, stage=Stage.CHECK))
+            elif p.stage is Stage.READY:
+                self._skips.discard(did)
+                self._put(d.skip_head(p, now_ms))
+
+    def _key_row(self, p: Pending) -> ordering.KeyRowChange | None:
+        """What a head's record does to its key's row in blocked_ordering_keys."""
+        key, r = self._order.key_of(p.delivery_id), p.record
+        if not key or r is None or not self._order.is_head(p.delivery_id):
+            return None
+        if r.delivery_status in d.FINAL_STATUSES:
+            # No row was written for a head that succeeded at its first try.
+            first_try_ok = r.outcome == "succeeded" and not r.manual and p.attempt_count <= 1
+            return None if first_try_ok else ordering.KeyRowChange(key, blocked=False)
+        if r.outcome == "retry" and not r.manual and self._ordered:
+            return ordering.KeyRowChange(key, blocked=True, waiting=self._order.waiting(key),
+                                         first_failure=p.attempt_count == 1)
+        return None
+
     # -- the index -------------------------------------------------------------------------------
 
     def _put(self, p: Pending) -> None:
@@ -775,6 +878,8 @@ class EndpointDriver:
         self.items[did] = p
         self._work.discard(did)
         self._manual.discard(did)
+        if p.skip is not None:
+            self._skips.add(did)
         if p.stage not in (Stage.CHECK, Stage.RESERVE, Stage.PERSIST):
             self._readying.discard(did)
         if p.busy:
@@ -787,10 +892,13 @@ class EndpointDriver:
             elif p.auto_retry_active and not _indexed_same(prev, p):
                 self._seq += 1
                 rank = 1 if p.stage is Stage.ADOPTED else 0
-                heapq.heappush(self._due, (p.next_attempt_at_ms, rank, self._seq, did))
+                if self._may_send_auto(did):  # else it waits for its key's head (_requeue)
+                    heapq.heappush(self._due, (p.next_attempt_at_ms, rank, self._seq, did))
                 heapq.heappush(self._deadlines, (p.delivery.expires_at_ms, rank, self._seq, did))
 
     def _forget(self, did: str) -> None:
+        self._leave_key(did)
+        self._skips.discard(did)
         self._readying.discard(did)
         self.items.pop(did, None)
         self._work.discard(did)
@@ -805,7 +913,9 @@ class EndpointDriver:
             p = self.items.get(did)
             if (p is not None and p.stage in d.WAITING_STAGES and not p.busy and p.auto_retry_active
                     and not p.manual
-                    and at == (p.delivery.expires_at_ms if deadlines else p.next_attempt_at_ms)):
+                    and at == (p.delivery.expires_at_ms if deadlines else p.next_attempt_at_ms)
+                    # a head displaced by a lower version waits again (_requeue brings it back)
+                    and (deadlines or self._may_send_auto(did))):
                 return p
             heapq.heappop(heap)
         return None

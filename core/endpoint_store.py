@@ -55,34 +55,44 @@ from core.records import EndpointConfig, EventRecord
 # The endpoint id is the state key and the delivery id the map key, so neither is repeated; the
 # payload is not here (it has its own entry, see the table above).
 STORED_V1 = 1
+STORED_V2 = 2  # + the ordering key and an operator's skip (issue 17, item 2)
 StoredDelivery = tuple
+_MANUAL = 17  # index of the manual requests in a stored delivery (both versions)
+
+
+def _request(m: ManualRequest) -> tuple[str, str, int, str]:
+    return (m.request_id, m.requested_by, m.requested_at_ms, m.tenant_id)
 
 
 def encode(p: Pending) -> StoredDelivery:
     d, e = p.delivery, p.delivery.event
-    return (STORED_V1, e.event_id, e.tenant_id, e.event_type, e.schema_version, e.object_id, e.object_version,
+    return (STORED_V2, e.event_id, e.tenant_id, e.event_type, e.schema_version, e.object_id, e.object_version,
             e.occurred_at_ms, e.target_endpoint_id, d.endpoint_config_version, d.created_at_ms, d.expires_at_ms,
             p.stage is Stage.PERSIST, p.attempt_count, p.issued, p.next_attempt_at_ms, p.auto_retry_active,
             # a manual request being sent is still owed until its record is durable
-            tuple((m.request_id, m.requested_by, m.requested_at_ms, m.tenant_id)
-                  for m in ((p.sending_manual,) if p.sending_manual else ()) + p.manual))
+            tuple(_request(m) for m in ((p.sending_manual,) if p.sending_manual else ()) + p.manual),
+            d.ordering_key, _request(p.skip) if p.skip else ())
 
 
 def decode(t: StoredDelivery, endpoint_id: str, delivery_id: str) -> Pending:
-    (version, event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at_ms,
-     target, config_version, created_at_ms, expires_at_ms, persist, attempt_count, issued, next_at, auto,
-     manual) = t
-    if version != STORED_V1:
+    version = t[0]
+    if version == STORED_V1:
+        t = (*t, "", ())
+    elif version != STORED_V2:
         raise ValueError(f"unknown stored delivery version {version!r}")
+    (_, event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at_ms,
+     target, config_version, created_at_ms, expires_at_ms, persist, attempt_count, issued, next_at, auto,
+     manual, ordering_key, skip) = t
     event = EventRecord(event_id=event_id, tenant_id=tenant_id, event_type=event_type,
                         schema_version=schema_version, object_id=object_id, object_version=object_version,
                         occurred_at_ms=occurred_at_ms, payload=b"", target_endpoint_id=target)
     delivery = NewDelivery(delivery_id=delivery_id, event=event, endpoint_id=endpoint_id, tenant_id=tenant_id,
                            endpoint_config_version=config_version, created_at_ms=created_at_ms,
-                           expires_at_ms=expires_at_ms)
+                           expires_at_ms=expires_at_ms, ordering_key=ordering_key)
     return Pending(delivery=delivery, stage=Stage.PERSIST if persist else Stage.READY,
                    attempt_count=attempt_count, issued=issued, next_attempt_at_ms=next_at,
-                   auto_retry_active=auto, manual=tuple(ManualRequest(*m) for m in manual))
+                   auto_retry_active=auto, manual=tuple(ManualRequest(*m) for m in manual),
+                   skip=ManualRequest(*skip) if skip else None)
 
 
 SpilledDelivery = tuple
@@ -101,7 +111,14 @@ def decode_spilled(t: SpilledDelivery, endpoint_id: str) -> tuple[Pending, Inten
 
 def with_manual(t: StoredDelivery, requests: tuple[ManualRequest, ...]) -> StoredDelivery:
     """The stored delivery with more manual requests owed, and nothing else of it changed."""
-    return (*t[:-1], (*t[-1], *((m.request_id, m.requested_by, m.requested_at_ms, m.tenant_id) for m in requests)))
+    return (*t[:_MANUAL], (*t[_MANUAL], *(_request(m) for m in requests)), *t[_MANUAL + 1:])
+
+
+def with_skip(t: StoredDelivery, request: ManualRequest) -> StoredDelivery:
+    """The stored delivery with an operator's skip owed, and nothing else of it changed."""
+    if t[0] == STORED_V1:
+        t = (STORED_V2, *t[1:], "", ())
+    return (*t[:-1], _request(request))
 
 
 class EndpointStore(Protocol):
@@ -110,6 +127,7 @@ class EndpointStore(Protocol):
     def entries(self, endpoint_id: str) -> Iterable[Pending]: ...
     def put(self, p: Pending) -> None: ...
     def add_manual(self, delivery_id: str, requests: tuple[ManualRequest, ...]) -> None: ...
+    def add_skip(self, delivery_id: str, request: ManualRequest) -> None: ...
     def remove(self, delivery_id: str) -> None: ...
 
     def replays(self) -> Iterable[tuple[str, tuple[ManualRequest, ...]]]: ...
@@ -160,6 +178,10 @@ class InMemoryEndpointStore:
     def add_manual(self, delivery_id: str, requests: tuple[ManualRequest, ...]) -> None:
         self.writes += 1
         self.pending[delivery_id] = with_manual(self.pending[delivery_id], requests)
+
+    def add_skip(self, delivery_id: str, request: ManualRequest) -> None:
+        self.writes += 1
+        self.pending[delivery_id] = with_skip(self.pending[delivery_id], request)
 
     def remove(self, delivery_id: str) -> None:
         self.writes += 1

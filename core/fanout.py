@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from core import ordering
 from core.records import EndpointConfig, EndpointStatus, EventRecord, delivery_id_for
 
 
@@ -167,6 +168,9 @@ class NewDelivery:
     endpoint_config_version: int
     created_at_ms: int
     expires_at_ms: int
+    # The event's ordering key for this endpoint (core.ordering; "" = not ordered), decided here
+    # with the config version the delivery was fanned out with.
+    ordering_key: str = ""
 
 
 def deliveries_for(
@@ -183,6 +187,7 @@ def deliveries_for(
             endpoint_config_version=c.config_version,
             created_at_ms=created_at_ms,
             expires_at_ms=created_at_ms + deadline_ms,
+            ordering_key=ordering.key_for(c.ordering_key, event.object_id, event.payload),
         )
         for c in endpoints
     ]

@@ -143,6 +143,9 @@ class EndpointConfig:
     # before it existed, which means "full".
     payload_mode: str = "full"
     payload_fields: tuple[str, ...] = ()
+    # Ordering key (core.ordering): "" (none, default), "object_id" or a JSON Pointer; absent in
+    # records published before it existed.
+    ordering_key: str = ""
     # Set by the dispatcher when a later record for this endpoint could not be read: sends wait
     # until a readable config replaces it. Never published (the control plane never sets it).
     refused: str | None = None
@@ -154,6 +157,8 @@ class EndpointConfig:
             del d["payload_mode"], d["payload_fields"]
         else:
             d["payload_fields"] = list(self.payload_fields)
+        if not self.ordering_key:
+            del d["ordering_key"]
         d["status"] = self.status.value
         d["event_types"] = list(self.event_types)
         d["signing_keys"] = [asdict(k) for k in self.signing_keys]
@@ -182,6 +187,7 @@ class EndpointConfig:
             max_in_flight=None if d.get("max_in_flight") is None else int(d["max_in_flight"]),
             payload_mode=str(d.get("payload_mode") or "full"),
             payload_fields=tuple(str(f) for f in d.get("payload_fields") or ()),
+            ordering_key=str(d.get("ordering_key") or ""),
         )
 
 
@@ -227,9 +233,20 @@ def parse_endpoint_topic_value(raw: bytes | str) -> EndpointConfig | ConfigClock
     raise ValueError(f"unknown endpoints-topic schema {schema!r}")
 
 
+REPLAY = "replay"
+SKIP = "skip"
+
+
+def _replay_action(raw: object) -> str:
+    if raw not in (REPLAY, SKIP):
+        raise ValueError(f"unknown replay action {raw!r}")
+    return str(raw)
+
+
 @dataclass(frozen=True)
 class ReplayRequest:
-    """A manual re-send of an existing delivery: a new attempt on the same delivery_id."""
+    """A person's request about an existing delivery: ``replay`` (a manual re-send, a new attempt
+    on the same delivery_id) or ``skip`` (end an ordering key's head as failed, core.ordering)."""
 
     delivery_id: str
     tenant_id: str
@@ -237,9 +254,12 @@ class ReplayRequest:
     requested_by: str
     requested_at_ms: int
     request_id: str = ""
+    action: str = "replay"
 
     def to_json(self) -> bytes:
         d = asdict(self)
+        if self.action == REPLAY:
+            del d["action"]  # replays stay as they were: an older job reads them
         d["schema"] = REPLAY_SCHEMA_V1
         return json.dumps(d, separators=(",", ":")).encode()
 
@@ -255,6 +275,7 @@ class ReplayRequest:
             requested_by=str(d["requested_by"]),
             requested_at_ms=int(d["requested_at_ms"]),
             request_id=str(d.get("request_id", "")),
+            action=_replay_action(d.get("action", REPLAY)),
         )
 
 

@@ -16,7 +16,7 @@ from pyflink.datastream.state import MapStateDescriptor, StateTtlConfig, ValueSt
 
 from core.breaker import BreakerState
 from core.dispatch import Intent, ManualRequest, Pending
-from core.endpoint_store import decode, decode_spilled, encode, encode_spilled, with_manual
+from core.endpoint_store import decode, decode_spilled, encode, encode_spilled, with_manual, with_skip
 from core.ratelimit import TokenBucket
 from core.records import EndpointConfig
 
@@ -66,6 +66,9 @@ class FlinkEndpointStore:
 
     def add_manual(self, delivery_id: str, requests: tuple[ManualRequest, ...]) -> None:
         self._pending.put(delivery_id, with_manual(self._pending.get(delivery_id), requests))
+
+    def add_skip(self, delivery_id: str, request: ManualRequest) -> None:
+        self._pending.put(delivery_id, with_skip(self._pending.get(delivery_id), request))
 
     def remove(self, delivery_id: str) -> None:
         self._pending.remove(delivery_id)

@@ -58,6 +58,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from core import breaker as brk
+from core import ordering
 from core.dispatch import FINAL_STATUSES, WAITING_STAGES, AttemptRecord, DurableRecord, Intent, SendReport, Stage
 from core.endpoint_driver import (
     Check,
@@ -231,6 +232,7 @@ class Io:
     writes: list[Statement] = field(default_factory=list)
     send: Send | None = None
     request_id: str = ""  # the manual request this send or record serves
+    ordered_key: str = ""  # an automatic send's ordering key, when its endpoint was ordered
 
     @property
     def timeout_at(self) -> int:
@@ -324,12 +326,14 @@ class Sim:
             return None
         self._n += 1
         created = self.now - age_ms
+        # Three objects, each version newer than the last (ordering keys, issue 17 item 2).
         ev = EventRecord(event_id=f"evt_{self._n}", tenant_id=cfg.tenant_id, event_type="invoice.paid",
-                         schema_version="2026-01-01", object_id="", object_version=0, occurred_at_ms=created,
-                         payload=b"{}")
+                         schema_version="2026-01-01", object_id=f"obj_{self._n % 3}", object_version=self._n,
+                         occurred_at_ms=created, payload=b"{}")
         d = NewDelivery(delivery_id=f"dlv_{self._n}_{ep}", event=ev, endpoint_id=ep, tenant_id=cfg.tenant_id,
                         endpoint_config_version=cfg.config_version, created_at_ms=created,
-                        expires_at_ms=created + int(SCHEDULE.deadline_s * 1000))
+                        expires_at_ms=created + int(SCHEDULE.deadline_s * 1000),
+                        ordering_key=ordering.key_for(cfg.ordering_key, ev.object_id, ev.payload))
         self.accepted[d.delivery_id] = d
         self.input(ep, "delivery", d)
         return d
@@ -426,7 +430,9 @@ class Sim:
                     continue
                 self.request_leaves(ep, drv, a)
                 rid = a.p.sending_manual.request_id if a.p.sending_manual else ""
-                self.add_io(Io(self._io_seq, ep, "send", a.p.delivery_id, self.now, send=a, request_id=rid))
+                key = a.p.delivery.ordering_key if a.config.ordering_key and not a.p.sending_manual else ""
+                self.add_io(Io(self._io_seq, ep, "send", a.p.delivery_id, self.now, send=a, request_id=rid,
+                               ordered_key=key))
             elif isinstance(a, Persist):
                 assert a.p.intent is not None
                 self.add_io(Io(self._io_seq, ep, "persist", a.p.delivery_id, self.now,
@@ -492,6 +498,11 @@ class Sim:
             assert b.state is not brk.CircuitState.OPEN, f"automatic request for {did} through an open breaker"
             if self.crashes:
                 self.auto_after_restore[did] += 1
+            key = p.delivery.ordering_key
+            if cfg.ordering_key and key:
+                # One active delivery per ordering key (issue 17, item 2).
+                others = [io.did for io in self.io if io.ep == ep and io.kind == "send" and io.ordered_key == key]
+                assert not others, f"automatic request for {did} while {others} of key {key} is in flight"
         cap = cfg.max_in_flight or self.policy.default_max_in_flight
         assert drv.in_flight <= cap, f"{ep}: {drv.in_flight} requests in flight, cap {cap}"
 
@@ -735,7 +746,8 @@ def check_timely(sim: Sim) -> None:
         ready = [p for p in drv.items.values() if p.stage in WAITING_STAGES and not p.busy]
         if drv._readying:
             continue  # restored work is being read: due work waits for those reads, which drive it
-        times = [p.next_attempt_at_ms for p in ready if p.auto_retry_active and not p.manual]
+        times = [p.next_attempt_at_ms for p in ready if p.auto_retry_active and not p.manual
+                 and drv._may_send_auto(p.delivery_id)]  # the rest wait for their key's head
         if any(p.manual for p in ready):
             times.append(sim.now)
         if not times:
@@ -835,7 +847,7 @@ RESULTS = {
     "dns": HttpResult(status=None, error=ErrorClass.DNS),
 }
 CONFIG_CHANGES = ("disable", "enable", "delete", "url", "rate_limit", "no_rate_limit", "max_in_flight",
-                  "bad_key", "good_key")
+                  "bad_key", "good_key", "ordered", "ordered", "unordered")
 
 
 class DriverMachine(RuleBasedStateMachine):
@@ -900,6 +912,8 @@ class DriverMachine(RuleBasedStateMachine):
             "max_in_flight": {"max_in_flight": value},
             "bad_key": {"signing_keys": (SigningKey(2, BAD_KEY),)},
             "good_key": {"signing_keys": (SigningKey(3, "ok"),)},
+            "ordered": {"ordering_key": "object_id"},
+            "unordered": {"ordering_key": ""},
         }[change]  # type: ignore[assignment]
         sim.publish(ep, deliver=deliver, **changes)  # type: ignore[arg-type]
 

@@ -111,7 +111,7 @@ def test_a_config_from_a_newer_control_plane_is_read_not_refused() -> None:
     """Unknown fields are ignored; a status this job does not know reads as not active (nothing
     sent, nothing cancelled), never as a refused record."""
     doc = json.loads(CONFIGS[0].to_json())
-    doc.update(status="paused_by_billing", ordering_key="object_id", future={"nested": [1]})
+    doc.update(status="paused_by_billing", delivery_window="09-17", future={"nested": [1]})
     parsed = parse_endpoint_topic_value(json.dumps(doc))
     assert parsed == replace(CONFIGS[0], status=EndpointStatus.DISABLED)
     assert "refused" not in json.loads(CONFIGS[0].to_json())  # the dispatcher's mark is never published
