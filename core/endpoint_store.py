@@ -16,6 +16,9 @@ written rarely and lag behind:
 | waiting deliveries, intent)   | sequence no.  | memory window; moved back to the     | page at a time; entries of |
 |                               | + head/tail   | pending map a page at a time, FIFO   | an earlier incarnation are |
 |                               |               |                                      | CHECKed like the others    |
+| ordering key, operator's skip | in the        | with the entry; a skip as it arrives | re-joins its key (a head   |
+| of a pending delivery         | pending entry |                                      | sent before stays head);   |
+|                               |               |                                      | applies the skip           |
 | replay requests to load       | keyed map     | on arrival; removed once loaded      | loads them again           |
 | replay request ids seen       | keyed map     | on arrival (TTL 7 days)              | dedupes against them       |
 | endpoint config               | keyed value   | on a newer config version            | read as is                 |

@@ -31,7 +31,7 @@ from typing import Any
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
 from core import breaker as brk
-from core import dispatch, telemetry
+from core import dispatch, ordering, telemetry
 from core.egress import EgressPolicy
 from core.endpoint_driver import (
     Check,
@@ -175,17 +175,20 @@ class Dispatcher(KeyedProcessFunction):
                 # final there is not sent again; one this driver already holds is left alone.
                 rd: RedriveRequest = item
                 self._counts["redrives"] += 1
+                # History keeps no ordering key: the endpoint's setting now decides it.
+                key = ordering.key_for(drv.config.ordering_key, rd.event.object_id, rd.event.payload) \
+                    if drv.config is not None else ""
                 nd = NewDelivery(delivery_id=rd.delivery_id, event=rd.event, endpoint_id=rd.endpoint_id,
                                  tenant_id=rd.tenant_id, endpoint_config_version=rd.endpoint_config_version,
-                                 created_at_ms=rd.created_at_ms, expires_at_ms=rd.expires_at_ms)
+                                 created_at_ms=rd.created_at_ms, expires_at_ms=rd.expires_at_ms, ordering_key=key)
                 if not self._add_new(drv, nd, now, recheck=True):
                     self._counts["redrives_known"] += 1
                 log.info("redrive of %s (%s) by %s", rd.delivery_id, rd.reason, rd.requested_by)
             elif kind == REPLAY:
                 r: ReplayRequest = item
                 outcome = drv.add_replay(r, now)
-                if outcome in ("refused", "duplicate"):
-                    log.warning("replay %s of %s by %s %s", r.request_id or "-", r.delivery_id,
+                if outcome in ("refused", "duplicate", "not a head", "not held"):
+                    log.warning("%s %s of %s by %s: %s", r.action, r.request_id or "-", r.delivery_id,
                                 r.requested_by, outcome)
             elif kind == CONFIG:
                 if isinstance(item, UnreadableConfig):
@@ -355,7 +358,7 @@ class Dispatcher(KeyedProcessFunction):
             elif isinstance(a, Record):
                 assert a.p.record is not None
                 self._io.add(endpoint_id, "record", a.p.delivery_id, self._history.record(
-                    a.p.delivery, a.p.record, a.p.attempt_count, a.p.intent), now)
+                    a.p.delivery, a.p.record, a.p.attempt_count, a.p.intent, a.key_row), now)
             elif isinstance(a, Check):
                 self._io.add(endpoint_id, "check", a.p.delivery_id,
                              self._rt.submit(self._history.check(a.p.delivery_id)), now)

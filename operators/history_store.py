@@ -37,6 +37,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 from core.dispatch import FINAL_STATUSES, AttemptRecord, DurableRecord, Intent
 from core.fanout import FanoutSnapshot, NewDelivery
 from core.history_buckets import bucket_of
+from core.ordering import KeyRowChange
 from core.records import EventRecord
 from core.settings import CassandraSettings
 from operators.write_batcher import AllOf, BatchCompletion, Completion, Statement, WriteBatcher
@@ -161,6 +162,16 @@ class CassandraHistory:
             "INSERT INTO endpoint_backlogs (endpoint_id, tenant_id, pending, reported_at) VALUES (?,?,?,?)"
             " USING TIMESTAMP ?"
         )
+        self._block_key = p(
+            "UPDATE blocked_ordering_keys USING TIMESTAMP ? SET head_delivery_id=?, head_event_id=?,"
+            " head_object_version=?, attempts=?, last_http_status=?, last_error_class=?, next_attempt_at=?,"
+            " waiting=?, updated_at=?, blocked_since=?"
+            " WHERE tenant_id=? AND endpoint_id=? AND bucket=? AND ordering_key=?"
+        )
+        self._free_key = p(
+            "DELETE FROM blocked_ordering_keys USING TIMESTAMP ?"
+            " WHERE tenant_id=? AND endpoint_id=? AND bucket=? AND ordering_key=?"
+        )
         self._select_payload = p("SELECT payload FROM events WHERE event_id=?")
         self._select_event = p(
             "SELECT event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
@@ -221,10 +232,10 @@ class CassandraHistory:
                                         d.endpoint_config_version, at_ms, at_ms * 1000))
 
     def record(self, d: NewDelivery, r: AttemptRecord, attempt_count: int,
-               next_intent: Intent | None) -> Completion:
+               next_intent: Intent | None, key_row: KeyRowChange | None = None) -> Completion:
         """One write for a finished try (or a decision that none will happen): its attempt row,
-        the delivery's new status when it has one, and the next request's reserved row when
-        another is owed."""
+        the delivery's new status when it has one, the next request's reserved row when
+        another is owed, and, for an ordering key's head, its key's row in blocked_ordering_keys."""
         now = r.finished_at_ms
         statements: list[Statement] = []
         if r.intent is not None:
@@ -250,7 +261,21 @@ class CassandraHistory:
                 _day(d.created_at_ms), bucket_of(d.delivery_id), d.created_at_ms, d.delivery_id)))
         if next_intent is not None:
             statements.append(self._reserved(d, next_intent, r.finished_at_ms))
+        if key_row is not None:
+            statements.append(self._key_row(d, r, attempt_count, key_row))
         return self._batcher.add(statements)
+
+    def _key_row(self, d: NewDelivery, r: AttemptRecord, attempt_count: int, k: KeyRowChange) -> Statement:
+        """A head failed (its key is blocked: upsert) or is final (free: delete). Written at the
+        record's finish time, so a later head's failure outranks an earlier head's delete."""
+        where = (d.tenant_id, d.endpoint_id, bucket_of(k.key), k.key)
+        wts = r.finished_at_ms * 1000
+        if not k.blocked:
+            return (self._free_key, (wts, *where))
+        return (self._block_key, (
+            wts, d.delivery_id, d.event.event_id, d.event.object_version, attempt_count, r.http_status,
+            r.error_class, r.next_attempt_at_ms, k.waiting, r.finished_at_ms,
+            r.started_at_ms if k.first_failure else UNSET_VALUE, *where))
 
     def flush_if_due(self) -> None:
         """Send the open batch if its oldest write has waited long enough (called every pass)."""

@@ -18,6 +18,7 @@ from cassandra.cluster import Session
 from core.dispatch import AttemptRecord, DurableRecord, Intent
 from core.fanout import NewDelivery
 from core.history_buckets import bucket_of
+from core.ordering import KeyRowChange
 from core.records import EventRecord, delivery_id_for
 from core.settings import Settings
 from operators.history_store import CassandraHistory
@@ -347,3 +348,41 @@ def test_writes_and_decision_reads_use_the_configured_consistency(own_settings: 
     with pytest.raises(Unavailable):
         CassandraStore(session, consistency="TWO").get_delivery("dlv_none")
     assert CassandraStore(session).get_delivery("dlv_none") is None  # LOCAL_QUORUM: served
+
+
+def key_rows(session: Session, d: NewDelivery, key: str) -> list[Any]:
+    return list(session.execute(
+        "SELECT * FROM blocked_ordering_keys WHERE tenant_id=%s AND endpoint_id=%s AND bucket=%s AND ordering_key=%s",
+        (d.tenant_id, d.endpoint_id, bucket_of(key), key)))
+
+
+def test_a_heads_records_block_and_free_its_ordering_key(history, session):
+    """Issue 17 item 2: a failing head writes its key's row with what blocks it; its final record
+    deletes it; the next head's failure is written after and survives the earlier delete
+    landing late (write timestamps are the records' finish times)."""
+    key = f"inv_{uuid.uuid4().hex[:8]}"
+    d1, d2 = replace(delivery(), ordering_key=key), replace(delivery(), ordering_key=key)
+    t0 = int(time.time() * 1000) - 30_000
+    i1, i2 = intent(1), intent(2)
+    durable(history, history.persist(d1, i1))
+    durable(history, history.record(d1, sent(i1, t0 + 1000, "retry", "pending"), 1, i2,
+                                    KeyRowChange(key, blocked=True, waiting=1, first_failure=True)))
+    [row] = key_rows(session, d1, key)
+    assert (row.head_delivery_id, row.head_event_id, row.attempts, row.last_http_status, row.waiting) == (
+        d1.delivery_id, d1.event.event_id, 1, 503, 1)
+    assert row.blocked_since == _utc(t0 + 950).replace(tzinfo=None, microsecond=(t0 + 950) % 1000 * 1000)
+    assert row.next_attempt_at is not None
+    durable(history, history.record(d1, sent(i2, t0 + 3000, "retry", "pending"), 2, intent(3),
+                                    KeyRowChange(key, blocked=True, waiting=3)))
+    [row] = key_rows(session, d1, key)
+    assert row.attempts == 2 and row.waiting == 3 and row.blocked_since is not None  # kept from the first
+    free = not_sent(None, t0 + 5000, "skipped", "failed")
+    durable(history, history.record(d1, free, 2, None, KeyRowChange(key, blocked=False)))
+    assert key_rows(session, d1, key) == []
+    j1 = intent(1)
+    durable(history, history.persist(d2, j1))
+    durable(history, history.record(d2, sent(j1, t0 + 6000, "retry", "pending"), 1, intent(2),
+                                    KeyRowChange(key, blocked=True, waiting=0, first_failure=True)))
+    durable(history, history.record(d1, free, 2, None, KeyRowChange(key, blocked=False)))  # d1's, again, late
+    [row] = key_rows(session, d2, key)
+    assert row.head_delivery_id == d2.delivery_id

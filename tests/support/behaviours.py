@@ -1,7 +1,8 @@
 """What the recording receiver does with a request: answer, stall, misbehave.
 
 Build behaviours with the lowercase constructors (`ok()`, `status(500)`, `retry_after(429, 3)`,
-`gone()`, `redirect(301, "/new")`, `hang()`, `reset()`, `slow(0.5)`, `huge_body(10_000_000)`), or
+`gone()`, `redirect(301, "/new")`, `hang()`, `reset()`, `slow(0.5)`, `huge_body(10_000_000)`,
+`when_header("webhook-object-version", "1", 500)`), or
 parse a short script: `parse_script("500 then 429 then ok")`. A script is consumed one behaviour
 per request and its last behaviour sticks.
 
@@ -174,6 +175,24 @@ class EchoChallenge(Behaviour):
         return web.json_response({"challenge": token} if token else {})
 
 
+@dataclass(frozen=True)
+class WhenHeader(Behaviour):
+    """Answer ``code`` to requests whose ``header`` equals ``value``, 200 to the others: one
+    failing delivery among many on the same path (an ordering key's head, say)."""
+
+    header: str
+    value: str
+    code: int
+    retry_after: int = 0  # seconds, sent with ``code`` when > 0
+    kind: ClassVar[str] = "when_header"
+
+    async def respond(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.headers.get(self.header) != self.value:
+            return web.Response(status=200)
+        return web.Response(status=self.code,
+                            headers={"Retry-After": str(self.retry_after)} if self.retry_after else None)
+
+
 async def _wait_forever() -> NoReturn:
     while True:
         await asyncio.sleep(3600)
@@ -215,8 +234,13 @@ def huge_body(n_bytes: int) -> HugeBody:
     return HugeBody(n_bytes)
 
 
+def when_header(header: str, value: str, code: int, retry_after: int = 0) -> WhenHeader:
+    return WhenHeader(header, value, code, retry_after)
+
+
 _KINDS: dict[str, type[Behaviour]] = {
-    cls.kind: cls for cls in (Ok, Status, RetryAfter, Gone, Redirect, Hang, Reset, Slow, HugeBody, EchoChallenge)
+    cls.kind: cls for cls in (Ok, Status, RetryAfter, Gone, Redirect, Hang, Reset, Slow, HugeBody, EchoChallenge,
+                                  WhenHeader)
 }
 
 

@@ -36,6 +36,7 @@ from tests.support.behaviours import (
     retry_after,
     slow,
     status,
+    when_header,
 )
 from tests.support.receiver import Receiver, ReceiverControl, Recording, verify_signature
 
@@ -154,6 +155,16 @@ def test_behaviours_are_per_path(rx: Receiver, client: Client) -> None:
     rx.set_behaviour("/ep/down", status(503))
     assert client.post(f"{rx.base_url}/ep/down").status == 503
     assert client.post(f"{rx.base_url}/ep/up").status == 200
+
+
+def test_when_header_fails_only_the_matching_requests(rx: Receiver, client: Client) -> None:
+    rx.set_behaviour("/ep/one_bad", when_header("webhook-object-version", "1", 500))
+    assert client.post(f"{rx.base_url}/ep/one_bad", headers={"webhook-object-version": "1"}).status == 500
+    assert client.post(f"{rx.base_url}/ep/one_bad", headers={"webhook-object-version": "2"}).status == 200
+    assert client.post(f"{rx.base_url}/ep/one_bad").status == 200
+    rx.set_behaviour("/ep/later", when_header("webhook-event-id", "evt_1", 503, retry_after=30))
+    r = client.post(f"{rx.base_url}/ep/later", headers={"webhook-event-id": "evt_1"})
+    assert (r.status, r.headers.get("Retry-After")) == (503, "30")
 
 
 def test_status_with_body_and_headers(rx: Receiver, client: Client) -> None:
@@ -343,6 +354,7 @@ def test_parse_script_rejects_nonsense(text: str) -> None:
         reset(),
         slow(0.25, 202),
         huge_body(10),
+        when_header("webhook-object-id", "inv_1", 503, retry_after=30),
     ],
 )
 def test_behaviour_json_round_trip(behaviour: Behaviour) -> None:
