@@ -85,6 +85,7 @@ def endpoint_detail(e: Any) -> str:
         ("signing keys", keys or "-"),
         ("metadata", ", ".join(f"{k}={v}" for k, v in sorted(e.metadata.items())) or "-"),
         ("payload", (e.payload_mode or "full") + (f" {', '.join(e.payload_fields)}" if e.payload_fields else "")),
+        ("ordering key", e.ordering_key or "none"),
         *([("challenge", f"{e.challenge_event_id}, answer by {_when(e.challenge_expires_at)} "
                          "(then: endpoints verify)")] if e.challenge_event_id else []),
         ("updated", _when(e.updated_at)),
@@ -121,9 +122,22 @@ def delivery_detail(d: Any) -> str:
     )
     out = f"{head}\n\n{facts}\n\n{attempts}"
     if d.replays:
-        out += "\n\nreplays\n" + table(["requested", "by (API key)", "request id", "reason"], [
-            (_when(r.requested_at), r.requested_by, r.request_id, r.reason or "-") for r in d.replays])
+        out += "\n\nreplays\n" + table(["requested", "by (API key)", "action", "request id", "reason"], [
+            (_when(r.requested_at), r.requested_by, r.action or "replay", r.request_id, r.reason or "-")
+            for r in d.replays])
     return out
+
+
+def blocked_key_rows(keys: Iterable[Any]) -> str:
+    return table(
+        ["ordering key", "head delivery", "version", "attempts", "last", "next attempt", "waiting", "blocked since"],
+        [
+            (k.ordering_key, k.head_delivery_id, k.head_object_version, k.attempts,
+             k.last_http_status or k.last_error_class or "-", _when(k.next_attempt_at), k.waiting,
+             _when(k.blocked_since))
+            for k in keys
+        ],
+    )
 
 
 class ProgressBar:
@@ -268,7 +282,7 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
             event_types=args.event_type, rate_limit_per_s=args.rate_limit,
             max_in_flight=args.max_in_flight, metadata=_metadata(args.metadata),
             signature_scheme=args.signature_scheme or "", payload_mode=args.payload_mode or "",
-            payload_fields=args.payload_field or []))
+            payload_fields=args.payload_field or [], ordering_key=args.ordering_key or ""))
         out(r, lambda r: f"{endpoint_detail(r.endpoint)}\n\n" + _key_shown(r))
     elif cmd == "get":
         out(tenant.GetEndpoint(ref), endpoint_detail)
@@ -280,9 +294,11 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
                              event_types=args.event_type or [], metadata=_metadata(args.metadata))
         values.payload_mode = args.payload_mode or ""
         values.payload_fields.extend(args.payload_field or [])
+        values.ordering_key = args.ordering_key or ""
         paths = [p for p, given in (("url", args.url), ("description", args.description),
                                     ("event_types", args.event_type), ("metadata", args.metadata),
-                                    ("payload_mode", args.payload_mode), ("payload_fields", args.payload_field))
+                                    ("payload_mode", args.payload_mode), ("payload_fields", args.payload_field),
+                                    ("ordering_key", args.ordering_key))
                  if given is not None]
         for field, value, clear in (("rate_limit_per_s", args.rate_limit, args.clear_rate_limit),
                                     ("max_in_flight", args.max_in_flight, args.clear_max_in_flight)):
@@ -318,6 +334,17 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
         out(tenant.VerifyEndpoint(ref), endpoint_detail)
     elif cmd == "resend-challenge":
         out(tenant.ResendChallenge(ref), endpoint_detail)
+    elif cmd == "blocked-keys":
+        r = tenant.ListBlockedKeys(pb.ListBlockedKeysRequest(
+            endpoint_id=args.endpoint_id, page_size=args.page_size, page_token=args.page_token or ""))
+        out(r, lambda r: (blocked_key_rows(r.keys) if r.keys else "no blocked ordering keys")
+            + (f"\nnext page token: {r.next_page_token}" if r.next_page_token else ""))
+    elif cmd == "skip-head":
+        r = tenant.SkipOrderingHead(pb.SkipOrderingHeadRequest(
+            endpoint_id=args.endpoint_id, ordering_key=args.ordering_key, delivery_id=args.delivery_id or "",
+            reason=args.reason, request_id=args.request_id or ""))
+        out(r, lambda r: f"skip {r.request_id} of delivery {r.delivery_id} queued: it ends failed and the "
+            f"key's next delivery goes next")
     else:  # ping
         out(tenant.SendTestEvent(ref), lambda r: f"ping {r.event_id} queued as delivery {r.delivery_id}")
 
@@ -419,6 +446,9 @@ def parser() -> argparse.ArgumentParser:
                    help="repeat; e.g. /id, /customer/id (with --payload-mode fields)")
     c.add_argument("--signature-scheme", choices=["hmac-sha256", "ed25519"],
                    help="hmac-sha256 (default: a shared whsec_ secret) or ed25519 (receivers get a whpk_ public key)")
+    c.add_argument("--ordering-key", metavar="object_id|JSON_POINTER",
+                   help="one delivery at a time per key, in object version order; a failing one holds "
+                   "its key's later deliveries (default: not ordered)")
     for name, text in (("get", "show one endpoint"),
                        ("disable", "stop deliveries; pending ones wait until enabled"),
                        ("enable", "resume deliveries to a disabled endpoint"),
@@ -443,6 +473,18 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--clear-max-in-flight", action="store_true")
     u.add_argument("--payload-mode", choices=["full", "fields", "thin"])
     u.add_argument("--payload-field", action="append", metavar="JSON_POINTER", help="replaces the allow-list")
+    u.add_argument("--ordering-key", metavar="object_id|JSON_POINTER",
+                   help="'' turns ordering off (held deliveries go at once); existing deliveries keep their key")
+    bk = ep.add_parser("blocked-keys", help="ordering keys whose head keeps failing, holding later deliveries")
+    bk.add_argument("endpoint_id")
+    bk.add_argument("--page-size", type=int, default=0)
+    bk.add_argument("--page-token")
+    sk = ep.add_parser("skip-head", help="end a blocked ordering key's head as failed so the key moves on")
+    sk.add_argument("endpoint_id")
+    sk.add_argument("ordering_key")
+    sk.add_argument("--delivery-id", help="the head you saw: refused if the key's head is another one by now")
+    sk.add_argument("--reason", required=True, help="why, for the audit shown by `deliveries get`")
+    sk.add_argument("--request-id")
     r = ep.add_parser("rotate-secret", help="new signing secret; the old one may keep signing for an overlap")
     r.add_argument("endpoint_id")
     mode = r.add_mutually_exclusive_group()

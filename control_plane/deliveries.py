@@ -219,18 +219,23 @@ class DeliveryService:
             raise FailedPrecondition("the delivery's endpoint is disabled; enable it to replay")
 
     def _publish_replay(self, principal: Principal, summary: DeliverySummary, request_id: str) -> None:
-        request = ReplayRequest(
+        queue_request(self._d.publisher, ReplayRequest(
             delivery_id=summary.delivery_id,
             tenant_id=principal.tenant_id,
             endpoint_id=summary.endpoint_id,
             requested_by=principal.key_id,
             requested_at_ms=self._d.now_ms(),
             request_id=request_id,
-        )
-        try:
-            self._d.publisher.publish_replay(request)
-        except PublishError as exc:
-            raise Unavailable("could not queue the replay (Kafka unavailable); retry") from exc
+        ))
+
+
+def queue_request(publisher: Publisher, request: ReplayRequest) -> None:
+    """A person's request about a delivery (a replay, or an ordering-head skip) to the job, on
+    webhooks.replays keyed by delivery_id; Unavailable if Kafka did not take it."""
+    try:
+        publisher.publish_replay(request)
+    except PublishError as exc:
+        raise Unavailable(f"could not queue the {request.action} (Kafka unavailable); retry") from exc
 
 
 def _exhausted(rows: Iterator[DeliverySummary]) -> bool:

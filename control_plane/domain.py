@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from core.records import EndpointConfig, EndpointStatus, SigningKey
+from core.records import REPLAY, EndpointConfig, EndpointStatus, SigningKey
 from core.signing import ED25519, HMAC_SHA256
 
 # The control plane's history window (seed: deliveries stay queryable for 30 days).
@@ -93,6 +93,9 @@ class EndpointSpec:
     # Pointers), or thin.
     payload_mode: str = "full"
     payload_fields: tuple[str, ...] = ()
+    # Where a delivery's ordering key comes from (core.ordering): "" (not ordered), "object_id"
+    # or a JSON Pointer into the payload.
+    ordering_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class Endpoint:
             max_in_flight=self.spec.max_in_flight,
             payload_mode=self.spec.payload_mode,
             payload_fields=self.spec.payload_fields,
+            ordering_key=self.spec.ordering_key,
         )
 
 
@@ -189,6 +193,7 @@ class DeliveryStatus(enum.StrEnum):
 
 # What bulk recovery replays: deliveries that ended without success.
 RECOVERABLE_STATUSES = frozenset({DeliveryStatus.FAILED, DeliveryStatus.EXPIRED})
+FINAL_STATUSES = frozenset({DeliveryStatus.SUCCEEDED, *RECOVERABLE_STATUSES})
 
 
 @dataclass(frozen=True)
@@ -253,7 +258,8 @@ class DeliveryDetail:
 
 @dataclass(frozen=True)
 class ReplayAudit:
-    """Who asked for a replay of a delivery, when and why (one per request id)."""
+    """Who asked for a replay (or an ordering-head skip) of a delivery, when and why (one per
+    request id)."""
 
     delivery_id: str
     request_id: str
@@ -261,6 +267,34 @@ class ReplayAudit:
     requested_by: str  # the API key id
     requested_at_ms: int
     reason: str
+    action: str = REPLAY  # core.records.REPLAY or SKIP
+
+
+# (bucket, ordering_key) of the last blocked key a caller saw; a listing resumes after it.
+KeyPosition = tuple[int, str]
+
+
+@dataclass(frozen=True)
+class BlockedKey:
+    """A row of blocked_ordering_keys (cassandra/schema/010_ordering_keys.cql), written by the
+    job: an ordering key whose head failed and will retry, holding the key's later deliveries."""
+
+    ordering_key: str
+    bucket: int  # core.history_buckets.bucket_of(ordering_key): the listing's position
+    head_delivery_id: str
+    head_event_id: str
+    head_object_version: int | None
+    attempts: int
+    last_http_status: int | None
+    last_error_class: str
+    next_attempt_at_ms: int | None
+    waiting: int
+    blocked_since_ms: int | None
+    updated_at_ms: int | None
+
+    @property
+    def position(self) -> KeyPosition:
+        return self.bucket, self.ordering_key
 
 
 T = TypeVar("T")

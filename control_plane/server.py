@@ -30,6 +30,7 @@ from control_plane.auth import Authenticator
 from control_plane.cursor import Cursors
 from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.errors import Unavailable
+from control_plane.ordering import OrderingDeps, OrderingService
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import KafkaPublisher, Publisher, PublishError
 from control_plane.reconcile import Reconciler
@@ -151,16 +152,21 @@ def build(
             challenge_ttl_s=cp.challenge_ttl_s,
         )
     )
+    cursors = Cursors.from_keyring(keyring)
     deliveries = DeliveryService(
         DeliveryDeps(endpoints=store, history=store, publisher=publisher, now_ms=now_ms,
-                     random_bytes=os.urandom, cursors=Cursors.from_keyring(keyring))
+                     random_bytes=os.urandom, cursors=cursors)
+    )
+    ordering = OrderingService(
+        OrderingDeps(endpoints=store, history=store, keys=store, publisher=publisher, now_ms=now_ms,
+                     random_bytes=os.urandom, cursors=cursors)
     )
     auth = Authenticator(store, cp.admin_token.get_secret_value())
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
                          interceptors=[metrics.RpcMetrics()])
     rpc.add_ControlPlaneServicer_to_server(
-        ControlPlaneServicer(auth, endpoints, deliveries, now_ms), server
+        ControlPlaneServicer(auth, endpoints, deliveries, ordering, now_ms), server
     )
     reconciler = Reconciler(settings, session, store, publisher, now_ms)
     rpc.add_AdminServicer_to_server(

@@ -68,7 +68,7 @@ PING_SCHEMA_VERSION = "2026-01-01"
 CHALLENGE_EVENT_TYPE = "webhook.challenge"
 UPDATABLE_FIELDS = frozenset(
     {"url", "description", "event_types", "rate_limit_per_s", "max_in_flight", "metadata", "payload_mode",
-     "payload_fields"}
+     "payload_fields", "ordering_key"}
 )
 MAX_OVERLAP_S = 7 * 24 * 3600
 # A rotation adds a key and an overlap keeps old ones signing; every live key adds a signature
@@ -294,6 +294,9 @@ class EndpointService:
             changes["max_in_flight"] = validation.max_in_flight(values.max_in_flight)
         if "metadata" in paths:
             changes["metadata"] = validation.metadata(values.metadata)
+        if "ordering_key" in paths:
+            # Any time: the job keeps each delivery's key as fanned out, and "" releases held ones.
+            changes["ordering_key"] = validation.ordering_key(values.ordering_key)
 
         verifies = "url" in changes and tenant is not None and tenant.verify_endpoints
         issued: list[Challenge] = []  # the challenge this update made (apply may run more than once)
@@ -655,5 +658,7 @@ def _fingerprint(spec: EndpointSpec, scheme: str = HMAC_SHA256) -> str:
         fields.append(scheme)
     if spec.payload_mode != minimise.FULL:  # likewise: full keeps the fingerprints stored before
         fields.append([spec.payload_mode, list(spec.payload_fields)])
+    if spec.ordering_key:  # likewise: unordered keeps them
+        fields.append(["ordering_key", spec.ordering_key])
     canonical = json.dumps(fields, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

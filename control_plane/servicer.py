@@ -22,6 +22,7 @@ from control_plane.auth import Authenticator
 from control_plane.deliveries import DeliveryService
 from control_plane.domain import (
     Attempt,
+    BlockedKey,
     DeliveryDetail,
     DeliveryStatus,
     DeliverySummary,
@@ -31,6 +32,7 @@ from control_plane.domain import (
     StoredKey,
     Tenant,
 )
+from control_plane.ordering import OrderingService
 from control_plane.reconcile import Reconciler
 from control_plane.service import EndpointService
 from core.records import EndpointStatus
@@ -137,6 +139,7 @@ def endpoint_pb(e: Endpoint, now_ms: int) -> Any:
         updated_at=ts(e.updated_at_ms),
         payload_mode=e.spec.payload_mode,
         payload_fields=list(e.spec.payload_fields),
+        ordering_key=e.spec.ordering_key,
         challenge_event_id=e.challenge.event_id if e.challenge else "",
         challenge_expires_at=ts(e.challenge.expires_at_ms) if e.challenge else None,
     )
@@ -158,6 +161,7 @@ def spec_of(message: Any) -> EndpointSpec:
         metadata=dict(message.metadata),
         payload_mode=message.payload_mode,
         payload_fields=tuple(message.payload_fields),
+        ordering_key=message.ordering_key,
     )
 
 
@@ -220,7 +224,24 @@ def detail_pb(d: DeliveryDetail) -> Any:
         last_error_class=d.last_error_class,
         attempts=[attempt_pb(a) for a in d.attempts],
         replays=[pb.ReplayAudit(request_id=r.request_id, requested_by=r.requested_by,
-                                requested_at=ts(r.requested_at_ms), reason=r.reason) for r in d.replays],
+                                requested_at=ts(r.requested_at_ms), reason=r.reason, action=r.action)
+                 for r in d.replays],
+    )
+
+
+def blocked_key_pb(k: BlockedKey) -> Any:
+    return pb.BlockedKey(
+        ordering_key=k.ordering_key,
+        head_delivery_id=k.head_delivery_id,
+        head_event_id=k.head_event_id,
+        head_object_version=k.head_object_version or 0,
+        attempts=k.attempts,
+        last_http_status=k.last_http_status or 0,
+        last_error_class=k.last_error_class,
+        next_attempt_at=ts(k.next_attempt_at_ms),
+        waiting=k.waiting,
+        blocked_since=ts(k.blocked_since_ms),
+        updated_at=ts(k.updated_at_ms),
     )
 
 
@@ -233,11 +254,13 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
         auth: Authenticator,
         endpoints: EndpointService,
         deliveries: DeliveryService,
+        ordering: OrderingService,
         now_ms: Callable[[], int],
     ) -> None:
         self._auth = auth
         self._endpoints = endpoints
         self._deliveries = deliveries
+        self._ordering = ordering
         self._now_ms = now_ms
 
     def _principal(self, context: grpc.ServicerContext) -> Any:
@@ -360,6 +383,19 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
         return pb.ReplayDeliveryResponse(
             delivery_id=replayed.delivery_id, request_id=replayed.request_id
         )
+
+    @mapped
+    def ListBlockedKeys(self, request: Any, context: grpc.ServicerContext) -> Any:
+        page = self._ordering.blocked_keys(self._principal(context), request.endpoint_id, request.page_size,
+                                           request.page_token)
+        return pb.ListBlockedKeysResponse(keys=[blocked_key_pb(k) for k in page.items],
+                                          next_page_token=page.next_cursor)
+
+    @mapped
+    def SkipOrderingHead(self, request: Any, context: grpc.ServicerContext) -> Any:
+        skipped = self._ordering.skip_head(self._principal(context), request.endpoint_id, request.ordering_key,
+                                           request.delivery_id, request.reason, request.request_id)
+        return pb.SkipOrderingHeadResponse(delivery_id=skipped.delivery_id, request_id=skipped.request_id)
 
     @mapped_stream
     def RecoverFailedDeliveries(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:

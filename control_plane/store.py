@@ -1,8 +1,10 @@
 """Persistence for the control plane: the interfaces the service uses, and Cassandra behind them.
 
-Two small protocols: :class:`EndpointStore` (tables of cassandra/schema/002_control_plane.cql,
-owned by the control plane) and :class:`HistoryStore` (delivery history the Flink job writes,
-cassandra/schema/001_history.cql, read-only here). Unit tests implement both in memory.
+Small protocols: :class:`EndpointStore` (tables of cassandra/schema/002_control_plane.cql,
+owned by the control plane), :class:`HistoryStore` (delivery history the Flink job writes,
+cassandra/schema/001_history.cql, read-only here) and :class:`OrderingStore` (the blocked
+ordering keys the job writes, 010_ordering_keys.cql, read-only here). Unit tests implement
+them in memory.
 Driver failures surface as :class:`errors.Unavailable` so no driver type leaks upwards.
 """
 
@@ -23,6 +25,7 @@ from cassandra.query import PreparedStatement
 from control_plane.domain import (
     ApiKey,
     Attempt,
+    BlockedKey,
     Challenge,
     DeliveryDetail,
     DeliveryStatus,
@@ -31,14 +34,15 @@ from control_plane.domain import (
     EndpointSpec,
     EndpointVersion,
     IdempotencyRecord,
+    KeyPosition,
     ReplayAudit,
     StoredKey,
     Tenant,
     attempt_outcome,
 )
 from control_plane.errors import Unavailable
-from core.history_buckets import HISTORY_BUCKETS
-from core.records import EndpointStatus
+from core.history_buckets import HISTORY_BUCKETS, bucket_of
+from core.records import REPLAY, EndpointStatus
 
 # (created_at_ms, delivery_id) of the last row a caller saw; iteration resumes after it.
 HistoryPosition = tuple[int, str]
@@ -119,6 +123,19 @@ class HistoryStore(Protocol):
         ...
 
 
+class OrderingStore(Protocol):
+    def iter_blocked_keys(self, tenant_id: str, endpoint_id: str, after: KeyPosition | None) -> Iterator[BlockedKey]:
+        """The endpoint's blocked keys bucket by bucket, in key order within one, resuming after
+        ``after``; rows as the job left them (a head may be final by now)."""
+        ...
+
+    def get_blocked_key(self, tenant_id: str, endpoint_id: str, ordering_key: str) -> BlockedKey | None: ...
+
+    def delivery_statuses(self, delivery_ids: Sequence[str]) -> dict[str, DeliveryStatus]:
+        """The status of each delivery that has a row (one small read each, sent at once)."""
+        ...
+
+
 def _ms(value: datetime | None) -> int | None:
     # The driver returns naive UTC datetimes.
     if value is None:
@@ -169,6 +186,7 @@ def _spec(row: dict[str, Any]) -> EndpointSpec:
         metadata=dict(row["metadata"] or {}),
         payload_mode=str(policy.get("mode") or "full"),
         payload_fields=tuple(policy.get("fields") or ()),
+        ordering_key=str(row.get("ordering_key") or ""),  # null: written before ordering existed
     )
 
 
@@ -262,7 +280,14 @@ def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
 _ENDPOINT_COLUMNS = (
     "tenant_id, endpoint_id, url, description, event_types, rate_limit_per_s, max_in_flight, "
     "metadata, status, config_version, published_version, signing_keys, created_at, updated_at, "
-    "changed_by, change, payload_policy, challenge"
+    "changed_by, change, payload_policy, challenge, ordering_key"
+)
+# Point reads sent at once by one call: a page of 1,000 keys must not take a connection's
+# every stream.
+_READS_AT_ONCE = 128
+_BLOCKED_COLUMNS = (
+    "bucket, ordering_key, head_delivery_id, head_event_id, head_object_version, attempts, last_http_status, "
+    "last_error_class, next_attempt_at, waiting, blocked_since, updated_at"
 )
 _VERSION_COLUMNS = (
     "tenant_id, endpoint_id, config_version, url, description, event_types, rate_limit_per_s, "
@@ -299,11 +324,12 @@ class CassandraStore:
             "AND key_id = ?",
             "key_revoke": "UPDATE api_keys SET revoked_at = ? WHERE key_hash = ?",
             "endpoint_insert": f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
             "endpoint_replace": "UPDATE endpoints SET url = ?, description = ?, event_types = ?, "
             "rate_limit_per_s = ?, max_in_flight = ?, metadata = ?, status = ?, "
             "config_version = ?, signing_keys = ?, updated_at = ?, changed_by = ?, change = ?, "
-            "payload_policy = ?, challenge = ? WHERE tenant_id = ? AND endpoint_id = ? IF config_version = ?",
+            "payload_policy = ?, challenge = ?, ordering_key = ? "
+            "WHERE tenant_id = ? AND endpoint_id = ? IF config_version = ?",
             "endpoint_mark": "UPDATE endpoints SET published_version = ? "
             "WHERE tenant_id = ? AND endpoint_id = ? IF published_version < ?",
             "endpoint_get": f"SELECT {_ENDPOINT_COLUMNS} FROM endpoints "
@@ -328,9 +354,14 @@ class CassandraStore:
             "delivery_get": "SELECT * FROM deliveries WHERE delivery_id = ?",
             "attempts_get": "SELECT * FROM attempts WHERE delivery_id = ?",
             "replay_insert": "INSERT INTO replay_requests (delivery_id, request_id, tenant_id, requested_by, "
-            "requested_at, reason) VALUES (?, ?, ?, ?, ?, ?)",
+            "requested_at, reason, action) VALUES (?, ?, ?, ?, ?, ?, ?)",
             "replay_insert_new": "INSERT INTO replay_requests (delivery_id, request_id, tenant_id, requested_by, "
-            "requested_at, reason) VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            "requested_at, reason, action) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            "delivery_status": "SELECT status FROM deliveries WHERE delivery_id = ?",
+            "blocked_keys": f"SELECT {_BLOCKED_COLUMNS} FROM blocked_ordering_keys "
+            "WHERE tenant_id = ? AND endpoint_id = ? AND bucket = ? AND ordering_key > ?",
+            "blocked_key": f"SELECT {_BLOCKED_COLUMNS} FROM blocked_ordering_keys "
+            "WHERE tenant_id = ? AND endpoint_id = ? AND bucket = ? AND ordering_key = ?",
             "replays_get": "SELECT * FROM replay_requests WHERE delivery_id = ?",
             "deliveries_by_day": "SELECT created_at, delivery_id, event_id, event_type, status, "
             "attempt_count, last_http_status, updated_at FROM deliveries_by_endpoint "
@@ -422,7 +453,7 @@ class CassandraStore:
              endpoint.config_version, endpoint.published_version,
              _keys_to_json(endpoint.signing_keys), _dt(endpoint.created_at_ms),
              _dt(endpoint.updated_at_ms), endpoint.changed_by, endpoint.change, _payload_policy(s),
-             _challenge_json(endpoint.challenge)),
+             _challenge_json(endpoint.challenge), s.ordering_key or None),
         )
 
     @_unavailable_on_driver_error
@@ -434,7 +465,7 @@ class CassandraStore:
              dict(s.metadata), endpoint.status.value, endpoint.config_version,
              _keys_to_json(endpoint.signing_keys), _dt(endpoint.updated_at_ms),
              endpoint.changed_by, endpoint.change, _payload_policy(s), _challenge_json(endpoint.challenge),
-             endpoint.tenant_id, endpoint.endpoint_id,
+             s.ordering_key or None, endpoint.tenant_id, endpoint.endpoint_id,
              expected_version),
         )
 
@@ -554,7 +585,7 @@ class CassandraStore:
     @_unavailable_on_driver_error
     def record_replay(self, audit: ReplayAudit, if_new: bool) -> bool:
         params = (audit.delivery_id, audit.request_id, audit.tenant_id, audit.requested_by,
-                  _dt(audit.requested_at_ms), audit.reason)
+                  _dt(audit.requested_at_ms), audit.reason, audit.action)
         if if_new:
             return self._applied("replay_insert_new", params)
         self._first("replay_insert", params)
@@ -593,6 +624,37 @@ class CassandraStore:
                 day -= timedelta(days=1)
         except (DriverException, NoHostAvailable) as exc:
             raise Unavailable(f"storage unavailable ({type(exc).__name__}); retry") from exc
+
+    # -- blocked ordering keys (read-only) ---------------------------------------------------
+
+    def iter_blocked_keys(self, tenant_id: str, endpoint_id: str, after: KeyPosition | None) -> Iterator[BlockedKey]:
+        # One partition per (endpoint, bucket), read in bucket order and only as far as the
+        # caller reads: a page of a few keys costs up to 16 small queries, a page of a huge
+        # endpoint reads no bucket beyond the one it ends in.
+        first, last_key = after if after is not None else (0, "")
+        try:
+            for bucket in range(first, HISTORY_BUCKETS):
+                params = (tenant_id, endpoint_id, bucket, last_key if bucket == first else "")
+                for row in self._execute("blocked_keys", params, fetch_size=self._scan_page_size):
+                    yield _blocked(row)
+        except (DriverException, NoHostAvailable) as exc:
+            raise Unavailable(f"storage unavailable ({type(exc).__name__}); retry") from exc
+
+    @_unavailable_on_driver_error
+    def get_blocked_key(self, tenant_id: str, endpoint_id: str, ordering_key: str) -> BlockedKey | None:
+        row = self._first("blocked_key", (tenant_id, endpoint_id, bucket_of(ordering_key), ordering_key))
+        return None if row is None else _blocked(row)
+
+    @_unavailable_on_driver_error
+    def delivery_statuses(self, delivery_ids: Sequence[str]) -> dict[str, DeliveryStatus]:
+        unique = list(dict.fromkeys(delivery_ids))
+        found: dict[str, DeliveryStatus] = {}
+        for i in range(0, len(unique), _READS_AT_ONCE):
+            chunk = unique[i:i + _READS_AT_ONCE]
+            results = self._execute_all([("delivery_status", (did,)) for did in chunk])
+            found.update((did, DeliveryStatus.parse(row["status"]))
+                         for did, rows in zip(chunk, results, strict=True) for row in rows)
+        return found
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -652,7 +714,24 @@ def _merged(sources: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]
 def _replay(row: dict[str, Any]) -> ReplayAudit:
     return ReplayAudit(delivery_id=row["delivery_id"], request_id=row["request_id"], tenant_id=row["tenant_id"] or "",
                        requested_by=row["requested_by"] or "", requested_at_ms=_ms(row["requested_at"]) or 0,
-                       reason=row["reason"] or "")
+                       reason=row["reason"] or "", action=row.get("action") or REPLAY)  # null: written before skips
+
+
+def _blocked(row: dict[str, Any]) -> BlockedKey:
+    return BlockedKey(
+        ordering_key=row["ordering_key"],
+        bucket=row["bucket"],
+        head_delivery_id=row["head_delivery_id"] or "",
+        head_event_id=row["head_event_id"] or "",
+        head_object_version=row["head_object_version"],
+        attempts=row["attempts"] or 0,
+        last_http_status=row["last_http_status"],
+        last_error_class=row["last_error_class"] or "",
+        next_attempt_at_ms=_ms(row["next_attempt_at"]),
+        waiting=row["waiting"] or 0,
+        blocked_since_ms=_ms(row["blocked_since"]),
+        updated_at_ms=_ms(row["updated_at"]),
+    )
 
 
 def _utc_day(ms: int) -> date:

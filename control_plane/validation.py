@@ -13,7 +13,7 @@ from typing import Protocol
 
 from control_plane.domain import EndpointSpec
 from control_plane.errors import InvalidArgument
-from core import identifiers, minimise, signing
+from core import identifiers, minimise, ordering, signing
 from core.egress import EgressPolicy, EgressRefused, check_resolved, parse_target
 
 MAX_URL_CHARS = 2048
@@ -124,6 +124,7 @@ def spec(raw: EndpointSpec, destination: DestinationValidator) -> EndpointSpec:
         metadata=metadata(raw.metadata),
         payload_mode=raw.payload_mode or minimise.FULL,
         payload_fields=payload_fields(raw.payload_mode or minimise.FULL, raw.payload_fields),
+        ordering_key=ordering_key(raw.ordering_key),
     )
 
 
@@ -134,6 +135,28 @@ def payload_fields(mode: str, fields: Sequence[str]) -> tuple[str, ...]:
     except minimise.InvalidAllowList as exc:
         raise InvalidArgument(f"payload allow-list: {exc}") from None
     return tuple(fields)
+
+
+def ordering_key(value: str) -> str:
+    """An endpoint's ordering setting: "", "object_id" or a JSON Pointer (core.ordering)."""
+    try:
+        return ordering.check(value)
+    except ordering.InvalidOrderingKey as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+# Cassandra's limit for a clustering key: a longer key cannot be in blocked_ordering_keys.
+MAX_KEY_BYTES = 65_535
+
+
+def key_value(value: str) -> str:
+    """One ordering key's value (an object id or a payload member, as ListBlockedKeys shows it):
+    any text, so only its presence and size are checked."""
+    if not value:
+        raise InvalidArgument("ordering_key is required: the key as ListBlockedKeys shows it")
+    if len(value.encode()) > MAX_KEY_BYTES:
+        raise InvalidArgument(f"ordering_key is longer than {MAX_KEY_BYTES} bytes; no key that long is blocked")
+    return value
 
 
 MAX_REASON_CHARS = 500

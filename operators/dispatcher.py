@@ -76,7 +76,8 @@ METRICS = (
     "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled", "adopted_after_restore",
     "final_not_resent", "history_write_failures", "replays", "replays_unknown", "replays_refused",
     "replays_duplicate", "manual_not_sent", "endpoint_holds", "endpoint_internal_errors", "signing_key_errors",
-    "spilled", "paged_in", "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots")
+    "spilled", "paged_in", "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots", "skips",
+    "skips_not_held", "skips_not_head")
 
 # Labelled counts the driver keeps as "name:label": (the Flink group key that becomes the
 # Prometheus label, the counter's name). Labels are bounded sets (core.telemetry).

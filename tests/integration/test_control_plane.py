@@ -736,3 +736,91 @@ def test_subscription_authorisation_and_a_malformed_allow_list_over_grpc(stack: 
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "JSON Pointer" in err.value.details()
     assert code_of(lambda: stack.admin.SetTenantEventTypes(pb.SetTenantEventTypesRequest(
         tenant_id=t.tenant_id, unrestricted=True), metadata=t.md)) == grpc.StatusCode.PERMISSION_DENIED
+
+
+# -- ordering keys (issue 17, item 2) -------------------------------------------------------------
+
+
+def test_ordering_key_is_stored_published_and_turned_off_over_grpc(stack: Stack) -> None:
+    t = new_tenant(stack)
+    e = create_endpoint(stack, t, ordering_key="object_id").endpoint
+    assert e.ordering_key == "object_id"
+    assert stack.api.GetEndpoint(ref(e.endpoint_id), metadata=t.md).ordering_key == "object_id"
+    off = stack.api.UpdateEndpoint(pb.UpdateEndpointRequest(
+        endpoint_id=e.endpoint_id, endpoint=pb.Endpoint(), update_mask=FieldMask(paths=["ordering_key"])),
+        metadata=t.md)
+    assert (off.ordering_key, off.config_version) == ("", 2)
+    configs = [parse_endpoint_topic_value(v) for _k, v in consume(
+        stack, stack.settings.kafka.endpoints_topic, lambda k, _v: k == e.endpoint_id.encode(), count=2)]
+    assert [(c.config_version, c.ordering_key) for c in configs if isinstance(c, EndpointConfig)] == [
+        (1, "object_id"), (2, "")]
+    with pytest.raises(grpc.RpcError) as err:
+        create_endpoint(stack, t, ordering_key="customer.id")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "JSON Pointer" in err.value.details()
+
+
+def write_blocked_key(stack: Stack, tenant_id: str, endpoint_id: str, key: str, head: str) -> None:
+    """A blocked_ordering_keys row as the dispatcher writes it with a failing head's record."""
+    now = datetime.now(tz=UTC)
+    stack.session.execute(
+        "INSERT INTO blocked_ordering_keys (tenant_id, endpoint_id, bucket, ordering_key, head_delivery_id, "
+        "head_event_id, head_object_version, attempts, last_http_status, last_error_class, next_attempt_at, "
+        "waiting, blocked_since, updated_at) VALUES (%s, %s, %s, %s, %s, %s, 3, 2, 503, 'http_5xx', %s, 4, %s, %s)",
+        (tenant_id, endpoint_id, bucket_of(key), key, head, "evt_" + key, now, now, now))
+
+
+def test_blocked_keys_are_listed_and_a_head_is_skipped_over_grpc(stack: Stack) -> None:
+    """On the real store and topic: blocked keys written as the job writes them are listed (one
+    whose head is final meanwhile is not), a skip of the head the caller saw is audited with its
+    action and lands on the replays topic as a ReplayRequest with action skip; another tenant
+    gets NOT_FOUND for both calls."""
+    t, other = new_tenant(stack), new_tenant(stack)
+    e = create_endpoint(stack, t, ordering_key="object_id").endpoint
+    heads = {f"inv_{n}": write_delivery(stack, t.tenant_id, e.endpoint_id, n, None, now_ms() - 1000)
+             for n in range(3)}
+    for key, head in heads.items():
+        write_blocked_key(stack, t.tenant_id, e.endpoint_id, key, head)
+    final = write_delivery(stack, t.tenant_id, e.endpoint_id, 9, "succeeded", now_ms() - 1000)
+    write_blocked_key(stack, t.tenant_id, e.endpoint_id, "inv_final", final)  # a lost delete
+
+    listed: list[pb.BlockedKey] = []
+    token = ""
+    while True:
+        page = stack.api.ListBlockedKeys(pb.ListBlockedKeysRequest(
+            endpoint_id=e.endpoint_id, page_size=2, page_token=token), metadata=t.md)
+        listed += page.keys
+        if not (token := page.next_page_token):
+            break
+    assert sorted(k.ordering_key for k in listed) == sorted(heads)
+    assert [(bucket_of(k.ordering_key), k.ordering_key) for k in listed] == sorted(
+        (bucket_of(k), k) for k in heads)  # bucket by bucket
+    k0 = next(k for k in listed if k.ordering_key == "inv_0")
+    assert (k0.head_delivery_id, k0.attempts, k0.last_http_status, k0.waiting) == (heads["inv_0"], 2, 503, 4)
+    assert abs(k0.blocked_since.ToMilliseconds() - now_ms()) < 60_000
+    assert code_of(lambda: stack.api.ListBlockedKeys(pb.ListBlockedKeysRequest(
+        endpoint_id=e.endpoint_id, page_token="forged.token"), metadata=t.md)) == grpc.StatusCode.INVALID_ARGUMENT
+
+    def skip(key: str, delivery_id: str = "", md: list[tuple[str, str]] = t.md) -> pb.SkipOrderingHeadResponse:
+        return stack.api.SkipOrderingHead(pb.SkipOrderingHeadRequest(
+            endpoint_id=e.endpoint_id, ordering_key=key, delivery_id=delivery_id, reason="INC-17"), metadata=md)
+
+    with pytest.raises(grpc.RpcError) as err:
+        skip("inv_0", heads["inv_1"])
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and heads["inv_0"] in err.value.details()
+    assert code_of(lambda: skip("inv_final")) == grpc.StatusCode.NOT_FOUND
+    skipped = skip("inv_0", heads["inv_0"])
+    assert skipped.delivery_id == heads["inv_0"]
+    [(_key, value)] = consume(stack, stack.settings.kafka.replays_topic,
+                              lambda k, _v: k == heads["inv_0"].encode())
+    request = ReplayRequest.from_json(value)
+    assert (request.action, request.request_id, request.tenant_id, request.endpoint_id, request.requested_by) == (
+        "skip", skipped.request_id, t.tenant_id, e.endpoint_id, t.key_id)
+    [audit] = stack.api.GetDelivery(pb.GetDeliveryRequest(delivery_id=heads["inv_0"]), metadata=t.md).replays
+    assert (audit.action, audit.request_id, audit.reason) == ("skip", skipped.request_id, "INC-17")
+    row = stack.session.execute("SELECT action FROM replay_requests WHERE delivery_id = %s AND request_id = %s",
+                                (heads["inv_0"], skipped.request_id)).one()
+    assert row.action == "skip"
+
+    assert code_of(lambda: stack.api.ListBlockedKeys(pb.ListBlockedKeysRequest(endpoint_id=e.endpoint_id),
+                                                     metadata=other.md)) == grpc.StatusCode.NOT_FOUND
+    assert code_of(lambda: skip("inv_1", md=other.md)) == grpc.StatusCode.NOT_FOUND

@@ -37,6 +37,12 @@ class RecordingStub:
                                                      keys_by_master_key={"k2": 3, "k1": 1})
             if name == "ReplayDelivery":
                 return pb.ReplayDeliveryResponse(delivery_id=request.delivery_id, request_id="rq")
+            if name == "ListBlockedKeys":
+                return pb.ListBlockedKeysResponse(keys=[pb.BlockedKey(
+                    ordering_key="inv_7", head_delivery_id="dlv_h", head_object_version=3, attempts=5,
+                    last_http_status=503, waiting=2)], next_page_token="tok2")
+            if name == "SkipOrderingHead":
+                return pb.SkipOrderingHeadResponse(delivery_id="dlv_h", request_id="skp_1")
             return pb.Endpoint(endpoint_id="ep_1", url="https://h.example.com:443/")
 
         return call
@@ -142,3 +148,41 @@ def test_payload_flags_and_tenant_event_types() -> None:
     stub, shown = run(["tenants", "event-types", "t_1", "--allow", "invoice.*", "--allow", "order.shipped"])
     assert list(stub.calls[0][1].allowed_event_types) == ["invoice.*", "order.shipped"]
     assert "invoice.*, order.shipped" in shown[0] and "ep_9" in shown[0]
+
+
+def test_ordering_key_flags_blocked_keys_and_skip_head() -> None:
+    stub, _ = run(["endpoints", "create", "--url", "https://h.example.com/", "--event-type", "a.b",
+                   "--ordering-key", "/customer/id"])
+    assert stub.calls[0][1].ordering_key == "/customer/id"
+    stub, _ = run(["endpoints", "update", "ep_1", "--ordering-key", ""])  # '' turns ordering off
+    request = stub.calls[0][1]
+    assert list(request.update_mask.paths) == ["ordering_key"] and request.endpoint.ordering_key == ""
+    stub, _ = run(["endpoints", "update", "ep_1", "--description", "d"])
+    assert "ordering_key" not in stub.calls[0][1].update_mask.paths
+    assert "ordering key:   object_id" in cli.endpoint_detail(pb.Endpoint(ordering_key="object_id"))
+    assert "ordering key:   none" in cli.endpoint_detail(pb.Endpoint())
+
+    stub, shown = run(["endpoints", "blocked-keys", "ep_1", "--page-size", "10", "--page-token", "tok1"])
+    [(name, request)] = stub.calls
+    assert name == "ListBlockedKeys" and (request.endpoint_id, request.page_size, request.page_token) == (
+        "ep_1", 10, "tok1")
+    row = shown[0].splitlines()[1].split()
+    assert row[:6] == ["inv_7", "dlv_h", "3", "5", "503", "-"] and "next page token: tok2" in shown[0]
+
+    stub, shown = run(["endpoints", "skip-head", "ep_1", "inv_7", "--delivery-id", "dlv_h", "--reason", "INC-9"])
+    [(name, request)] = stub.calls
+    assert name == "SkipOrderingHead"
+    assert (request.endpoint_id, request.ordering_key, request.delivery_id, request.reason) == (
+        "ep_1", "inv_7", "dlv_h", "INC-9")
+    assert "skp_1" in shown[0] and "dlv_h" in shown[0]
+    with pytest.raises(SystemExit):  # a skip says why
+        cli.parser().parse_args(["endpoints", "skip-head", "ep_1", "inv_7"])
+
+
+def test_delivery_detail_says_which_requests_were_skips() -> None:
+    detail = pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="dlv_1"), replays=[
+        pb.ReplayAudit(request_id="rq-1", requested_by="key_a", reason="INC-1", action="replay"),
+        pb.ReplayAudit(request_id="skp-1", requested_by="key_b", reason="INC-2", action="skip")])
+    lines = cli.delivery_detail(detail).splitlines()
+    assert "ACTION" in next(line for line in lines if line.startswith("REQUESTED"))
+    assert any("key_b" in line and " skip " in line and "INC-2" in line for line in lines)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -17,6 +17,7 @@ from control_plane.domain import (
     HISTORY_WINDOW_MS,
     ApiKey,
     Attempt,
+    BlockedKey,
     DeliveryDetail,
     DeliveryStatus,
     DeliverySummary,
@@ -24,17 +25,21 @@ from control_plane.domain import (
     EndpointSpec,
     EndpointVersion,
     IdempotencyRecord,
+    KeyPosition,
     Principal,
     ReplayAudit,
     Tenant,
 )
+from control_plane.ordering import OrderingDeps, OrderingService
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import PublishError
 from control_plane.service import PING_EVENT_TYPE, Deps, EndpointService
 from control_plane.store import HistoryPosition
 from control_plane.validation import DestinationValidator
 from core.egress import EgressPolicy
+from core.history_buckets import bucket_of
 from core.records import (
+    SKIP,
     ConfigClock,
     EndpointConfig,
     EndpointStatus,
@@ -76,6 +81,7 @@ class MemoryStore:
     replay_audit: dict[tuple[str, str], ReplayAudit] = field(default_factory=dict)
     clock_holds: dict[tuple[str, str, int], int] = field(default_factory=dict)
     deliveries: dict[str, DeliveryDetail] = field(default_factory=dict)
+    blocked: dict[tuple[str, str, str], BlockedKey] = field(default_factory=dict)
     fail_mark: bool = False
 
     def create_tenant(self, tenant: Tenant) -> bool:
@@ -192,6 +198,17 @@ class MemoryStore:
             if after is None or (-s.created_at_ms, s.delivery_id) > (-after[0], after[1]):
                 yield s
 
+    def iter_blocked_keys(self, tenant_id: str, endpoint_id: str, after: KeyPosition | None) -> Iterator[BlockedKey]:
+        rows = sorted((k for (t, e, _), k in self.blocked.items() if (t, e) == (tenant_id, endpoint_id)),
+                      key=lambda k: k.position)
+        return iter([k for k in rows if after is None or k.position > after])
+
+    def get_blocked_key(self, tenant_id: str, endpoint_id: str, ordering_key: str) -> BlockedKey | None:
+        return self.blocked.get((tenant_id, endpoint_id, ordering_key))
+
+    def delivery_statuses(self, delivery_ids: Sequence[str]) -> dict[str, DeliveryStatus]:
+        return {did: self.deliveries[did].summary.status for did in delivery_ids if did in self.deliveries}
+
 
 @dataclass
 class RecordingPublisher:
@@ -252,6 +269,7 @@ class World:
     deliveries: DeliveryService
     admin: AdminService
     auth: Authenticator
+    ordering: OrderingService
 
 
 @pytest.fixture
@@ -279,8 +297,12 @@ def w() -> World:
                      random_bytes=rng, cursors=Cursors(b"cursor-key"), progress_every=2)  # type: ignore[arg-type]
     )
     admin = AdminService(store, clock, rng)  # type: ignore[arg-type]
+    ordering = OrderingService(
+        OrderingDeps(endpoints=store, history=store, keys=store, publisher=publisher, now_ms=clock,
+                     random_bytes=rng, cursors=Cursors(b"cursor-key"))  # type: ignore[arg-type]
+    )
     return World(store, publisher, clock, publication, endpoints, deliveries, admin,
-                 Authenticator(store, "admin-secret"))
+                 Authenticator(store, "admin-secret"), ordering)
 
 
 ALICE = Principal("tenant-a", "key_a", read_only=False)
@@ -1179,3 +1201,195 @@ def test_tenants_verify_endpoints_by_default_in_production_only(w: World) -> Non
     assert prod.create_tenant("t-prod", "p").verify_endpoints
     assert not prod.create_tenant("t-optout", "p", verify_endpoints=False).verify_endpoints
     assert not w.admin.create_tenant("t-dev", "d").verify_endpoints
+
+
+# -- ordering keys (issue 17, item 2) -------------------------------------------------------------
+
+def test_an_endpoint_can_be_ordered_changed_and_unordered_and_the_job_is_told(w: World) -> None:
+    e = create(w, ordering_key="object_id")
+    assert e.spec.ordering_key == "object_id" and w.publisher.configs[-1].ordering_key == "object_id"
+    u = w.endpoints.update(ALICE, e.endpoint_id, spec(ordering_key="/customer/id"), ["ordering_key"])
+    assert (u.spec.ordering_key, u.change) == ("/customer/id", "update ordering_key")
+    assert w.publisher.configs[-1].ordering_key == "/customer/id"
+    off = w.endpoints.update(ALICE, e.endpoint_id, spec(), ["ordering_key"])  # "" turns it off
+    assert off.spec.ordering_key == "" and w.publisher.configs[-1].ordering_key == ""
+    assert create(w).spec.ordering_key == ""  # off by default
+
+
+@pytest.mark.parametrize(("setting", "error"), [
+    ("customer.id", "use 'object_id', a JSON Pointer"),  # not a pointer, not a word we know
+    ("object-id", "use 'object_id'"),
+    ("/customer/~2id", "must be escaped"),  # a malformed pointer
+])
+def test_a_malformed_ordering_key_is_invalid_argument(w: World, setting: str, error: str) -> None:
+    with pytest.raises(errors.InvalidArgument, match=f"ordering key.*{error}"):
+        create(w, ordering_key=setting)
+    assert not w.store.endpoints
+    e = create(w)
+    with pytest.raises(errors.InvalidArgument, match=error):
+        w.endpoints.update(ALICE, e.endpoint_id, spec(ordering_key=setting), ["ordering_key"])
+    assert w.store.endpoints[("tenant-a", e.endpoint_id)].config_version == 1
+
+
+def test_unordered_creates_keep_their_idempotency_fingerprints(w: World) -> None:
+    import hashlib
+    import json
+
+    from control_plane.service import _fingerprint
+
+    s = spec()
+    before = json.dumps([s.url, s.description, list(s.event_types), s.rate_limit_per_s, s.max_in_flight,
+                         sorted(s.metadata.items())], separators=(",", ":"))
+    assert _fingerprint(s) == hashlib.sha256(before.encode()).hexdigest()  # as stored before ordering
+    assert _fingerprint(spec(ordering_key="object_id")) != _fingerprint(s)
+    w.endpoints.create(ALICE, spec(ordering_key="object_id"), "req-o")
+    with pytest.raises(errors.AlreadyExists):
+        w.endpoints.create(ALICE, spec(), "req-o")
+
+
+def block(w: World, e: Endpoint, key: str, head: str, tenant: str = "tenant-a") -> BlockedKey:
+    """A blocked_ordering_keys row as the job writes it."""
+    row = BlockedKey(key, bucket_of(key), head, "evt_" + head, 3, 2, 503, "http_5xx", w.clock.now + 1000, 4,
+                     w.clock.now - 5000, w.clock.now)
+    w.store.blocked[(tenant, e.endpoint_id, key)] = row
+    return row
+
+
+def test_blocked_keys_page_in_storage_order_and_hide_heads_that_are_final(w: World) -> None:
+    e = create(w, ordering_key="object_id")
+    keys = [f"inv_{n}" for n in range(7)]
+    heads = {k: add_delivery(w, e, n, DeliveryStatus.PENDING) for n, k in enumerate(keys)}
+    for k in keys:
+        block(w, e, k, heads[k])
+    done = add_delivery(w, e, 20, DeliveryStatus.SUCCEEDED)
+    block(w, e, "inv_done", done)  # its delete was lost in a crash: not shown, goes by TTL
+    block(w, e, "inv_unread", "dlv_no_row_yet")  # nothing says it is final: shown
+    seen, token, pages = [], "", 0
+    while True:
+        page = w.ordering.blocked_keys(ALICE, e.endpoint_id, 3, token)
+        seen += page.items
+        pages += 1
+        if not (token := page.next_cursor):
+            break
+    assert [k.ordering_key for k in seen] == [k.ordering_key for k in sorted(
+        (w.store.blocked[("tenant-a", e.endpoint_id, k)] for k in [*keys, "inv_unread"]), key=lambda k: k.position)]
+    assert pages == 3 and seen[0].waiting == 4 and seen[0].last_http_status == 503
+    assert len(w.ordering.blocked_keys(ALICE, e.endpoint_id, 0, "").items) == 8  # default page: 100
+    with pytest.raises(errors.InvalidArgument, match="page_size"):
+        w.ordering.blocked_keys(ALICE, e.endpoint_id, 1001, "")
+
+
+def test_a_blocked_keys_token_is_signed_and_bound_to_its_endpoint(w: World) -> None:
+    e, other = create(w, ordering_key="object_id"), create(w, ordering_key="object_id")
+    for n in range(3):
+        block(w, e, f"k{n}", add_delivery(w, e, n, DeliveryStatus.PENDING))
+    token = w.ordering.blocked_keys(ALICE, e.endpoint_id, 1, "").next_cursor
+    assert token
+    for forged in (_forge(token, bucket=99), _forge(token, key="zzz"), token[:-2], "garbage"):
+        with pytest.raises(errors.InvalidArgument, match="cursor"):
+            w.ordering.blocked_keys(ALICE, e.endpoint_id, 1, forged)
+    with pytest.raises(errors.InvalidArgument, match="different endpoint"):
+        w.ordering.blocked_keys(ALICE, other.endpoint_id, 1, token)
+
+
+def test_an_endpoint_no_longer_ordered_still_lists_what_was_blocked(w: World) -> None:
+    e = create(w, ordering_key="object_id")
+    block(w, e, "inv_1", add_delivery(w, e, 1, DeliveryStatus.PENDING))
+    w.endpoints.update(ALICE, e.endpoint_id, spec(), ["ordering_key"])
+    assert [k.ordering_key for k in w.ordering.blocked_keys(ALICE, e.endpoint_id, 0, "").items] == ["inv_1"]
+    assert w.ordering.blocked_keys(ALICE, create(w).endpoint_id, 0, "").items == ()
+    # Turning ordering off released what was held: a skip would be an audited no-op.
+    with pytest.raises(errors.FailedPrecondition, match="not ordered"):
+        w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", "", "why", "")
+    assert not w.publisher.replays
+
+
+def test_skip_audits_then_asks_the_job_to_end_that_head(w: World) -> None:
+    e = create(w, ordering_key="object_id")
+    head = add_delivery(w, e, 1, DeliveryStatus.PENDING)
+    block(w, e, "inv_1", head)
+    skipped = w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", head, " receiver cannot take v3 ", "")
+    assert skipped.delivery_id == head and skipped.request_id.startswith("skp_")
+    [req] = w.publisher.replays
+    assert (req.delivery_id, req.tenant_id, req.endpoint_id, req.requested_by, req.request_id, req.action) == (
+        head, "tenant-a", e.endpoint_id, "key_a", skipped.request_id, SKIP)
+    [audit] = w.deliveries.get(ALICE, head).replays
+    assert (audit.action, audit.reason, audit.requested_by) == (SKIP, "receiver cannot take v3", "key_a")
+    # Without delivery_id: whatever the head is now.
+    w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", "", "again", "")
+    assert [r.delivery_id for r in w.publisher.replays] == [head, head]
+    assert not w.publisher.events  # never a new event
+
+
+def test_skip_refuses_what_is_not_blocked_or_not_the_head_seen(w: World) -> None:
+    e = create(w, ordering_key="object_id")
+    head = add_delivery(w, e, 1, DeliveryStatus.PENDING)
+    block(w, e, "inv_1", head)
+    block(w, e, "inv_done", add_delivery(w, e, 2, DeliveryStatus.FAILED))
+    for key in ("inv_9", "inv_done"):
+        with pytest.raises(errors.NotFound, match=f"ordering key '{key}' of endpoint {e.endpoint_id} is not blocked"):
+            w.ordering.skip_head(ALICE, e.endpoint_id, key, "", "why", "")
+    with pytest.raises(errors.FailedPrecondition, match=f"is now delivery {head}, not dlv_old"):
+        w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", "dlv_old", "why", "")
+    for call, error in [
+        (lambda: w.ordering.skip_head(ALICE, e.endpoint_id, "", "", "why", ""), errors.InvalidArgument),
+        (lambda: w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", "", "", ""), errors.InvalidArgument),
+        (lambda: w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", "", "a\nb", ""), errors.InvalidArgument),
+        (lambda: w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", "bad id!", "why", ""), errors.InvalidArgument),
+        (lambda: w.ordering.skip_head(ALICE_RO, e.endpoint_id, "inv_1", "", "why", ""), errors.PermissionDenied),
+        (lambda: w.ordering.skip_head(ALICE, "ep_unknown", "inv_1", "", "why", ""), errors.NotFound),
+    ]:
+        with pytest.raises(error):
+            call()
+    assert not w.publisher.replays and not w.store.replay_audit
+
+
+def test_a_retried_skip_is_queued_again_and_audited_once(w: World) -> None:
+    e = create(w, ordering_key="object_id")
+    head = add_delivery(w, e, 1, DeliveryStatus.PENDING)
+    block(w, e, "inv_1", head)
+    w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", head, "why", "skip-1")
+    w.store.deliveries[head] = replace(w.store.deliveries[head], summary=replace(
+        w.store.deliveries[head].summary, status=DeliveryStatus.FAILED))  # the job applied it
+    again = w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", head, "why", "skip-1")
+    assert (again.delivery_id, again.request_id) == (head, "skip-1")
+    assert [r.request_id for r in w.publisher.replays] == ["skip-1", "skip-1"]
+    assert len(w.deliveries.get(ALICE, head).replays) == 1
+    # An id used for a replay of the head: the job would drop the skip as a duplicate.
+    other = add_delivery(w, e, 2, DeliveryStatus.PENDING)
+    block(w, e, "inv_2", other)
+    w.deliveries.replay(ALICE, other, "rq-1")
+    with pytest.raises(errors.AlreadyExists, match="used for a replay"):
+        w.ordering.skip_head(ALICE, e.endpoint_id, "inv_2", "", "why", "rq-1")
+
+
+def test_a_skip_kafka_did_not_take_is_unavailable_and_audited(w: World) -> None:
+    e = create(w, ordering_key="object_id")
+    head = add_delivery(w, e, 1, DeliveryStatus.PENDING)
+    block(w, e, "inv_1", head)
+    w.publisher.failing = True
+    with pytest.raises(errors.Unavailable, match="could not queue the skip"):
+        w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", head, "why", "skip-1")
+    w.publisher.failing = False
+    w.ordering.skip_head(ALICE, e.endpoint_id, "inv_1", head, "why", "skip-1")  # the client retries
+    assert [r.request_id for r in w.publisher.replays] == ["skip-1"]
+    assert [a.request_id for a in w.deliveries.get(ALICE, head).replays] == ["skip-1"]
+
+
+def test_another_tenant_can_neither_list_nor_skip(w: World) -> None:
+    e = create(w, ordering_key="object_id")
+    head = add_delivery(w, e, 1, DeliveryStatus.PENDING)
+    block(w, e, "inv_1", head)
+    with pytest.raises(errors.NotFound):
+        w.ordering.blocked_keys(BOB, e.endpoint_id, 0, "")
+    with pytest.raises(errors.NotFound):
+        w.ordering.skip_head(BOB, e.endpoint_id, "inv_1", head, "why", "")
+    # Bob's own endpoint with Alice's key: rows are read in Bob's partition only.
+    mine = create(w, BOB, ordering_key="object_id")
+    assert w.ordering.blocked_keys(BOB, mine.endpoint_id, 0, "").items == ()
+    with pytest.raises(errors.NotFound, match="not blocked"):
+        w.ordering.skip_head(BOB, mine.endpoint_id, "inv_1", "", "why", "")
+    assert not w.publisher.replays
+    w.endpoints.delete(ALICE, e.endpoint_id)
+    with pytest.raises(errors.NotFound):
+        w.ordering.blocked_keys(ALICE, e.endpoint_id, 0, "")

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from core.records import (
     CLOCK_SCHEMA_V1,
+    SKIP,
     ConfigClock,
     EndpointConfig,
     EndpointStatus,
@@ -81,6 +82,11 @@ CONFIGS = [
         status=EndpointStatus.ACTIVE, event_types=("a.b",), signing_keys=(), published_at_ms=NOW,
         payload_mode="fields", payload_fields=("/id", "/customer/id"),
     ),
+    EndpointConfig(
+        endpoint_id="ep_5", tenant_id="t_2", config_version=4, url="https://example.com/",
+        status=EndpointStatus.ACTIVE, event_types=("a.b",), signing_keys=(), published_at_ms=NOW,
+        ordering_key="/customer/id",
+    ),
 ]
 
 
@@ -91,6 +97,14 @@ def test_the_payload_policy_travels_only_when_it_is_not_full() -> None:
     doc = json.loads(CONFIGS[3].to_json())
     assert (doc["payload_mode"], doc["payload_fields"]) == ("fields", ["/id", "/customer/id"])
     assert parse_endpoint_topic_value(CONFIGS[0].to_json()).payload_mode == "full"
+
+
+def test_the_ordering_key_travels_only_when_an_endpoint_is_ordered() -> None:
+    """Unordered configs are the records they always were; one published before ordering existed
+    reads as unordered."""
+    assert "ordering_key" not in json.loads(CONFIGS[0].to_json())
+    assert json.loads(CONFIGS[4].to_json())["ordering_key"] == "/customer/id"
+    assert parse_endpoint_topic_value(CONFIGS[0].to_json()).ordering_key == ""
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.endpoint_id)
@@ -122,6 +136,8 @@ REPLAYS = [
                   requested_at_ms=NOW, request_id="req_1"),
     ReplayRequest(delivery_id="dlv_2", tenant_id="t_1", endpoint_id="ep_1", requested_by="bob",
                   requested_at_ms=NOW),
+    ReplayRequest(delivery_id="dlv_3", tenant_id="t_1", endpoint_id="ep_1", requested_by="carol",
+                  requested_at_ms=NOW, request_id="skp_1", action=SKIP),
 ]
 
 
@@ -130,7 +146,16 @@ def test_replay_request_round_trips(replay: ReplayRequest) -> None:
     assert ReplayRequest.from_json(replay.to_json()) == replay
 
 
+def test_a_replay_is_the_record_it_always_was_and_a_skip_says_so() -> None:
+    """An older job reads replays as before; a skip names its action."""
+    assert "action" not in json.loads(REPLAYS[0].to_json())
+    assert json.loads(REPLAYS[2].to_json())["action"] == "skip"
+    assert ReplayRequest.from_json(REPLAYS[0].to_json()).action == "replay"
+
+
 REPLAY_REFUSALS = [
+    b'{"schema": "webhooks.replay/v1", "delivery_id": "d", "tenant_id": "t", "endpoint_id": "e", '
+    b'"requested_by": "u", "requested_at_ms": 1, "action": "purge"}',  # an action this job does not know
     b'{"schema": "webhooks.replay/v2", "delivery_id": "d"}',
     b'{"delivery_id": "d"}',
     b"[]",

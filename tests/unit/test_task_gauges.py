@@ -65,3 +65,21 @@ def test_no_operator_registers_a_python_gauge() -> None:
     found = {str(p.relative_to(REPO)): lines for d in ("operators", "jobs")
              for p in sorted((REPO / d).glob("*.py")) if (lines := _gauge_registrations(p))}
     assert found == {}
+
+
+def test_every_count_the_driver_keeps_is_exported() -> None:
+    """The dispatcher exports the driver's counts by a fixed list of names; a count missing from it
+    raised KeyError in the task thread (held the endpoint as an internal error) the first time
+    it was kept -- an operator's skip on the real stack found it."""
+    from operators.dispatcher import LABELLED, METRICS
+
+    source = (Path(__file__).parents[2] / "core" / "endpoint_driver.py").read_text()
+    kept = set()
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "counts"
+                and isinstance(node.slice, ast.Constant | ast.JoinedStr)):
+            s = node.slice
+            name = s.value if isinstance(s, ast.Constant) else s.values[0].value  # type: ignore[attr-defined]
+            kept.add(str(name).partition(":")[0])
+    assert len(kept) >= 15, kept  # the walk found them
+    assert kept - set(METRICS) - set(LABELLED) == set()
