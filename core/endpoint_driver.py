@@ -115,6 +115,10 @@ class DriverPolicy:
     check_created_before_ms: int = 0
     # Deliveries older than this are re-creations (topic re-read, re-snapshot): CHECK them too.
     fresh_window_ms: int = 10 * 60_000
+    # Fan-out's dedupe window: an event whose own time is older than this may have been fanned
+    # out before fan-out forgot it, and a record published again (a relay re-snapshot) carries a
+    # fresh Kafka time -- so its delivery CHECKs too; final in history means it is not re-sent.
+    dedupe_window_ms: int = 7 * 24 * 3_600_000
     # How long a manual replay may wait for its endpoint before it ends visibly as not sent.
     manual_wait_ms: int = 60_000
     # Expiries written per step; the rest follow at once in the next step.
@@ -208,7 +212,8 @@ class EndpointDriver:
         self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
         p = Pending(delivery=light(delivery), stage=Stage.PERSIST, next_attempt_at_ms=delivery.created_at_ms)
         if (recheck or delivery.created_at_ms < self.policy.check_created_before_ms
-                or now_ms - delivery.created_at_ms > self.policy.fresh_window_ms):
+                or now_ms - delivery.created_at_ms > self.policy.fresh_window_ms
+                or now_ms - delivery.event.occurred_at_ms > self.policy.dedupe_window_ms):
             p = replace(p, stage=Stage.CHECK)
             if self.spilled:
                 self._superseded.add(did)  # a re-creation: its spilled copy, if any, CHECKs too

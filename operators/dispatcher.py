@@ -120,7 +120,7 @@ class Dispatcher(KeyedProcessFunction):
             # between producers/brokers and TaskManagers) may have been handled by the incarnation
             # a restore replaced: they read their durable record before being sent.
             check_created_before_ms=int(time.time() * 1000) + s.dispatch.restore_check_skew_ms,
-            manual_wait_ms=int(s.dispatch.manual_wait_s * 1000),
+            manual_wait_ms=int(s.dispatch.manual_wait_s * 1000), dedupe_window_ms=s.flink.dedupe_ttl_s * 1000,
             memory_window=s.dispatch.memory_window, page_size=s.dispatch.page_size)
         self._scheduler = FairScheduler(pool_size=s.dispatch.max_in_flight,
                                         tenant_quota=s.dispatch.tenant_max_in_flight)

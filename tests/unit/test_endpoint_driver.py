@@ -410,6 +410,32 @@ def test_repeated_internal_errors_back_off() -> None:
 # -- defect 6: after a crash only what was in flight is sent again, each with its own row ------------
 
 
+def test_an_event_republished_after_the_dedupe_window_is_checked_not_resent() -> None:
+    """Fan-out's dedupe state expires (issue 17 item 13); a record of an event re-published after it
+    (a relay re-snapshot, a replayed topic) arrives with a fresh Kafka time, so only the event's
+    own time says it may be old. It was sent again with attempt number 1 -- a second request
+    whose row overwrote nothing, so history no longer explained it (found on the real stack)."""
+    sim = Sim(policy=replace(POLICY, dedupe_window_ms=3_600_000))
+    sim.config(config())
+    sim.new(delivery(1))
+    sim.answer_all("ep_1")
+    assert sim.history["dlv_ep_1_1"].status == "succeeded"
+    sim.now += 3_600_001  # past the window: fan-out no longer remembers the event
+    again = replace(delivery(1, created=sim.now), event=delivery(1).event)  # new Kafka time, same event
+    sim.new(again)
+    sim.answer_all("ep_1")
+    assert sim.requests["dlv_ep_1_1"] == 1
+    assert sim.counts["final_not_resent"] == 1
+
+
+def test_an_old_event_seen_first_is_checked_then_sent() -> None:
+    sim = Sim(policy=replace(POLICY, dedupe_window_ms=3_600_000))
+    sim.config(config())
+    sim.now += 2 * 3_600_000
+    sim.new(replace(delivery(1, created=sim.now), event=delivery(1).event))  # a backfill of old events
+    assert sim.answer_all("ep_1") == 1 and sim.history["dlv_ep_1_1"].status == "succeeded"
+
+
 def test_a_restore_does_not_resend_what_history_shows_final_and_numbers_go_on() -> None:
     sim = Sim()
     sim.config(config())

@@ -283,8 +283,8 @@ def test_head_records_say_when_a_key_is_blocked_and_when_it_is_free_again() -> N
     rx.answer()
     rx.failing.clear()
     rx.run_for(3_600_000)
-    assert changes[0] == ("dlv_1", KeyRowChange("inv_a", blocked=True, waiting=1, first_failure=True))
-    assert ("dlv_3", None) in changes  # succeeded at once: its key was never blocked
-    assert ("dlv_1", KeyRowChange("inv_a", blocked=False)) in changes
-    assert ("dlv_2", None) in changes
+    a = [c for did, c in changes if did == "dlv_1"]
+    assert a[0] == KeyRowChange("inv_a", blocked=True, waiting=1, first_failure=True)
+    assert a[-1] == KeyRowChange("inv_a", blocked=False)  # free again once its head is final
+    assert [c for did, c in changes if did != "dlv_1"] == [None, None]  # never blocked
 
