@@ -90,6 +90,8 @@ LABELLED = {
 # report keeps growing (operators/task_gauges.py: no Python gauge callables, the reporter thread
 # must never call into the interpreter).
 GAUGE_REFRESH_MS = 1000
+# Counts reach Flink's counters at most this often (and within GAUGE_REFRESH_MS of the last pass).
+COUNTS_PUBLISH_MS = 250
 COUNT_GAUGES = ("pending_new", "pending_retry", "endpoints", "breakers_open", "breakers_half_open",
                 "endpoints_parked", "tenants_at_quota")
 
@@ -112,6 +114,7 @@ class Dispatcher(KeyedProcessFunction):
         self._per_endpoint: dict[str, TaskGauges] = {}  # dispatch.per_endpoint_metrics
         self._counts: Counter[str] = Counter()
         self._published: Counter[str] = Counter()
+        self._counts_at = 0
         self._rng = random.Random()
         self._policy = DriverPolicy(
             schedule=RetrySchedule.from_settings(s.dispatch), breaker=brk.BreakerConfig.from_settings(s.dispatch),
@@ -265,7 +268,11 @@ class Dispatcher(KeyedProcessFunction):
         if again and not self._refresh_due:
             ctx.timer_service().register_processing_time_timer(self._gauges_at + GAUGE_REFRESH_MS)
             self._refresh_due = True
-        self._publish_counts()
+        if now - self._counts_at >= COUNTS_PUBLISH_MS or not self._refresh_due:
+            # Not on every pass (each changed count is a call into Java): the refresh timer
+            # above is due within a second and publishes what this pass counted.
+            self._publish_counts()
+            self._counts_at = now
 
     # -- gauges ----------------------------------------------------------------------------------
     def _refresh_gauges(self, now: int) -> None:
