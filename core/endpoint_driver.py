@@ -15,6 +15,9 @@ breaker, disabled, waiting for its config) is woken O(1) times per second at mos
 only an input can unblock (a config, finished I/O) is not polled for: the input drives the
 endpoint.
 
+On an ordered endpoint (:mod:`core.ordering`) only a key's head is indexed as due; the rest of
+the key waits unindexed (no timer, no poll) until the head's final record, which indexes the next.
+
 Slots are conserved: the driver asks for slots only when breaker, bucket and its own in-flight
 cap would let a request go, gives back every grant it cannot use in the same step, and cancels
 its ticket whenever it stops wanting one. ``in_flight`` is exactly the slots it holds.
