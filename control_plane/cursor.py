@@ -25,7 +25,11 @@ from core.secrets import Keyring, derive_key
 
 _TAG_BYTES = 16
 _LABEL = b"webhooks.page-cursor/v1"
-_NOT_VALID = "cursor is not valid; pass next_cursor from the previous page"
+
+
+def not_valid(param: str = "cursor", returned: str = "next_cursor") -> InvalidArgument:
+    """The refusal of a cursor, in the names of the request's field and the response's."""
+    return InvalidArgument(f"{param} is not valid; pass {returned} from the previous page")
 
 
 def _b64(raw: bytes) -> str:
@@ -54,15 +58,17 @@ class Cursors:
         body = _b64(json.dumps({"k": kind, **fields}, separators=(",", ":"), sort_keys=True).encode())
         return f"{body}.{self._tag(self._key, body)}"
 
-    def decode(self, kind: str, cursor: str, **expected: Any) -> dict[str, Any]:
-        """The cursor's fields; InvalidArgument if it is garbage, forged, or from a different listing."""
+    def decode(self, kind: str, cursor: str, names: tuple[str, str] = ("cursor", "next_cursor"),
+               **expected: Any) -> dict[str, Any]:
+        """The cursor's fields; InvalidArgument if it is garbage, forged, or from a different
+        listing. ``names``: the request's cursor field and the response's, for the message."""
         body, _, tag = cursor.partition(".")
         if not any(hmac.compare_digest(tag.encode(), self._tag(k, body).encode()) for k in self._accepted):
-            raise InvalidArgument(_NOT_VALID)
+            raise not_valid(*names)
         try:
             fields = json.loads(_unb64(body))
         except (binascii.Error, ValueError):
-            raise InvalidArgument(_NOT_VALID) from None
+            raise not_valid(*names) from None
         if not isinstance(fields, dict) or fields.get("k") != kind:
             raise InvalidArgument("cursor belongs to a different listing")
         for name, value in expected.items():

@@ -13,9 +13,10 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from control_plane import validation
-from control_plane.cursor import Cursors
+from control_plane.cursor import Cursors, not_valid
 from control_plane.domain import (
     HISTORY_WINDOW_MS,
     RECOVERABLE_STATUSES,
@@ -78,13 +79,13 @@ class DeliveryService:
         wanted = sorted({s.value for s in statuses})
         # The cursor is bound to the request as sent (an omitted bound stays omitted) and keeps
         # the range resolved on the first page, so "last 30 days" does not shift between pages.
-        identity = {"endpoint": endpoint_id, "statuses": wanted, "from": start_ms, "to": end_ms}
+        identity: dict[str, Any] = {"endpoint": endpoint_id, "statuses": wanted, "from": start_ms, "to": end_ms}
         after = None
         if page_cursor:
             fields = self._d.cursors.decode("deliveries", page_cursor, **identity)
             start, end = int(fields["start"]), int(fields["end"])
             if not 0 < end - start <= HISTORY_WINDOW_MS:  # signed, so ours; bounded all the same
-                raise InvalidArgument("cursor is not valid; pass next_cursor from the previous page")
+                raise not_valid()
             after = (int(fields["at"]), str(fields["id"]))
         else:
             start, end = self._range(start_ms, end_ms)

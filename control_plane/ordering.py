@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from control_plane import validation
-from control_plane.cursor import Cursors
+from control_plane.cursor import Cursors, not_valid
 from control_plane.deliveries import Replayed, queue_request
 from control_plane.domain import FINAL_STATUSES, BlockedKey, Endpoint, KeyPosition, Page, Principal, ReplayAudit
 from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -39,6 +39,7 @@ MAX_KEY_PAGE = 1_000
 # Rows one ListBlockedKeys call reads at most: after a crash storm of lost deletes the page
 # comes back short with a token rather than reading every stale row in one call.
 MAX_SCANNED_KEYS = 5_000
+_TOKEN_NAMES = ("page_token", "next_page_token")  # this listing's names for its cursor
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,10 @@ class OrderingService:
         return endpoint
 
     def _position(self, endpoint_id: str, page_token: str) -> KeyPosition:
-        fields = self._d.cursors.decode("blocked_keys", page_token, endpoint=endpoint_id)
+        fields = self._d.cursors.decode("blocked_keys", page_token, _TOKEN_NAMES, endpoint=endpoint_id)
         bucket, key = fields.get("bucket"), fields.get("key")
         if not isinstance(bucket, int) or not 0 <= bucket < HISTORY_BUCKETS or not isinstance(key, str):
-            raise InvalidArgument("page_token is not valid; pass next_page_token from the previous page")
+            raise not_valid(*_TOKEN_NAMES)
         return bucket, key
 
     def _still_blocked(self, rows: list[BlockedKey]) -> list[BlockedKey]:
