@@ -211,6 +211,8 @@ class EndpointDriver:
         did = delivery.delivery_id
         if did in self.items:
             return False
+        if recheck:
+            delivery = self._keyed_now(delivery)  # a redrive, rebuilt from history
         self._tenant = self._tenant or delivery.tenant_id
         self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
         p = Pending(delivery=light(delivery), stage=Stage.PERSIST, next_attempt_at_ms=delivery.created_at_ms)
@@ -732,10 +734,7 @@ class EndpointDriver:
             return
         else:
             self._tenant = self._tenant or delivery.tenant_id
-            # History does not keep the ordering key: the endpoint's setting now decides it.
-            e = delivery.event
-            key = ordering.key_for(self.config.ordering_key, e.object_id, e.payload) if self.config else ""
-            delivery = replace(delivery, ordering_key=key)
+            delivery = self._keyed_now(delivery)
             auto = durable.auto_retry_active and not durable.final
             p = Pending(delivery=light(delivery), stage=Stage.RESERVE, attempt_count=durable.attempt_count,
                         issued=durable.max_attempt_number, auto_retry_active=auto,
@@ -843,11 +842,16 @@ class EndpointDriver:
         """Index deliveries that may now be sent automatically (a new head; ordering turned off)."""
         for did in dids:
             p = self.items.get(did)
-            if (p is not None and p.stage in d.WAITING_STAGES and not p.busy and p.auto_retry_active
-                    and not p.manual and self._may_send_auto(did)):
+            if p is not None and _waits_auto(p) and self._may_send_auto(did):
                 self._seq += 1
-                heapq.heappush(self._due, (p.next_attempt_at_ms, 1 if p.stage is Stage.ADOPTED else 0,
-                                           self._seq, did))
+                self._push_due(p)
+
+    def _keyed_now(self, delivery: NewDelivery) -> NewDelivery:
+        """A delivery history gave back (a replay's load, a redrive) carries no ordering key:
+        the endpoint's setting now decides it."""
+        e = delivery.event
+        key = ordering.key_for(self.config.ordering_key, e.object_id, e.payload) if self.config else ""
+        return replace(delivery, ordering_key=key)
 
     def _apply_skips(self, now_ms: int) -> None:
         """End the heads an operator skipped, each once it is idle (a request in flight is
@@ -899,10 +903,12 @@ class EndpointDriver:
                 self._manual.add(did)
             elif p.auto_retry_active and not _indexed_same(prev, p):
                 self._seq += 1
-                rank = 1 if p.stage is Stage.ADOPTED else 0
                 if self._may_send_auto(did):  # else it waits for its key's head (_requeue)
-                    heapq.heappush(self._due, (p.next_attempt_at_ms, rank, self._seq, did))
-                heapq.heappush(self._deadlines, (p.delivery.expires_at_ms, rank, self._seq, did))
+                    self._push_due(p)
+                heapq.heappush(self._deadlines, (p.delivery.expires_at_ms, _rank(p), self._seq, did))
+
+    def _push_due(self, p: Pending) -> None:
+        heapq.heappush(self._due, (p.next_attempt_at_ms, _rank(p), self._seq, p.delivery_id))
 
     def _forget(self, did: str) -> None:
         self._leave_key(did)
@@ -919,8 +925,7 @@ class EndpointDriver:
         while heap:
             at, _, _, did = heap[0]
             p = self.items.get(did)
-            if (p is not None and p.stage in d.WAITING_STAGES and not p.busy and p.auto_retry_active
-                    and not p.manual
+            if (p is not None and _waits_auto(p)
                     and at == (p.delivery.expires_at_ms if deadlines else p.next_attempt_at_ms)
                     # a head displaced by a lower version waits again (_requeue brings it back)
                     and (deadlines or self._may_send_auto(did))):
@@ -933,6 +938,16 @@ def _with_manual(p: Pending, requests: tuple[d.ManualRequest, ...]) -> Pending:
     """More manual requests owed; a restored delivery a person now waits for is checked at once."""
     stage = Stage.CHECK if p.stage is Stage.ADOPTED else p.stage
     return replace(p, manual=(*p.manual, *requests), stage=stage)
+
+
+def _waits_auto(p: Pending) -> bool:
+    """Idle, waiting for its next automatic attempt (what the due and deadline heaps index)."""
+    return p.stage in d.WAITING_STAGES and not p.busy and p.auto_retry_active and not p.manual
+
+
+def _rank(p: Pending) -> int:
+    """Among deliveries due at the same time, READY ones before restored (ADOPTED) ones."""
+    return 1 if p.stage is Stage.ADOPTED else 0
 
 
 def _indexed_same(prev: Pending | None, p: Pending) -> bool:

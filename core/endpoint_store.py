@@ -77,15 +77,19 @@ def encode(p: Pending) -> StoredDelivery:
             d.ordering_key, _request(p.skip) if p.skip else ())
 
 
+def _current(t: StoredDelivery) -> StoredDelivery:
+    """A stored delivery in the current shape (a v1 entry had no ordering key and no skip)."""
+    if t[0] == STORED_V1:
+        return (STORED_V2, *t[1:], "", ())
+    if t[0] != STORED_V2:
+        raise ValueError(f"unknown stored delivery version {t[0]!r}")
+    return t
+
+
 def decode(t: StoredDelivery, endpoint_id: str, delivery_id: str) -> Pending:
-    version = t[0]
-    if version == STORED_V1:
-        t = (*t, "", ())
-    elif version != STORED_V2:
-        raise ValueError(f"unknown stored delivery version {version!r}")
     (_, event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at_ms,
      target, config_version, created_at_ms, expires_at_ms, persist, attempt_count, issued, next_at, auto,
-     manual, ordering_key, skip) = t
+     manual, ordering_key, skip) = _current(t)
     event = EventRecord(event_id=event_id, tenant_id=tenant_id, event_type=event_type,
                         schema_version=schema_version, object_id=object_id, object_version=object_version,
                         occurred_at_ms=occurred_at_ms, payload=b"", target_endpoint_id=target)
@@ -119,9 +123,7 @@ def with_manual(t: StoredDelivery, requests: tuple[ManualRequest, ...]) -> Store
 
 def with_skip(t: StoredDelivery, request: ManualRequest) -> StoredDelivery:
     """The stored delivery with an operator's skip owed, and nothing else of it changed."""
-    if t[0] == STORED_V1:
-        t = (STORED_V2, *t[1:], "", ())
-    return (*t[:-1], _request(request))
+    return (*_current(t)[:-1], _request(request))
 
 
 class EndpointStore(Protocol):

@@ -98,12 +98,11 @@ class KeyQueues:
         self._keys: dict[str, _Key] = {}
         self._member: dict[str, tuple[str, tuple[int, int, str]]] = {}  # did -> (key, sort entry)
 
-    def add(self, did: str, key: str, object_version: int, created_at_ms: int, started: bool = False) -> str | None:
-        """Hold ``did`` under ``key``; returns the key's head before the add when the add changed it
-        (that delivery must no longer be sent automatically), else None."""
+    def add(self, did: str, key: str, object_version: int, created_at_ms: int, started: bool = False) -> None:
+        """Hold ``did`` under ``key``. A lower version than an unsent head becomes the head: the
+        displaced one stops being ``is_head`` (the driver's due index checks that when it pops)."""
         if not key or did in self._member:
-            return None
-        before = self.head(key)
+            return
         entry = (object_version, created_at_ms, did)
         k = self._keys.setdefault(key, _Key())
         heapq.heappush(k.heap, entry)
@@ -111,8 +110,6 @@ class KeyQueues:
         self._member[did] = (key, entry)
         if started:
             self.mark_started(did)
-        after = self.head(key)
-        return before if before is not None and before != after else None
 
     def remove(self, did: str) -> str | None:
         """Forget ``did``; returns the key's new head when ``did`` was its head, else None."""

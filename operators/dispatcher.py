@@ -31,7 +31,7 @@ from typing import Any
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
 from core import breaker as brk
-from core import dispatch, ordering, telemetry
+from core import dispatch, telemetry
 from core.egress import EgressPolicy
 from core.endpoint_driver import (
     Check,
@@ -179,12 +179,9 @@ class Dispatcher(KeyedProcessFunction):
                 # final there is not sent again; one this driver already holds is left alone.
                 rd: RedriveRequest = item
                 self._counts["redrives"] += 1
-                # History keeps no ordering key: the endpoint's setting now decides it.
-                key = ordering.key_for(drv.config.ordering_key, rd.event.object_id, rd.event.payload) \
-                    if drv.config is not None else ""
                 nd = NewDelivery(delivery_id=rd.delivery_id, event=rd.event, endpoint_id=rd.endpoint_id,
                                  tenant_id=rd.tenant_id, endpoint_config_version=rd.endpoint_config_version,
-                                 created_at_ms=rd.created_at_ms, expires_at_ms=rd.expires_at_ms, ordering_key=key)
+                                 created_at_ms=rd.created_at_ms, expires_at_ms=rd.expires_at_ms)
                 if not self._add_new(drv, nd, now, recheck=True):
                     self._counts["redrives_known"] += 1
                 log.info("redrive of %s (%s) by %s", rd.delivery_id, rd.reason, rd.requested_by)

@@ -629,6 +629,20 @@ def test_the_stored_form_round_trips_and_is_small() -> None:
     assert len(pickle.dumps(encode(p), protocol=pickle.HIGHEST_PROTOCOL)) < 300
 
 
+def test_an_entry_stored_before_ordering_keys_is_read_and_takes_a_skip() -> None:
+    from core.endpoint_store import STORED_V1, decode, encode, with_manual, with_skip
+
+    p = dsp.Pending(delivery=delivery(3), stage=dsp.Stage.READY, attempt_count=1, issued=1,
+                    manual=(dsp.ManualRequest("r1", "alice", T0, "t_1"),))
+    v1 = (STORED_V1, *encode(p)[1:-2])  # the shape savepoints of earlier versions hold
+    back = decode(v1, "ep_1", p.delivery_id)
+    assert back.delivery.ordering_key == "" and back.skip is None and back.manual == p.manual
+    skip = dsp.ManualRequest("s1", "ops", T0, "t_1")
+    assert decode(with_skip(v1, skip), "ep_1", p.delivery_id).skip == skip
+    more = dsp.ManualRequest("r2", "bob", T0, "t_1")
+    assert decode(with_manual(v1, (more,)), "ep_1", p.delivery_id).manual == (*p.manual, more)
+
+
 def test_a_restored_backlog_behind_an_open_breaker_is_read_back_lazily() -> None:
     """Issue 18: a restore must not read every pending delivery's record before anything else
     (a 50,000 backlog took ~100 s of Cassandra reads while healthy endpoints waited)."""

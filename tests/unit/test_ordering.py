@@ -64,12 +64,12 @@ def test_fan_out_decides_the_key_with_the_config_it_matched() -> None:
 
 def test_the_head_is_the_lowest_version_until_one_is_sent() -> None:
     q = KeyQueues()
-    assert q.add("d3", "k", 3, T0) is None
+    q.add("d3", "k", 3, T0)
     assert q.head("k") == "d3"
-    assert q.add("d1", "k", 1, T0 + 1) == "d3"  # a lower version arrived: d3 is no longer head
+    q.add("d1", "k", 1, T0 + 1)  # a lower version arrived: d3 is no longer head
     assert q.head("k") == "d1" and not q.is_head("d3") and q.waiting("k") == 1
     q.mark_started("d1")
-    assert q.add("d0", "k", 0, T0 + 2) is None  # d1 was sent: it stays head until final
+    q.add("d0", "k", 0, T0 + 2)  # d1 was sent: it stays head until final
     assert q.head("k") == "d1" and q.waiting("k") == 2
     assert q.remove("d1") == "d0"
     assert q.remove("d3") is None  # not the head
@@ -78,7 +78,7 @@ def test_the_head_is_the_lowest_version_until_one_is_sent() -> None:
 
 def test_unordered_deliveries_are_always_heads() -> None:
     q = KeyQueues()
-    assert q.add("d1", "", 1, T0) is None
+    q.add("d1", "", 1, T0)
     assert q.is_head("d1") and q.is_head("never_added") and len(q) == 0
 
 
