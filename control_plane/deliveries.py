@@ -31,7 +31,7 @@ from control_plane.domain import (
 )
 from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from control_plane.publisher import Publisher, PublishError
-from control_plane.service import page_size, require_write
+from control_plane.service import load_endpoint, page_size, require_write
 from control_plane.store import EndpointStore, HistoryStore
 from core.records import EndpointStatus, ReplayRequest
 
@@ -193,11 +193,7 @@ class DeliveryService:
     # -- helpers ----------------------------------------------------------------------------
 
     def _endpoint(self, principal: Principal, endpoint_id: str, allow_deleted: bool) -> Endpoint:
-        validation.identifier("endpoint_id", endpoint_id)
-        endpoint = self._d.endpoints.get_endpoint(principal.tenant_id, endpoint_id)
-        if endpoint is None or (endpoint.status is EndpointStatus.DELETED and not allow_deleted):
-            raise NotFound(f"endpoint {endpoint_id} not found")
-        return endpoint
+        return load_endpoint(self._d.endpoints, principal, endpoint_id, allow_deleted)
 
     def _range(self, start_ms: int | None, end_ms: int | None) -> tuple[int, int]:
         now = self._d.now_ms()

@@ -27,10 +27,10 @@ from control_plane.deliveries import Replayed, queue_request
 from control_plane.domain import FINAL_STATUSES, BlockedKey, Endpoint, KeyPosition, Page, Principal, ReplayAudit
 from control_plane.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from control_plane.publisher import Publisher
-from control_plane.service import page_size, require_write
+from control_plane.service import load_endpoint, page_size, require_write
 from control_plane.store import EndpointStore, HistoryStore, OrderingStore
 from core.history_buckets import HISTORY_BUCKETS
-from core.records import SKIP, EndpointStatus, ReplayRequest
+from core.records import SKIP, ReplayRequest
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +126,7 @@ class OrderingService:
     # -- helpers ----------------------------------------------------------------------------
 
     def _endpoint(self, principal: Principal, endpoint_id: str) -> Endpoint:
-        validation.identifier("endpoint_id", endpoint_id)
-        endpoint = self._d.endpoints.get_endpoint(principal.tenant_id, endpoint_id)
-        if endpoint is None or endpoint.status is EndpointStatus.DELETED:
-            raise NotFound(f"endpoint {endpoint_id} not found")
-        return endpoint
+        return load_endpoint(self._d.endpoints, principal, endpoint_id)
 
     def _position(self, endpoint_id: str, page_token: str) -> KeyPosition:
         fields = self._d.cursors.decode("blocked_keys", page_token, _TOKEN_NAMES, endpoint=endpoint_id)

@@ -139,6 +139,17 @@ def require_write(principal: Principal) -> None:
         raise PermissionDenied("this API key is read-only; use a read-write key to make changes")
 
 
+def load_endpoint(store: EndpointStore, principal: Principal, endpoint_id: str,
+                  include_deleted: bool = False) -> Endpoint:
+    """The caller's tenant's endpoint; NOT_FOUND for another tenant's, as for one that does not
+    exist (or is deleted, unless ``include_deleted``)."""
+    validation.identifier("endpoint_id", endpoint_id)
+    endpoint = store.get_endpoint(principal.tenant_id, endpoint_id)
+    if endpoint is None or (endpoint.status is EndpointStatus.DELETED and not include_deleted):
+        raise NotFound(f"endpoint {endpoint_id} not found")
+    return endpoint
+
+
 def page_size(requested: int, default: int = DEFAULT_PAGE_SIZE, maximum: int = MAX_PAGE_SIZE) -> int:
     if requested < 0 or requested > maximum:
         raise InvalidArgument(f"page_size must be between 1 and {maximum} (0 = {default})")
@@ -569,11 +580,7 @@ class EndpointService:
     # -- helpers ----------------------------------------------------------------------------
 
     def _load(self, principal: Principal, endpoint_id: str, include_deleted: bool = False) -> Endpoint:
-        validation.identifier("endpoint_id", endpoint_id)
-        endpoint = self._d.store.get_endpoint(principal.tenant_id, endpoint_id)
-        if endpoint is None or (endpoint.status is EndpointStatus.DELETED and not include_deleted):
-            raise NotFound(f"endpoint {endpoint_id} not found")
-        return endpoint
+        return load_endpoint(self._d.store, principal, endpoint_id, include_deleted)
 
     def _next(self, current: Endpoint, principal: Principal, change: str, **fields: object) -> Endpoint:
         return replace(
