@@ -143,6 +143,24 @@ def history_shortfall(cassandra_session: Session, requests: Counter[str],
     return last
 
 
+def after_timeouts(cassandra_session: Session, duplicates: Counter[str]) -> int:
+    """Duplicates a recorded timeout explains: the receiver processed the request but answered
+    after ``total_timeout_s`` (the tests run with 2 s; a receiver holding its 200 for 1.5 s
+    crosses it when a restored job competes for the CPU), so the attempt row says `timeout` and
+    the retry is an at-least-once duplicate of a slow answer, not a re-send the crash caused.
+    Per delivery: at most one per timeout row (a fault test's deliveries all end in a later
+    attempt, so every timeout row was followed by a request)."""
+    if not duplicates:
+        return 0
+    rows = cassandra_session.prepare("SELECT error_class FROM attempts WHERE delivery_id=?")
+    ids = list(duplicates)
+    results = execute_concurrent_with_args(cassandra_session, rows, [(d,) for d in ids], concurrency=64,
+                                           raise_on_first_error=True)
+    timeouts = {d: sum(1 for r in res.result_or_exc if r.error_class == "timeout")
+                for d, res in zip(ids, results, strict=True)}
+    return sum(min(n, timeouts[d]) for d, n in duplicates.items())
+
+
 def shortfall_message(shortfall: dict[str, tuple[int, int]], requests: Counter[str]) -> str:
     missing_rows = sum(n - rows for rows, n in shortfall.values())
     return (f"history does not explain the duplicates: {len(shortfall)} deliveries have fewer attempt "
@@ -260,13 +278,14 @@ class FaultResult:
     final_other: int  # failed or expired: final, not lost
     gaps: int
     duplicates: int
-    duplicate_bound: int
+    duplicate_bound: int  # on the duplicates the fault caused: those not explained by a timeout
     unexplained_duplicates: int
     max_oldest_new_age_s: float
     retry_amplification: float
     healthy_p99_ms: float | None
     series: list[tuple[float, int, float]] = field(default_factory=list)  # (s since start, deliveries/s, oldest age s)
     note: str = ""
+    after_timeouts: int = 0  # duplicates that followed an attempt recorded as a timeout
 
     @property
     def lost(self) -> int:
@@ -275,12 +294,13 @@ class FaultResult:
     @property
     def passed(self) -> bool:
         return (self.lost == 0 and self.gaps == 0 and self.unexplained_duplicates == 0
-                and self.duplicates <= self.duplicate_bound)
+                and self.duplicates - self.after_timeouts <= self.duplicate_bound)
 
     def line(self) -> str:
         p99 = "-" if self.healthy_p99_ms is None else f"{self.healthy_p99_ms:.0f}"
         return (f"fault {self.fault}: {'PASS' if self.passed else 'FAIL'} expected={self.expected} "
-                f"lost={self.lost} gaps={self.gaps} duplicates={self.duplicates} (bound {self.duplicate_bound}) "
+                f"lost={self.lost} gaps={self.gaps} duplicates={self.duplicates} "
+                f"(after a timeout {self.after_timeouts}; bound {self.duplicate_bound} on the rest) "
                 f"unexplained={self.unexplained_duplicates} max_oldest_new_age_s={self.max_oldest_new_age_s:.1f} "
                 f"retry_amplification={self.retry_amplification:.2f} healthy_p99_ms={p99}"
                 + (f" -- {self.note}" if self.note else ""))
@@ -315,10 +335,12 @@ def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  #
     shortfall = history_shortfall(cassandra_session, requests) if requests else {}
     first = first_request_at(receiver, expected)
     ages = [first[d] - produced[d] for d in first]
+    duplicates = duplicates_by_delivery(receiver, expected)
     result = FaultResult(
         fault=fault, expected=len(expected), succeeded=counts["succeeded"],
         final_other=counts["failed"] + counts["expired"], gaps=len(gaps),
-        duplicates=sum(duplicates_by_delivery(receiver, expected).values()), duplicate_bound=bound,
+        duplicates=sum(duplicates.values()), duplicate_bound=bound,
+        after_timeouts=after_timeouts(cassandra_session, duplicates),
         unexplained_duplicates=sum(n - rows for rows, n in shortfall.values()),
         # Requests the receivers saw per delivery: retries, re-sends after a crash, manual replays.
         max_oldest_new_age_s=max(ages, default=0.0), retry_amplification=sum(requests.values()) / max(1, len(expected)),
@@ -369,11 +391,11 @@ def summary(results: list[FaultResult]) -> str:
 def write_report(results: list[FaultResult]) -> Path:
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     lines = ["# Fault matrix", "", summary(results), "",
-             "| fault | verdict | expected | lost | gaps | duplicates (bound) | unexplained | "
-             "oldest new age s | retry amplification | healthy p99 ms |", "|---" * 10 + "|"]
+             "| fault | verdict | expected | lost | gaps | duplicates (after a timeout; bound on the rest) | "
+             "unexplained | oldest new age s | retry amplification | healthy p99 ms |", "|---" * 10 + "|"]
     for r in results:
         lines.append(f"| {r.fault} | {'PASS' if r.passed else 'FAIL'} | {r.expected} | {r.lost} | {r.gaps} | "
-                     f"{r.duplicates} ({r.duplicate_bound}) | {r.unexplained_duplicates} | "
+                     f"{r.duplicates} ({r.after_timeouts}; {r.duplicate_bound}) | {r.unexplained_duplicates} | "
                      f"{r.max_oldest_new_age_s:.1f} | {r.retry_amplification:.2f} | "
                      f"{'-' if r.healthy_p99_ms is None else round(r.healthy_p99_ms)} |")
     lines.append("")

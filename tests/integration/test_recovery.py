@@ -101,8 +101,8 @@ def test_savepoint_stop_and_upgrade_loses_nothing(settings, job_env, grpc_channe
     # without a durable record (PyFlink's thread mode never calls the function's close(), so the
     # dispatcher cannot drain on a stop):
     #   bound = min(tenant_max_in_flight, n_endpoints * default_max_in_flight)   (x parallelism)
-    #           + history_batch_max_statements // 4
-    # = min(64, 5 * 8) + 50 = 90 (the upgrade lowers default_max_in_flight to 6; the old, larger
+    #           + 2 x history_batch_max_statements // 4   (two history batches not yet durable)
+    # = min(64, 5 * 8) + 100 = 140 (the upgrade lowers default_max_in_flight to 6; the old, larger
     # cap is what was in flight).
     bound = duplicate_bound(settings, n_endpoints, max(settings.dispatch.default_max_in_flight, 6))
     shortfall = history_shortfall(cassandra_session, requests)
