@@ -365,12 +365,16 @@ def wait_and_measure(rx: ReceiverControl, sent: Sent, timeout_s: float,
     wanted = set(paths)
     expected_on_wait = sum(1 for _, _, path in sent.produced_at.values() if path in wanted)
     deadline = time.monotonic() + timeout_s
-    seen, last_report = 0, 0.0
+    seen, last_report, last_confirm = 0, 0.0, 0.0
     while time.monotonic() < deadline:
         counts = rx.counts()
         seen = sum(counts.get(p, 0) for p in paths)
-        if seen >= expected_on_wait:
-            break
+        if seen >= expected_on_wait and time.monotonic() - last_confirm > 2:
+            # Counts include repeats and an earlier phase's deliveries still draining to the same
+            # endpoints: done when this phase's own deliveries have all arrived.
+            last_confirm = time.monotonic()
+            if measure(rx, sent, paths, expected_on_wait).delivered >= expected_on_wait:
+                break
         if time.monotonic() - last_report > 5:
             say(f"  ... {seen}/{expected_on_wait} requests received")
             last_report = time.monotonic()
@@ -385,9 +389,11 @@ def measure(rx: ReceiverControl, sent: Sent, paths: list[str], expected: int) ->
     requests = 0
     for path in paths:
         for rec in rx.requests(path):
-            requests += 1
             wid = rec.webhook_id
-            if wid in sent.produced_at and (wid not in first or rec.received_at < first[wid]):
+            if wid not in sent.produced_at:
+                continue  # an earlier phase's delivery still draining to the same endpoint
+            requests += 1
+            if wid not in first or rec.received_at < first[wid]:
                 first[wid] = rec.received_at
     by_tenant: dict[str, list[float]] = {}
     latencies = []

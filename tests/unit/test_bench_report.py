@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from bench import cpu, report_md
 from bench.raw_http import Result as RawResult
-from bench.run import PhaseResult, summary_line
+from bench.run import PhaseResult, Sent, measure, summary_line
 
 
 def test_the_sampler_counts_the_cpu_a_group_spent_and_ignores_a_missing_process(tmp_path: Path) -> None:
@@ -56,3 +57,24 @@ def test_the_report_has_a_row_per_phase_and_its_charts(tmp_path: Path) -> None:
     for chart in ("latency_cdf.png", "rate.png", "cpu.png"):
         assert f"]({chart})" in text
         assert (tmp_path / chart).stat().st_size > 1000
+
+
+class _Rx:
+    """The receiver's recordings as `measure` reads them (webhook id and arrival time only)."""
+
+    def __init__(self, by_path: dict[str, list[tuple[str, float]]]) -> None:
+        self._by_path = by_path
+
+    def requests(self, path: str) -> list[SimpleNamespace]:
+        return [SimpleNamespace(webhook_id=w, received_at=t) for w, t in self._by_path.get(path, [])]
+
+
+def test_repeats_count_only_the_phases_own_deliveries_not_an_earlier_phases_late_ones() -> None:
+    # The half-load phase reuses the full-speed phase's endpoints: a full-speed delivery still
+    # draining arrives on the same path and is neither this phase's delivery nor its repeat
+    # (a run reported "+523 repeats" that were the previous phase's backlog).
+    sent = Sent(produced_at={"msg_a": (10.0, "t", "/p"), "msg_b": (10.0, "t", "/p")}, paths=["/p"])
+    rx = _Rx({"/p": [("msg_old1", 10.5), ("msg_a", 10.1), ("msg_old2", 10.6), ("msg_b", 10.2), ("msg_a", 12.0)]})
+    r = measure(rx, sent, ["/p"], expected=2)  # type: ignore[arg-type]
+    assert (r.delivered, r.duplicates) == (2, 1)  # msg_a's retry is the one repeat
+    assert [round(x, 3) for x in r.latencies_s] == [0.1, 0.2]
