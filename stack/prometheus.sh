@@ -20,7 +20,11 @@ start() {
   mkdir -p "$DIR/data" "$PGW_DIR"
   if running pushgateway; then say "pushgateway already running (pid $(cat "$PGW_DIR/pid"))"; else
     say "starting prometheus pushgateway on 127.0.0.1:$PGW_PORT"
-    start_bg pushgateway "$PGW_LOG" prometheus-pushgateway --web.listen-address="127.0.0.1:$PGW_PORT"
+    # Its groups persist in this stack's run directory: Debian's default file is the system's
+    # /var/lib/prometheus/pushgateway.data, shared by every stack on the machine (a CI clone
+    # started with every group an earlier run had pushed, 2.3 MB of them).
+    start_bg pushgateway "$PGW_LOG" prometheus-pushgateway --web.listen-address="127.0.0.1:$PGW_PORT" \
+      --persistence.file="$PGW_DIR/pushgateway.data"
   fi
   if running prometheus; then say "prometheus already running (pid $(cat "$DIR/pid"))"; return; fi
   sed -e "s#__PGW__#127.0.0.1:$PGW_PORT#g" -e "s#__CP__#127.0.0.1:$CP_METRICS_PORT#g" \
