@@ -373,14 +373,14 @@ def wait_and_measure(rx: ReceiverControl, sent: Sent, timeout_s: float,
             # Counts include repeats and an earlier phase's deliveries still draining to the same
             # endpoints: done when this phase's own deliveries have all arrived.
             last_confirm = time.monotonic()
-            if measure(rx, sent, paths, expected_on_wait).delivered >= expected_on_wait:
-                break
+            result = measure(rx, sent, paths, expected_on_wait)
+            if result.delivered >= expected_on_wait:
+                return result
         if time.monotonic() - last_report > 5:
             say(f"  ... {seen}/{expected_on_wait} requests received")
             last_report = time.monotonic()
         time.sleep(0.25)
-    else:
-        say(f"  timed out after {timeout_s:.0f}s with {seen}/{expected_on_wait}: measuring what arrived")
+    say(f"  timed out after {timeout_s:.0f}s with {seen}/{expected_on_wait}: measuring what arrived")
     return measure(rx, sent, paths, expected_on_wait)
 
 
