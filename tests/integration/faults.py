@@ -182,7 +182,9 @@ def kill_taskmanager(job_id: str) -> int:
     killed_at_ms = int(time.time() * 1000)
     try:
         os.killpg(tm_pid, signal.SIGKILL)
-        time.sleep(1)
+        # Until it is gone: a JVM still exiting counts as running, and the start below would
+        # then only say so (a local run of faults 1-4 was left without a TaskManager).
+        eventually(lambda: not _alive(tm_pid) or None, timeout=30, interval=0.2, what=f"TaskManager {tm_pid} gone")
     finally:  # whatever happens, leave a TaskManager running
         restarted = subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "start"], check=True,
                                    capture_output=True, text=True)
@@ -198,6 +200,14 @@ def kill_taskmanager(job_id: str) -> int:
     eventually_tolerant(redeployed, timeout=180, interval=1, what="job restored on the new TaskManager")
     wait_all_running(job_id, timeout=60)
     return killed_at_ms
+
+
+def _alive(pid: int) -> bool:
+    """As stack/lib.sh's pid_alive: the process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 def stack_part(script: str, *actions: str) -> None:
