@@ -334,6 +334,11 @@ class CassandraHistory:
 
     def close(self) -> None:
         self.flush()
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Close the session without sending the open batch (its owner's task has ended: what
+        it did not write is redone, as after a crash)."""
         self._cluster.shutdown()
 
 
