@@ -32,6 +32,10 @@ bench: setup up ## end-to-end benchmark; last line is the comparable summary
 chaos: setup ## the brief's fault matrix on the real stack; report and charts in .run/chaos/
 	@bash stack/test.sh --chaos
 
+.PHONY: bench-history
+bench-history: setup up ## Cassandra CPU per delivery of the history writes alone (HISTORY_ARGS="--rate 300")
+	@$(PY) -m bench.history_writes $(HISTORY_ARGS)
+
 .PHONY: bench-backlog
 bench-backlog: setup up ## N pending deliveries behind a failing endpoint, TaskManager kill, drain (BACKLOG_ARGS="--pending 50000")
 	@$(PY) -m bench.backlog $(BACKLOG_ARGS)

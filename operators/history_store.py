@@ -100,7 +100,8 @@ class CassandraHistory:
         self._prepare()
         self._batcher = WriteBatcher(
             self._send_batch, max_statements=settings.history_batch_max_statements,
-            max_bytes=settings.history_batch_max_bytes, linger_s=settings.history_batch_linger_ms / 1000)
+            max_bytes=settings.history_batch_max_bytes, linger_s=settings.history_batch_linger_ms / 1000,
+            min_interval_s=settings.history_batch_min_interval_ms / 1000)
 
     def _prepare(self) -> None:
         p = self._session.prepare

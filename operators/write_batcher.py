@@ -112,15 +112,20 @@ def estimated_size(values: Sequence[Any]) -> int:
 
 class WriteBatcher:
     def __init__(self, send: Callable[[list[Statement], BatchCompletion], None], max_statements: int,
-                 max_bytes: int, linger_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        """``send(statements, completion)`` starts one request and settles ``completion``."""
+                 max_bytes: int, linger_s: float, clock: Callable[[], float] = time.monotonic,
+                 min_interval_s: float = 0.0) -> None:
+        """``send(statements, completion)`` starts one request and settles ``completion``.
+        ``min_interval_s``: with nothing in flight, a batch still waits until this long after
+        the previous one left (never longer than ``linger_s`` after its oldest write)."""
         if max_statements < 1 or max_bytes < 1:
             raise ValueError("a batch holds at least one statement and one byte")
         self._send = send
         self._max_statements = max_statements
         self._max_bytes = max_bytes
         self._linger_s = linger_s
+        self._min_interval_s = min_interval_s
         self._clock = clock
+        self._flushed_at = float("-inf")
         self._statements: list[Statement] = []
         self._bytes = 0
         self._opened_at = 0.0
@@ -146,8 +151,9 @@ class WriteBatcher:
     def flush_if_due(self) -> None:
         if not self._statements:
             return
+        now = self._clock()
         idle = self._in_flight is None or self._in_flight.done()
-        if idle or self._clock() - self._opened_at >= self._linger_s:
+        if (idle and now - self._flushed_at >= self._min_interval_s) or now - self._opened_at >= self._linger_s:
             self.flush()
 
     def flush(self) -> None:
@@ -156,6 +162,7 @@ class WriteBatcher:
         statements, completion = self._statements, self._completion
         self._statements, self._bytes, self._completion = [], 0, BatchCompletion()
         self._in_flight = completion
+        self._flushed_at = self._clock()
         self.requests_sent += 1
         try:
             self._send(statements, completion)

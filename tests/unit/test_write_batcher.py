@@ -38,9 +38,9 @@ def stmts(*names: str) -> list[Statement]:
     return [(n, ()) for n in names]
 
 
-def make(max_statements: int = 4, max_bytes: int = 10_000, linger_s: float = 0.005):
+def make(max_statements: int = 4, max_bytes: int = 10_000, linger_s: float = 0.005, min_interval_s: float = 0.0):
     sent, clock = Sent(), Clock()
-    return WriteBatcher(sent, max_statements, max_bytes, linger_s, clock), sent, clock
+    return WriteBatcher(sent, max_statements, max_bytes, linger_s, clock, min_interval_s), sent, clock
 
 
 def test_with_nothing_in_flight_a_write_goes_at_the_next_flush_if_due() -> None:
@@ -71,6 +71,35 @@ def test_while_a_batch_is_in_flight_writes_wait_for_it_or_the_linger_then_go_tog
     c1.succeed()
     b.flush_if_due()  # it came back: the next batch goes without waiting out the linger
     assert sent.names()[-1] == ["c1"] and not c3.done()
+
+
+def test_with_a_min_interval_batches_leave_at_most_that_often_but_a_quiet_write_goes_at_once() -> None:
+    b, sent, clock = make(linger_s=0.020, min_interval_s=0.010)
+    c0 = b.add(stmts("quiet"))
+    b.flush_if_due()
+    assert sent.names() == [["quiet"]]  # nothing left recently: no wait at light load
+    c0.succeed()
+    clock.t += 0.003
+    b.add(stmts("a"))
+    b.flush_if_due()
+    assert sent.names() == [["quiet"]]  # back already, but the last batch left 3 ms ago
+    clock.t += 0.004
+    b.add(stmts("b"))
+    b.flush_if_due()
+    assert sent.names() == [["quiet"]]
+    clock.t += 0.003  # 10 ms since the last batch left
+    b.flush_if_due()
+    assert sent.names() == [["quiet"], ["a", "b"]]
+    b.add(stmts("c"))  # the batch before is still in flight: the linger still bounds the wait
+    clock.t += 0.019
+    b.flush_if_due()
+    assert sent.names()[-1] == ["a", "b"]
+    clock.t += 0.001
+    b.flush_if_due()
+    assert sent.names()[-1] == ["c"]
+    for _ in range(2):  # a full batch never waits
+        b.add(stmts("d1", "d2"))
+    assert sent.names()[-1] == ["d1", "d2", "d1", "d2"]
 
 
 def test_a_full_batch_goes_at_once_and_a_write_is_never_split() -> None:
