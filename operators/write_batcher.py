@@ -132,6 +132,7 @@ class WriteBatcher:
         self._completion = BatchCompletion()
         self._in_flight: BatchCompletion | None = None  # the last batch sent
         self.requests_sent = 0
+        self.statements_sent = 0
 
     def add(self, statements: list[Statement]) -> BatchCompletion:
         """Queue one write's statements together (they always travel in the same request)."""
@@ -164,6 +165,7 @@ class WriteBatcher:
         self._in_flight = completion
         self._flushed_at = self._clock()
         self.requests_sent += 1
+        self.statements_sent += len(statements)
         try:
             self._send(statements, completion)
         except Exception as e:  # e.g. no host available: every write in the batch is redone

@@ -100,6 +100,7 @@ def test_with_a_min_interval_batches_leave_at_most_that_often_but_a_quiet_write_
     for _ in range(2):  # a full batch never waits
         b.add(stmts("d1", "d2"))
     assert sent.names()[-1] == ["d1", "d2", "d1", "d2"]
+    assert (b.requests_sent, b.statements_sent) == (4, 8)
 
 
 def test_a_full_batch_goes_at_once_and_a_write_is_never_split() -> None:
@@ -168,7 +169,7 @@ def test_flush_of_nothing_sends_nothing() -> None:
     b, sent, _ = make()
     b.flush()
     b.flush_if_due()
-    assert sent.batches == [] and b.requests_sent == 0
+    assert sent.batches == [] and b.requests_sent == 0 and b.statements_sent == 0
 
 
 def test_all_of_waits_for_every_part_and_fails_fast() -> None:
