@@ -42,7 +42,11 @@ def keyspace_session(settings: Settings) -> Iterator[Session]:
     """A session on the settings' keyspace, created with the project's schema and dropped after."""
     c = settings.cassandra
     retry = ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None)
-    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=retry, sockopts=c.sockopts)
+    # The control connection reads the whole schema on connect; the driver gives it 2 s, which a
+    # loaded single node missed right after the suite had dropped a keyspace (a CI run failed the
+    # setup of test_slot_wait with OperationTimedOut while Cassandra was up).
+    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=retry, sockopts=c.sockopts,
+                      control_connection_timeout=10)
     try:
         session = cluster.connect()
         apply(session, c.keyspace, c.replication_factor)
