@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +71,8 @@ RUN = REPO_ROOT / ".run"
 CERTS = RUN / "certs"
 PY = str(REPO_ROOT / ".venv/bin/python")
 EVENT_TYPE = "bench.event"
+# A phase gives up when no delivery arrived for this long (--stall-timeout).
+STALL_S = 30.0
 
 
 def say(msg: str) -> None:
@@ -358,29 +360,43 @@ class PhaseResult:
         return (hi - lo) / span if span > 0 else 0.0
 
 
-def wait_and_measure(rx: ReceiverControl, sent: Sent, timeout_s: float,
-                     wait_paths: list[str] | None = None) -> PhaseResult:
-    """Wait until the expected count arrived on `wait_paths` (default: all), then read recordings."""
+def wait_and_measure(rx: ReceiverControl, sent: Sent, timeout_s: float, wait_paths: list[str] | None = None,
+                     stall_s: float = STALL_S, clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep,
+                     say: Callable[[str], None] = say) -> PhaseResult:
+    """Wait until the expected count arrived on `wait_paths` (default: all), then read recordings.
+
+    Gives up when nothing new arrived for ``stall_s`` (a stuck job) or after ``timeout_s`` in all.
+    A fixed wait alone cut a slow machine's full-speed phase short (19,482 of 20,000 after 90 s at
+    ~210/s): its CPU was measured over part of the work and the half-load phase then started behind
+    the remainder, its latencies measuring that queue."""
     paths = wait_paths or sent.paths
     wanted = set(paths)
     expected_on_wait = sum(1 for _, _, path in sent.produced_at.values() if path in wanted)
-    deadline = time.monotonic() + timeout_s
-    seen, last_report, last_confirm = 0, 0.0, 0.0
-    while time.monotonic() < deadline:
+    start = clock()
+    seen, last_seen, progress_at = 0, -1, start
+    last_report, last_confirm = start - 10, start - 10
+    while True:
+        now = clock()
         counts = rx.counts()
         seen = sum(counts.get(p, 0) for p in paths)
-        if seen >= expected_on_wait and time.monotonic() - last_confirm > 2:
+        if seen != last_seen:
+            last_seen, progress_at = seen, now
+        if seen >= expected_on_wait and now - last_confirm > 2:
             # Counts include repeats and an earlier phase's deliveries still draining to the same
             # endpoints: done when this phase's own deliveries have all arrived.
-            last_confirm = time.monotonic()
+            last_confirm = now
             result = measure(rx, sent, paths, expected_on_wait)
             if result.delivered >= expected_on_wait:
                 return result
-        if time.monotonic() - last_report > 5:
+        if now - progress_at >= stall_s or now - start >= timeout_s:
+            break
+        if now - last_report > 5:
             say(f"  ... {seen}/{expected_on_wait} requests received")
-            last_report = time.monotonic()
-        time.sleep(0.25)
-    say(f"  timed out after {timeout_s:.0f}s with {seen}/{expected_on_wait}: measuring what arrived")
+            last_report = now
+        sleep(0.25)
+    why = f"nothing new for {stall_s:.0f}s" if now - progress_at >= stall_s else f"{timeout_s:.0f}s in all"
+    say(f"  gave up after {now - start:.0f}s ({why}) with {seen}/{expected_on_wait}: measuring what arrived")
     return measure(rx, sent, paths, expected_on_wait)
 
 
@@ -450,7 +466,7 @@ def phase(name: str, settings: Settings, rx: ReceiverControl, tenants: list[Tena
             sent = produce_outbox(relay, tenants, n_events, body, rate)
         else:
             sent = produce(settings, tenants, n_events, body, rate)
-        r = wait_and_measure(rx, sent, timeout_s, wait_paths)
+        r = wait_and_measure(rx, sent, timeout_s, wait_paths, stall_s=PHASE_STALL_S)
     r.usage = sampler.usage
     report(name, r)
     PHASES[name] = r
@@ -519,6 +535,7 @@ def outbox_phases(stack: ExitStack, env: dict[str, str], run_id: str, settings: 
 
 
 LATENCY_DIR: Path | None = None
+PHASE_STALL_S = STALL_S
 REPORT_DIR = RUN / "bench"
 # Each measured phase by name, for the report; and the run's own processes measured beside the
 # stack's (its control plane; its outbox's PostgreSQL and Connect worker when started).
@@ -531,7 +548,8 @@ def _groups() -> dict[str, list[Path]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    global LATENCY_DIR
+    global LATENCY_DIR, PHASE_STALL_S
+    PHASE_STALL_S = args.stall_timeout
     started = time.monotonic()
     if args.latency_dir:
         LATENCY_DIR = Path(args.latency_dir)
@@ -629,7 +647,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw-duration", type=float, default=5.0, help="seconds of raw HTTP measurement")
     ap.add_argument("--max", action=argparse.BooleanOptionalAction, default=True,
                     help="the full-speed phase (without it, no summary line; use --fair-rate)")
-    ap.add_argument("--timeout", type=float, default=90.0, help="max seconds to wait for one phase's deliveries")
+    ap.add_argument("--timeout", type=float, default=900.0,
+                    help="max seconds to wait for one phase's deliveries in all (see --stall-timeout)")
+    ap.add_argument("--stall-timeout", type=float, default=STALL_S,
+                    help="a phase gives up when no delivery arrived for this many seconds")
     ap.add_argument("--half-load", action=argparse.BooleanOptionalAction, default=True,
                     help="paced phase at half the sustained rate")
     ap.add_argument("--half-seconds", type=float, default=15.0)

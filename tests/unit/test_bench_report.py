@@ -78,3 +78,60 @@ def test_repeats_count_only_the_phases_own_deliveries_not_an_earlier_phases_late
     r = measure(rx, sent, ["/p"], expected=2)  # type: ignore[arg-type]
     assert (r.delivered, r.duplicates) == (2, 1)  # msg_a's retry is the one repeat
     assert [round(x, 3) for x in r.latencies_s] == [0.1, 0.2]
+
+
+class _SlowReceiver:
+    """A fake receiver whose deliveries arrive one per ``every_s`` of a fake clock, up to ``stop_at``."""
+
+    def __init__(self, clock: list[float], sent: Sent, every_s: float, stop_at: int) -> None:
+        self.clock, self.every_s, self.stop_at = clock, every_s, stop_at
+        self.ids = list(sent.produced_at)
+
+    def _n(self) -> int:
+        return min(self.stop_at, int(self.clock[0] / self.every_s))
+
+    def counts(self) -> dict[str, int]:
+        return {"/p": self._n()}
+
+    def requests(self, path: str) -> list[SimpleNamespace]:
+        return [SimpleNamespace(webhook_id=w, received_at=self.clock[0]) for w in self.ids[:self._n()]]
+
+
+def _sent(n: int) -> Sent:
+    return Sent(produced_at={f"msg_{i}": (0.0, "t", "/p") for i in range(n)}, paths=["/p"])
+
+
+def _wait(rx: _SlowReceiver, sent: Sent, clock: list[float], timeout_s: float, stall_s: float) -> PhaseResult:
+    from bench.run import wait_and_measure
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    return wait_and_measure(rx, sent, timeout_s, stall_s=stall_s, clock=lambda: clock[0], sleep=sleep,
+                            say=lambda _: None)
+
+
+def test_a_phase_still_making_progress_is_waited_for_beyond_the_stall_timeout() -> None:
+    # 1,000 deliveries at 5/s take 200 s: a slow machine, not a stuck job. A fixed 90 s wait cut
+    # the full-speed phase short and let the next phase start behind its remainder.
+    clock = [0.0]
+    sent = _sent(1000)
+    r = _wait(_SlowReceiver(clock, sent, every_s=0.2, stop_at=1000), sent, clock, timeout_s=900, stall_s=30)
+    assert r.delivered == 1000
+    assert 200 <= clock[0] < 210
+
+
+def test_a_phase_that_stops_arriving_ends_after_the_stall_timeout() -> None:
+    clock = [0.0]
+    sent = _sent(1000)
+    r = _wait(_SlowReceiver(clock, sent, every_s=0.1, stop_at=400), sent, clock, timeout_s=900, stall_s=30)
+    assert r.delivered == 400
+    assert 70 <= clock[0] <= 72  # the 400th arrived at 40 s, then 30 s without one
+
+
+def test_a_phase_ends_at_its_overall_timeout_even_while_progressing() -> None:
+    clock = [0.0]
+    sent = _sent(1000)
+    r = _wait(_SlowReceiver(clock, sent, every_s=1.0, stop_at=1000), sent, clock, timeout_s=120, stall_s=30)
+    assert 119 <= r.delivered <= 121
+    assert 120 <= clock[0] <= 121
