@@ -60,8 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cassandra.cluster import Cluster, Session
-from cassandra.policies import ExponentialReconnectionPolicy
+from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 from confluent_kafka import Producer
 
@@ -84,7 +83,7 @@ from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from stack.cassandra_schema import apply
 from stack.flink_jobs import rest
-from stack.isolation import isolated_env, settings_with
+from stack.isolation import harness_cluster, isolated_env, settings_with
 from tests.support.receiver import ReceiverControl
 
 EVENT_TYPE = "bench.backlog"
@@ -101,8 +100,7 @@ def say(msg: str) -> None:
 def own_keyspace(settings: Settings) -> Iterator[Session]:
     """The run's keyspace with the project's schema; dropped at the end, also after an error."""
     c = settings.cassandra
-    retry = ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None)  # back within seconds
-    cluster = Cluster(c.contact_points, port=c.port, sockopts=c.sockopts, reconnection_policy=retry)
+    cluster = harness_cluster(settings)
     try:
         session = cluster.connect()
         apply(session, c.keyspace, c.replication_factor)

@@ -50,8 +50,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from cassandra.cluster import Cluster
-from cassandra.policies import ExponentialReconnectionPolicy
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
@@ -62,7 +60,7 @@ from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from outbox.producer import write_event
 from stack.flink_jobs import cancel, extra_taskmanagers, job_sh, wait_all_running
-from stack.isolation import isolated_env, keyspace_session, settings_with
+from stack.isolation import harness_cluster, isolated_env, keyspace_session, settings_with
 from stack.outbox_relay import OutboxRelay, free_port
 from stack.topics import create_topics
 from tests.support.receiver import ReceiverControl
@@ -157,8 +155,7 @@ def control_plane(settings: Settings) -> Iterator[grpc.Channel]:
     from control_plane.server import build
 
     c = settings.cassandra
-    retry = ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None)  # back within seconds
-    cluster = Cluster(c.contact_points, port=c.port, sockopts=c.sockopts, reconnection_policy=retry)
+    cluster = harness_cluster(settings)
     server = None
     try:
         server = build(settings, cluster.connect(c.keyspace), port=0)

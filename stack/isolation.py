@@ -37,16 +37,23 @@ def isolated_env(run: str, own_keyspace: bool = False) -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def keyspace_session(settings: Settings) -> Iterator[Session]:
-    """A session on the settings' keyspace, created with the project's schema and dropped after."""
+def harness_cluster(settings: Settings) -> Cluster:
+    """A driver Cluster for test and bench harnesses (not the job's or the control plane's): back
+    within seconds after a Cassandra restart, and patient with a busy node's schema reads."""
     c = settings.cassandra
     retry = ExponentialReconnectionPolicy(0.5, c.reconnect_max_delay_s, max_attempts=None)
     # The control connection reads the whole schema on connect; the driver gives it 2 s, which a
     # loaded single node missed right after the suite had dropped a keyspace (a CI run failed the
     # setup of test_slot_wait with OperationTimedOut while Cassandra was up).
-    cluster = Cluster(c.contact_points, port=c.port, reconnection_policy=retry, sockopts=c.sockopts,
-                      control_connection_timeout=10)
+    return Cluster(c.contact_points, port=c.port, reconnection_policy=retry, sockopts=c.sockopts,
+                   control_connection_timeout=10)
+
+
+@contextlib.contextmanager
+def keyspace_session(settings: Settings) -> Iterator[Session]:
+    """A session on the settings' keyspace, created with the project's schema and dropped after."""
+    c = settings.cassandra
+    cluster = harness_cluster(settings)
     try:
         session = cluster.connect()
         apply(session, c.keyspace, c.replication_factor)
