@@ -55,6 +55,14 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     return "\n".join([line.rstrip(), *(b.rstrip() for b in body)])
 
 
+def _delivery_settings(v: Any) -> tuple[str, str]:
+    """A version's payload mode and ordering key; "?" for versions recorded before they were kept."""
+    if not v.payload_mode:
+        return "?", "?"
+    payload = f"fields:{','.join(v.payload_fields)}" if v.payload_mode == "fields" else v.payload_mode
+    return payload, v.ordering_key or "-"
+
+
 def _status(enum: Any, value: int) -> str:
     return enum.Name(value).split("_STATUS_", 1)[-1].lower()  # ENDPOINT_STATUS_PENDING_VERIFICATION
 
@@ -316,9 +324,9 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
         out(tenant.DeleteEndpoint(ref), lambda r: f"endpoint {r.endpoint_id} deleted (v{r.config_version})")
     elif cmd == "versions":
         out(tenant.ListEndpointVersions(ref), lambda r: table(
-            ["version", "changed", "by", "change", "url", "keys"],
+            ["version", "changed", "by", "change", "url", "keys", "payload", "ordering"],
             [(v.config_version, _when(v.changed_at), v.changed_by, v.change, v.url,
-              ",".join(map(str, v.signing_key_versions))) for v in r.versions]))
+              ",".join(map(str, v.signing_key_versions)), *_delivery_settings(v)) for v in r.versions]))
     elif cmd == "rotate-secret":
         mode = (pb.RotateSecretRequest.MODE_REVOKE_IMMEDIATELY if args.revoke_now
                 else pb.RotateSecretRequest.MODE_OVERLAP)

@@ -154,6 +154,9 @@ class EndpointVersion:
     changed_at_ms: int
     changed_by: str
     change: str
+    # False for rows written before versions recorded the payload mode and ordering key
+    # (2026-12-03): their spec carries the defaults there, not what the endpoint had.
+    delivery_settings_known: bool = True
 
     @staticmethod
     def of(endpoint: Endpoint) -> EndpointVersion:

@@ -178,6 +178,9 @@ def version_pb(v: EndpointVersion) -> Any:
         changed_by=v.changed_by,
         change=v.change,
         deleted=v.status is EndpointStatus.DELETED,
+        description=v.spec.description,
+        **({"payload_mode": v.spec.payload_mode, "payload_fields": list(v.spec.payload_fields),
+            "ordering_key": v.spec.ordering_key} if v.delivery_settings_known else {}),
     )
 
 

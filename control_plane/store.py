@@ -291,8 +291,11 @@ _BLOCKED_COLUMNS = (
 )
 _VERSION_COLUMNS = (
     "tenant_id, endpoint_id, config_version, url, description, event_types, rate_limit_per_s, "
-    "max_in_flight, metadata, status, key_versions, changed_at, changed_by, change"
+    "max_in_flight, metadata, status, key_versions, changed_at, changed_by, change, payload_policy, ordering_key"
 )
+# A version's payload_policy is never null once written (011_version_delivery_settings.cql): null
+# marks a row from before the column, whose payload mode and ordering key are not known.
+_FULL_POLICY = json.dumps({"mode": "full"})
 
 
 class CassandraStore:
@@ -346,7 +349,7 @@ class CassandraStore:
             "endpoint_scan": "SELECT tenant_id, endpoint_id, config_version, published_version "
             "FROM endpoints",
             "version_insert": f"INSERT INTO endpoint_config_versions ({_VERSION_COLUMNS}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             "version_list": f"SELECT {_VERSION_COLUMNS} FROM endpoint_config_versions "
             "WHERE tenant_id = ? AND endpoint_id = ?",
             "request_claim": "INSERT INTO endpoint_idempotency (tenant_id, request_id, "
@@ -521,7 +524,8 @@ class CassandraStore:
             (version.tenant_id, version.endpoint_id, version.config_version, s.url,
              s.description, list(s.event_types), s.rate_limit_per_s, s.max_in_flight,
              dict(s.metadata), version.status.value, list(version.key_versions),
-             _dt(version.changed_at_ms), version.changed_by, version.change),
+             _dt(version.changed_at_ms), version.changed_by, version.change,
+             _payload_policy(s) or _FULL_POLICY, s.ordering_key),
         )
 
     @_unavailable_on_driver_error
@@ -537,6 +541,7 @@ class CassandraStore:
                 changed_at_ms=_ms(r["changed_at"]) or 0,
                 changed_by=r["changed_by"] or "",
                 change=r["change"] or "",
+                delivery_settings_known=r["payload_policy"] is not None,
             )
             for r in self._execute("version_list", (tenant_id, endpoint_id))
         ]

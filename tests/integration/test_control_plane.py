@@ -759,6 +759,24 @@ def test_ordering_key_is_stored_published_and_turned_off_over_grpc(stack: Stack)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "JSON Pointer" in err.value.details()
 
 
+def test_versions_keep_the_payload_mode_and_ordering_key_over_grpc(stack: Stack) -> None:
+    t = new_tenant(stack)
+    e = create_endpoint(stack, t, ordering_key="object_id").endpoint
+    stack.api.UpdateEndpoint(pb.UpdateEndpointRequest(
+        endpoint_id=e.endpoint_id, endpoint=pb.Endpoint(payload_mode="fields", payload_fields=["/id"]),
+        update_mask=FieldMask(paths=["payload_mode", "payload_fields", "ordering_key"])), metadata=t.md)
+    v2, v1 = stack.api.ListEndpointVersions(ref(e.endpoint_id), metadata=t.md).versions
+    assert (v1.payload_mode, list(v1.payload_fields), v1.ordering_key) == ("full", [], "object_id")
+    assert (v2.payload_mode, list(v2.payload_fields), v2.ordering_key, v2.change) == (
+        "fields", ["/id"], "", "update ordering_key,payload_fields,payload_mode")
+    # A version row from before these columns were written: shown as not known, not as defaults.
+    stack.session.execute(
+        "UPDATE endpoint_config_versions SET payload_policy = null, ordering_key = null "
+        "WHERE tenant_id = %s AND endpoint_id = %s AND config_version = 1", (t.tenant_id, e.endpoint_id))
+    old = stack.api.ListEndpointVersions(ref(e.endpoint_id), metadata=t.md).versions[1]
+    assert old.config_version == 1 and old.payload_mode == "" and not old.HasField("ordering_key")
+
+
 def write_blocked_key(stack: Stack, tenant_id: str, endpoint_id: str, key: str, head: str) -> None:
     """A blocked_ordering_keys row as the dispatcher writes it with a failing head's record."""
     now = datetime.now(tz=UTC)

@@ -41,6 +41,11 @@ class RecordingStub:
                 return pb.ListBlockedKeysResponse(keys=[pb.BlockedKey(
                     ordering_key="inv_7", head_delivery_id="dlv_h", head_object_version=3, attempts=5,
                     last_http_status=503, waiting=2)], next_page_token="tok2")
+            if name == "ListEndpointVersions":
+                return pb.ListEndpointVersionsResponse(versions=[
+                    pb.EndpointVersion(config_version=2, change="update payload_mode", payload_mode="fields",
+                                       payload_fields=["/id", "/customer/id"], ordering_key="object_id"),
+                    pb.EndpointVersion(config_version=1, change="create")])  # recorded before: unknown
             if name == "SkipOrderingHead":
                 return pb.SkipOrderingHeadResponse(delivery_id="dlv_h", request_id="skp_1")
             return pb.Endpoint(endpoint_id="ep_1", url="https://h.example.com:443/")
@@ -186,3 +191,11 @@ def test_delivery_detail_says_which_requests_were_skips() -> None:
     lines = cli.delivery_detail(detail).splitlines()
     assert "ACTION" in next(line for line in lines if line.startswith("REQUESTED"))
     assert any("key_b" in line and " skip " in line and "INC-2" in line for line in lines)
+
+
+def test_versions_show_each_versions_payload_and_ordering_or_that_they_are_unknown() -> None:
+    _, shown = run(["endpoints", "versions", "ep_1"])
+    header, v2, v1 = shown[0].splitlines()
+    assert "PAYLOAD" in header and "ORDERING" in header
+    assert "fields:/id,/customer/id" in v2 and "object_id" in v2
+    assert v1.split()[-2:] == ["?", "?"]

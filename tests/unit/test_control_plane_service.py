@@ -1393,3 +1393,30 @@ def test_another_tenant_can_neither_list_nor_skip(w: World) -> None:
     w.endpoints.delete(ALICE, e.endpoint_id)
     with pytest.raises(errors.NotFound):
         w.ordering.blocked_keys(ALICE, e.endpoint_id, 0, "")
+
+
+def test_versions_show_the_payload_mode_and_ordering_key_each_version_had(w: World) -> None:
+    from control_plane.servicer import version_pb
+
+    e = w.endpoints.create(ALICE, spec(), "").endpoint
+    w.endpoints.update(ALICE, e.endpoint_id, spec(payload_mode="fields", payload_fields=("/id",),
+                                                  ordering_key="object_id"),
+                       ["payload_mode", "payload_fields", "ordering_key"])
+    w.endpoints.update(ALICE, e.endpoint_id, spec(), ["ordering_key"])
+    v3, v2, v1 = (version_pb(v) for v in w.endpoints.versions(ALICE, e.endpoint_id))
+    assert (v1.payload_mode, list(v1.payload_fields), v1.ordering_key) == ("full", [], "")
+    assert v1.HasField("ordering_key") and v1.description == "orders"
+    assert (v2.payload_mode, list(v2.payload_fields), v2.ordering_key) == ("fields", ["/id"], "object_id")
+    assert (v3.payload_mode, v3.ordering_key) == ("fields", "")  # ordering turned off, fields kept
+
+
+def test_a_version_recorded_before_delivery_settings_were_kept_shows_them_as_unknown() -> None:
+    from control_plane.servicer import version_pb
+
+    old = EndpointVersion(tenant_id="t", endpoint_id="ep", config_version=1,
+                          spec=EndpointSpec(url="https://a.example.com:443/", description="", event_types=("*",),
+                                            rate_limit_per_s=None, max_in_flight=None),
+                          status=EndpointStatus.ACTIVE, key_versions=(1,), changed_at_ms=1, changed_by="k",
+                          change="create", delivery_settings_known=False)
+    pb_old = version_pb(old)
+    assert pb_old.payload_mode == "" and not pb_old.HasField("ordering_key") and not pb_old.payload_fields
