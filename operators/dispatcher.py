@@ -286,7 +286,6 @@ class Dispatcher(KeyedProcessFunction):
 
     # -- gauges ----------------------------------------------------------------------------------
     def _refresh_gauges(self, now: int) -> None:
-        task_resources.REGISTRY.sweep_if_due()  # a cancelled job's dispatcher, with no restart after it
         window = int(self._settings.dispatch.retry_deadline_s * 1000)
         views = {ep: d.view(now, window) for ep, d in self._drivers.items()}
         g = self._gauges = telemetry.dispatcher_gauges(views.values(), self._scheduler.tenants_at_quota())

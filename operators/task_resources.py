@@ -11,9 +11,11 @@ change).
 
 So an operator that opens resources registers how to release them under the native id of its
 task thread: Flink runs each task on a thread of its own, which ends with the task. Whenever an
-operator opens (the restarted one, or another job's), and every ``sweep_every_s`` while one
-runs, the registrations whose thread is gone are released -- on a thread of their own, so no
-task waits for a session to shut down.
+operator opens (the restarted one, or another job's), and every ``sweep_every_s`` on a watcher
+thread of the registry's own while anything is registered, the registrations whose thread is
+gone are released -- on a thread of their own, so no task waits for a session to shut down. The
+watcher is what releases a job cancelled with none after it (no operator would open or run to
+do it); it ends when nothing is registered and starts again with the next registration.
 """
 
 from __future__ import annotations
@@ -38,15 +40,13 @@ def thread_alive(native_id: int) -> bool:
 
 
 class Registry:
-    def __init__(self, alive: Callable[[int], bool] = thread_alive, clock: Callable[[], float] = time.monotonic,
-                 sweep_every_s: float = 10.0) -> None:
+    def __init__(self, alive: Callable[[int], bool] = thread_alive, sweep_every_s: float = 10.0) -> None:
         self._alive = alive
-        self._clock = clock
         self._sweep_every_s = sweep_every_s
         self._lock = threading.Lock()
         self._owned: dict[int, tuple[int, str, Release]] = {}  # token -> (thread id, what, release)
         self._next_token = 0
-        self._swept_at = clock()
+        self._watcher: threading.Thread | None = None
 
     def register(self, what: str, release: Release, native_id: int | None = None) -> int:
         """Own ``release`` by the calling task thread (or ``native_id``); returns a token for
@@ -55,6 +55,9 @@ class Registry:
         with self._lock:
             self._next_token += 1
             self._owned[self._next_token] = (tid, what, release)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="task-resources-watch", daemon=True)
+                self._watcher.start()
             return self._next_token
 
     def unregister(self, token: int) -> None:
@@ -65,17 +68,25 @@ class Registry:
     def sweep(self) -> list[str]:
         """Release, in the background, what belongs to threads that are gone; returns what."""
         with self._lock:
-            self._swept_at = self._clock()
             ended = [t for t, (tid, _, _) in self._owned.items() if not self._alive(tid)]
             found = [self._owned.pop(t) for t in ended]
         if found:
             threading.Thread(target=_release_all, args=(found,), name="release-ended-tasks", daemon=True).start()
         return [what for _, what, _ in found]
 
-    def sweep_if_due(self) -> list[str]:
-        if self._clock() - self._swept_at < self._sweep_every_s:
-            return []
-        return self.sweep()
+    @property
+    def watching(self) -> bool:
+        with self._lock:
+            return self._watcher is not None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self._sweep_every_s)
+            self.sweep()
+            with self._lock:
+                if not self._owned:  # the next register() starts another watcher
+                    self._watcher = None
+                    return
 
     def __len__(self) -> int:
         return len(self._owned)

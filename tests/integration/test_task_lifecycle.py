@@ -73,3 +73,17 @@ def test_a_restarted_dispatcher_releases_what_the_cancelled_one_held(job_env: di
         left = of_a & _connections_to(tm, port)
     assert of_b, "job B's dispatcher opened no Cassandra connection"
     assert not left, f"job A's {len(left)} of {len(of_a)} Cassandra connections outlived its cancellation"
+
+
+def test_a_cancelled_dispatcher_is_released_with_no_job_after_it(job_env: dict[str, str],
+                                                                 settings: Settings) -> None:
+    tm, port = _taskmanager_pid(), settings.cassandra.port
+    before = _connections_to(tm, port)
+    with second_stack(job_env, "lifecycle-alone", {}):
+        of_a = _new_settled(tm, port, before)
+    # Cancelled, and no dispatcher opens after it: the registry's own watcher releases it.
+    deadline = time.monotonic() + 40
+    while of_a & _connections_to(tm, port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = of_a & _connections_to(tm, port)
+    assert not left, f"{len(left)} of {len(of_a)} Cassandra connections outlived a cancelled job with none after it"

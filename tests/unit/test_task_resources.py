@@ -49,18 +49,25 @@ def test_an_owner_that_closed_itself_is_not_released_again() -> None:
     assert reg.sweep() == []
 
 
-def test_periodic_sweeps_wait_for_their_interval() -> None:
-    now = [100.0]
+def test_the_watcher_releases_an_ended_owner_with_no_sweep_called_and_then_stops() -> None:
+    # A job cancelled with no job after it: no operator opens or runs to sweep.
     alive = {7: True}
-    reg = Registry(alive=lambda tid: alive[tid], clock=lambda: now[0], sweep_every_s=10)
+    reg = Registry(alive=lambda tid: alive[tid], sweep_every_s=0.02)
     r = Released(1)
     reg.register("x", r.release("x"), native_id=7)
+    assert reg.watching
+    time.sleep(0.1)
+    assert r.names == [] and len(reg) == 1  # its thread still runs: kept
     alive[7] = False
-    now[0] += 9.9
-    assert reg.sweep_if_due() == []
-    now[0] += 0.1
-    assert reg.sweep_if_due() == ["x"]
     assert r.wait() == ["x"]
+    deadline = time.monotonic() + 5
+    while reg.watching and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not reg.watching  # nothing registered: no thread left waking up
+    r2 = Released(1)
+    reg.register("y", r2.release("y"), native_id=8)
+    alive[8] = False
+    assert reg.watching and r2.wait() == ["y"]  # a later registration watches again
 
 
 def test_the_calling_thread_owns_by_default_and_is_seen_alive() -> None:
