@@ -57,33 +57,39 @@ def _new_settled(pid: int, port: int, known: set[str], timeout: float = 90) -> s
     return eventually(stable, timeout=timeout, interval=0.5, what=f"new connections to :{port}, settled")
 
 
+def _still_open_after(pid: int, port: int, conns: set[str], timeout: float) -> set[str]:
+    """Which of ``conns`` are still open once they all closed or ``timeout`` s passed."""
+    deadline = time.monotonic() + timeout
+    while conns & _connections_to(pid, port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return conns & _connections_to(pid, port)
+
+
+def _a_cancelled_job(job_env: dict[str, str], name: str, port: int) -> tuple[int, set[str], set[str]]:
+    """Run a job until its dispatcher has connected, then cancel it: (the TaskManager's pid, its
+    connections to ``port`` from before, the job's)."""
+    tm = _taskmanager_pid()
+    before = _connections_to(tm, port)
+    with second_stack(job_env, name, {}):
+        return tm, before, _new_settled(tm, port, before)
+
+
 def test_a_restarted_dispatcher_releases_what_the_cancelled_one_held(job_env: dict[str, str],
                                                                      settings: Settings) -> None:
-    tm, port = _taskmanager_pid(), settings.cassandra.port
-    before = _connections_to(tm, port)
-    with second_stack(job_env, "lifecycle-a", {}):
-        of_a = _new_settled(tm, port, before)
+    port = settings.cassandra.port
+    tm, before, of_a = _a_cancelled_job(job_env, "lifecycle-a", port)
     # A is cancelled: its close() is never called. B opens in the same interpreter.
     with second_stack(job_env, "lifecycle-b", {}):
         of_b = _new_settled(tm, port, before | of_a)
         # Closed in the background once B has opened (within seconds).
-        deadline = time.monotonic() + 30
-        while of_a & _connections_to(tm, port) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = of_a & _connections_to(tm, port)
+        left = _still_open_after(tm, port, of_a, timeout=30)
     assert of_b, "job B's dispatcher opened no Cassandra connection"
     assert not left, f"job A's {len(left)} of {len(of_a)} Cassandra connections outlived its cancellation"
 
 
 def test_a_cancelled_dispatcher_is_released_with_no_job_after_it(job_env: dict[str, str],
                                                                  settings: Settings) -> None:
-    tm, port = _taskmanager_pid(), settings.cassandra.port
-    before = _connections_to(tm, port)
-    with second_stack(job_env, "lifecycle-alone", {}):
-        of_a = _new_settled(tm, port, before)
-    # Cancelled, and no dispatcher opens after it: the registry's own watcher releases it.
-    deadline = time.monotonic() + 40
-    while of_a & _connections_to(tm, port) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = of_a & _connections_to(tm, port)
+    tm, _, of_a = _a_cancelled_job(job_env, "lifecycle-alone", settings.cassandra.port)
+    # Cancelled, and no dispatcher opens after it: the registry's own watcher (every 10 s) releases it.
+    left = _still_open_after(tm, settings.cassandra.port, of_a, timeout=40)
     assert not left, f"{len(left)} of {len(of_a)} Cassandra connections outlived a cancelled job with none after it"
