@@ -60,9 +60,9 @@ def _new_settled(pid: int, port: int, known: set[str], timeout: float = 90) -> s
 def _still_open_after(pid: int, port: int, conns: set[str], timeout: float) -> set[str]:
     """Which of ``conns`` are still open once they all closed or ``timeout`` s passed."""
     deadline = time.monotonic() + timeout
-    while conns & _connections_to(pid, port) and time.monotonic() < deadline:
+    while (left := conns & _connections_to(pid, port)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return conns & _connections_to(pid, port)
+    return left
 
 
 def _a_cancelled_job(job_env: dict[str, str], name: str, port: int) -> tuple[int, set[str], set[str]]:
@@ -89,7 +89,8 @@ def test_a_restarted_dispatcher_releases_what_the_cancelled_one_held(job_env: di
 
 def test_a_cancelled_dispatcher_is_released_with_no_job_after_it(job_env: dict[str, str],
                                                                  settings: Settings) -> None:
-    tm, _, of_a = _a_cancelled_job(job_env, "lifecycle-alone", settings.cassandra.port)
+    port = settings.cassandra.port
+    tm, _, of_a = _a_cancelled_job(job_env, "lifecycle-alone", port)
     # Cancelled, and no dispatcher opens after it: the registry's own watcher (every 10 s) releases it.
-    left = _still_open_after(tm, settings.cassandra.port, of_a, timeout=40)
+    left = _still_open_after(tm, port, of_a, timeout=40)
     assert not left, f"{len(left)} of {len(of_a)} Cassandra connections outlived a cancelled job with none after it"
