@@ -3,9 +3,10 @@ name the gaps, and (with ``repair``) close them.
 
 Reads, for events that *arrived* on the events topic in ``[since, until)`` (broker LogAppendTime):
 the topic itself (offsets by time, every partition, parsed like the job parses), the fan-out
-snapshots (hour x bucket range queries), and per expected delivery its ``deliveries`` row,
-``deliveries_by_event`` rows and ``attempts`` rows, plus the dispatcher's endpoint backlog reports.
-Cost grows with the window (about three point reads per delivery, run concurrently): it is a
+snapshots (hour x bucket range queries), and per expected delivery its ``delivery_history``
+partition (the delivery and its attempts; the old ``deliveries`` / ``attempts`` rows for one
+written before that table: core/history_rows.py), plus the dispatcher's endpoint backlog reports.
+Cost grows with the window (about one point read per delivery, run concurrently): it is a
 tool for a window of minutes to hours, run by an operator or every few minutes over the last
 hour; a day of the brief's peak belongs in a batch job over the same tables.
 
@@ -15,7 +16,6 @@ Repairs are idempotent and each is logged and returned:
   its deliveries.
 * ``delivery_missing``: if an attempt row says it succeeded, write its rows back as succeeded
   (nothing is re-sent); otherwise redrive it from the snapshot.
-* ``delivery_index_missing``: write the ``deliveries_by_event`` row from the delivery row.
 * ``pending_orphaned`` (the sweeper): redrive from the delivery row.
 A redrive goes through the replays topic to the dispatcher, which reads the delivery's durable
 record before sending: a delivery already final is not sent again, one it already holds is left
@@ -38,7 +38,7 @@ from confluent_kafka import Consumer, TopicPartition
 from control_plane.errors import InvalidArgument
 from control_plane.publisher import Publisher
 from control_plane.store import EndpointStore
-from core import fanout
+from core import fanout, history_rows
 from core import reconcile as rc
 from core.history_buckets import bucket_of
 from core.ingest import IngestError, parse_event
@@ -57,7 +57,7 @@ MAX_WINDOW_MS = 30 * 24 * 3_600_000
 class Repair:
     kind: str
     id: str
-    action: str  # redriven | snapshot_written | index_written | restored_succeeded | unrepairable
+    action: str  # redriven | snapshot_written | restored_succeeded | unrepairable
     detail: str
 
 
@@ -73,7 +73,7 @@ class _Window:
 
     inputs: rc.Inputs
     events: dict[str, tuple[EventRecord, int]]  # from the topic: event_id -> (event, arrival)
-    rows: dict[str, Any]  # delivery_id -> raw deliveries row
+    rows: dict[str, dict[str, Any]]  # delivery_id -> the delivery's columns (core/history_rows.py)
 
 
 def _ts(ms: int) -> dt.datetime:
@@ -101,11 +101,9 @@ class Reconciler:
         self._q_snapshots = p(
             "SELECT event_id, tenant_id, arrived_at, endpoints, degraded FROM fanout_snapshots"
             " WHERE hour=? AND bucket=? AND arrived_at>=? AND arrived_at<?")
-        self._q_delivery = p(
-            "SELECT delivery_id, event_id, tenant_id, endpoint_id, endpoint_config_version, event_type, created_at,"
-            " expires_at, status, attempt_count, next_attempt_at FROM deliveries WHERE delivery_id=?")
-        self._q_by_event = p("SELECT endpoint_id FROM deliveries_by_event WHERE event_id=?")
-        self._q_attempts = p("SELECT attempt_number, outcome, manual FROM attempts WHERE delivery_id=?")
+        self._q_history = p(history_rows.SELECT_NEW)
+        self._q_old_delivery = p(history_rows.SELECT_OLD_DELIVERY)
+        self._q_old_attempts = p(history_rows.SELECT_OLD_ATTEMPTS)
         self._q_backlog = p("SELECT endpoint_id, pending, reported_at FROM endpoint_backlogs WHERE endpoint_id=?")
         self._q_event = p(
             "SELECT event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
@@ -113,15 +111,12 @@ class Reconciler:
         self._w_snapshot = p(
             "INSERT INTO fanout_snapshots (hour, bucket, arrived_at, event_id, tenant_id, endpoints, degraded,"
             " source) VALUES (?,?,?,?,?,?,false,'repair')")
-        self._w_by_event = p(
-            "INSERT INTO deliveries_by_event (event_id, endpoint_id, delivery_id, tenant_id, endpoint_config_version,"
-            " created_at) VALUES (?,?,?,?,?,?) USING TIMESTAMP ?")
         self._w_delivery = p(
-            "INSERT INTO deliveries (delivery_id, event_id, tenant_id, endpoint_id, endpoint_config_version,"
-            " event_type, created_at, expires_at) VALUES (?,?,?,?,?,?,?,?) USING TIMESTAMP ?")
+            "UPDATE delivery_history USING TIMESTAMP ? SET event_id=?, tenant_id=?, endpoint_id=?,"
+            " endpoint_config_version=?, event_type=?, created_at=?, expires_at=? WHERE delivery_id=?")
         self._w_status = p(
-            "UPDATE deliveries USING TIMESTAMP ? SET status='succeeded', attempt_count=?, auto_retry_active=false,"
-            " updated_at=? WHERE delivery_id=?")
+            "UPDATE delivery_history USING TIMESTAMP ? SET status='succeeded', attempt_count=?,"
+            " auto_retry_active=false, updated_at=? WHERE delivery_id=?")
         self._w_by_endpoint = p(
             "INSERT INTO endpoint_deliveries (tenant_id, endpoint_id, day, bucket, created_at, delivery_id,"
             " event_id, event_type, status, attempt_count, updated_at) VALUES (?,?,?,?,?,?,?,?,'succeeded',?,?)"
@@ -168,22 +163,21 @@ class Reconciler:
         topic_events, dead = self._topic(since_ms, until_ms, tenant_id)
         snapshots = [s for s in self._snapshots(since_ms, until_ms) if tenant_id in (None, s.tenant_id)]
         expected = rc.expected_deliveries(snapshots)
-        rows = {did: row for did, row in self._by_key(self._q_delivery, list(expected)).items()
-                if row is not None and row.event_id is not None}  # a status-only row is no delivery
-        indexed = {eid: frozenset(r.endpoint_id for r in rs)
-                   for eid, rs in self._many(self._q_by_event, sorted({s.event_id for s in snapshots})).items()}
-        attempts = {did: [rc.AttemptRow(a.attempt_number, a.outcome or "", bool(a.manual)) for a in rs]
-                    for did, rs in self._many(self._q_attempts, list(rows)).items()}
-        endpoints = sorted({r.endpoint_id for r in rows.values()})
+        history = self._histories(list(expected))
+        rows = {did: row for did, (row, _) in history.items()
+                if row is not None and row["event_id"] is not None}  # a status-only row is no delivery
+        attempts = {did: [rc.AttemptRow(a["attempt_number"], a["outcome"] or "", bool(a["manual"])) for a in rs]
+                    for did, (_, rs) in history.items() if did in rows}
+        endpoints = sorted({r["endpoint_id"] for r in rows.values()})
         reported = {eid: _ms(row.reported_at) or 0 for eid, row in self._by_key(self._q_backlog, endpoints).items()
                     if row is not None and row.reported_at is not None and (row.pending or 0) > 0}
         deliveries = {
-            did: rc.DeliveryRow(did, r.event_id, r.tenant_id, r.endpoint_id, r.status or "pending",
-                                r.attempt_count or 0, _ms(r.next_attempt_at), _ms(r.expires_at))
+            did: rc.DeliveryRow(did, r["event_id"], r["tenant_id"], r["endpoint_id"], r["status"] or "pending",
+                                r["attempt_count"] or 0, _ms(r["next_attempt_at"]), _ms(r["expires_at"]))
             for did, r in rows.items()}
         inputs = rc.Inputs(
             topic_events=[rc.TopicEvent(e.event_id, e.tenant_id, at) for e, at in topic_events.values()],
-            dead_lettered=dead, snapshots=snapshots, deliveries=deliveries, indexed=indexed,
+            dead_lettered=dead, snapshots=snapshots, deliveries=deliveries,
             attempts=attempts, backlog_reported_at=reported)
         return _Window(inputs, topic_events, rows)
 
@@ -279,6 +273,17 @@ class Reconciler:
     def _by_key(self, stmt: Any, keys: list[str]) -> dict[str, Any]:
         return {k: (rows[0] if rows else None) for k, rows in self._many(stmt, keys).items()}
 
+    def _histories(self, delivery_ids: list[str]) -> dict[str, tuple[dict[str, Any] | None, list[dict[str, Any]]]]:
+        """Each delivery and its attempts, from delivery_history and, for those it has no
+        creation cells for, the old tables."""
+        out = {did: history_rows.split(rs) for did, rs in self._many(self._q_history, delivery_ids).items()}
+        older = [did for did, (row, _) in out.items() if history_rows.needs_old(row)]
+        old_rows = self._by_key(self._q_old_delivery, older)
+        old_attempts = self._many(self._q_old_attempts, older)
+        for did in older:
+            out[did] = history_rows.merge(*out[did], old_rows[did], old_attempts[did])
+        return out
+
     # -- repairing -----------------------------------------------------------------------------------
     def _repair(self, gap: rc.Gap, w: _Window, requested_by: str) -> list[Repair]:
         try:
@@ -286,8 +291,6 @@ class Reconciler:
                 return self._fan_out_again(gap, w, requested_by)
             if gap.kind == rc.DELIVERY_MISSING:
                 return [self._restore_delivery(gap, w, requested_by)]
-            if gap.kind == rc.INDEX_MISSING:
-                return [self._write_index(gap, w)]
             return [self._sweep(gap, w, requested_by)]
         except Exception as exc:  # noqa: BLE001 -- one failed repair is reported, the rest go on
             log.exception("repair of %s %s failed", gap.kind, gap.id)
@@ -315,30 +318,24 @@ class Reconciler:
             return Repair(gap.kind, gap.id, "unrepairable", f"event {snap.event_id}: payload neither on the topic "
                           "nor in the events table")
         version = dict(snap.endpoints)[endpoint_id]
-        attempts = self._many(self._q_attempts, [gap.id])[gap.id]
+        attempts = [rc.AttemptRow(a["attempt_number"], a["outcome"] or "", bool(a["manual"]))
+                    for a in self._histories([gap.id])[gap.id][1]]
         auto = sum(1 for a in attempts if not a.manual and a.outcome in rc.SENT_OUTCOMES)
         if any(a.outcome == "succeeded" for a in attempts):
             self._write_succeeded(gap.id, event, snap, endpoint_id, version, auto)
             return Repair(gap.kind, gap.id, "restored_succeeded",
                           "an attempt row records its success: rows written back, nothing re-sent")
         return self._redrive(gap.kind, gap.id, event, endpoint_id, version, snap.arrived_at_ms, requested_by,
-                             "no deliveries row")
-
-    def _write_index(self, gap: rc.Gap, w: _Window) -> Repair:
-        r = w.rows[gap.id]
-        # At the repair's time, like every restored row (see _write_succeeded).
-        self._session.execute(self._w_by_event, (r.event_id, r.endpoint_id, gap.id, r.tenant_id,
-                                                 r.endpoint_config_version, r.created_at, self._now_ms() * 1000))
-        return Repair(gap.kind, gap.id, "index_written", f"deliveries_by_event {r.event_id}/{r.endpoint_id}")
+                             "no delivery row")
 
     def _sweep(self, gap: rc.Gap, w: _Window, requested_by: str) -> Repair:
         r = w.rows[gap.id]
-        event = self._event(r.event_id, w)
+        event = self._event(r["event_id"], w)
         if event is None:
-            return Repair(gap.kind, gap.id, "unrepairable", f"event {r.event_id}: no stored payload")
-        return self._redrive(gap.kind, gap.id, event, r.endpoint_id, r.endpoint_config_version or 0,
-                             _ms(r.created_at) or 0, requested_by, "orphaned pending delivery",
-                             expires_at_ms=_ms(r.expires_at))
+            return Repair(gap.kind, gap.id, "unrepairable", f"event {r['event_id']}: no stored payload")
+        return self._redrive(gap.kind, gap.id, event, r["endpoint_id"], r["endpoint_config_version"] or 0,
+                             _ms(r["created_at"]) or 0, requested_by, "orphaned pending delivery",
+                             expires_at_ms=_ms(r["expires_at"]))
 
     def _redrive(self, kind: str, delivery_id: str, event: EventRecord, endpoint_id: str, version: int,
                  created_ms: int, requested_by: str, reason: str, expires_at_ms: int | None = None) -> Repair:
@@ -361,11 +358,9 @@ class Reconciler:
         now = self._now_ms()
         status_ts = status_write_ts("succeeded", now)
         s = self._session
-        s.execute(self._w_delivery, (delivery_id, event.event_id, event.tenant_id, endpoint_id, version,
-                                     event.event_type, _ts(created), _ts(created + deadline_ms), now * 1000))
+        s.execute(self._w_delivery, (now * 1000, event.event_id, event.tenant_id, endpoint_id, version,
+                                     event.event_type, _ts(created), _ts(created + deadline_ms), delivery_id))
         s.execute(self._w_status, (status_ts, attempt_count, _ts(now), delivery_id))
-        s.execute(self._w_by_event, (event.event_id, endpoint_id, delivery_id, event.tenant_id, version,
-                                     _ts(created), now * 1000))
         s.execute(self._w_by_endpoint, (event.tenant_id, endpoint_id, _ts(created).date(), bucket_of(delivery_id),
                                         _ts(created), delivery_id,
                                         event.event_id, event.event_type, attempt_count, _ts(now), status_ts))

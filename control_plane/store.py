@@ -41,6 +41,7 @@ from control_plane.domain import (
     attempt_outcome,
 )
 from control_plane.errors import Unavailable
+from core import history_rows
 from core.history_buckets import HISTORY_BUCKETS, bucket_of
 from core.records import REPLAY, EndpointStatus
 
@@ -354,13 +355,16 @@ class CassandraStore:
             "WHERE tenant_id = ? AND endpoint_id = ?",
             "request_claim": "INSERT INTO endpoint_idempotency (tenant_id, request_id, "
             "fingerprint, endpoint_id, created_at) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
-            "delivery_get": "SELECT * FROM deliveries WHERE delivery_id = ?",
-            "attempts_get": "SELECT * FROM attempts WHERE delivery_id = ?",
+            # Both schemas: delivery_history first, the old tables for what it lacks (core/history_rows.py).
+            "delivery_get": history_rows.SELECT_NEW,
+            "delivery_get_old": history_rows.SELECT_OLD_DELIVERY,
+            "attempts_get_old": history_rows.SELECT_OLD_ATTEMPTS,
             "replay_insert": "INSERT INTO replay_requests (delivery_id, request_id, tenant_id, requested_by, "
             "requested_at, reason, action) VALUES (?, ?, ?, ?, ?, ?, ?)",
             "replay_insert_new": "INSERT INTO replay_requests (delivery_id, request_id, tenant_id, requested_by, "
             "requested_at, reason, action) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
-            "delivery_status": "SELECT status FROM deliveries WHERE delivery_id = ?",
+            "delivery_status": "SELECT status FROM delivery_history WHERE delivery_id = ? LIMIT 1",
+            "delivery_status_old": "SELECT status FROM deliveries WHERE delivery_id = ?",
             "blocked_keys": f"SELECT {_BLOCKED_COLUMNS} FROM blocked_ordering_keys "
             "WHERE tenant_id = ? AND endpoint_id = ? AND bucket = ? AND ordering_key > ?",
             "blocked_key": f"SELECT {_BLOCKED_COLUMNS} FROM blocked_ordering_keys "
@@ -568,12 +572,15 @@ class CassandraStore:
 
     @_unavailable_on_driver_error
     def get_delivery(self, delivery_id: str) -> DeliveryDetail | None:
-        row = self._first("delivery_get", (delivery_id,))
+        row, rows = history_rows.split(self._execute("delivery_get", (delivery_id,)))
+        if history_rows.needs_old(row):
+            old, old_attempts = self._execute_all([("delivery_get_old", (delivery_id,)),
+                                                   ("attempts_get_old", (delivery_id,))])
+            row, rows = history_rows.merge(row, rows, next(old, None), old_attempts)
         if row is None:
             return None
         summary = _summary(row, row["tenant_id"] or "", row["endpoint_id"] or "")
-        rows = list(self._execute("attempts_get", (delivery_id,)))
-        latest = max((a["attempt_number"] for a in rows), default=0)
+        latest = history_rows.top_attempt_number(rows)
         attempts = tuple(_attempt(a, latest) for a in rows)
         return DeliveryDetail(
             summary=summary,
@@ -658,7 +665,14 @@ class CassandraStore:
             chunk = unique[i:i + _READS_AT_ONCE]
             results = self._execute_all([("delivery_status", (did,)) for did in chunk])
             found.update((did, DeliveryStatus.parse(row["status"]))
-                         for did, rows in zip(chunk, results, strict=True) for row in rows)
+                         for did, rows in zip(chunk, results, strict=True) for row in rows
+                         if row["status"] is not None)
+            # Written before delivery_history existed (and not touched since): the old table.
+            older = [did for did in chunk if did not in found]
+            if older:
+                results = self._execute_all([("delivery_status_old", (did,)) for did in older])
+                found.update((did, DeliveryStatus.parse(row["status"]))
+                             for did, rows in zip(older, results, strict=True) for row in rows)
         return found
 
     # -- helpers ----------------------------------------------------------------------------

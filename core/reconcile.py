@@ -8,8 +8,9 @@ crosses them:
    LogAppendTime) is in the window has a fan-out snapshot (:class:`core.fanout.FanoutSnapshot`).
    Records the job dead-letters are counted, not gaps (the dead-letter topic holds them; all
    tenants: an unreadable record names none).
-2. **snapshot -> deliveries**: every (event, endpoint) the snapshot names has a ``deliveries`` row
-   and a ``deliveries_by_event`` row. A snapshot with no endpoints is "no subscriber".
+2. **snapshot -> deliveries**: every (event, endpoint) the snapshot names has a delivery row (the
+   delivery id is derived from the pair, so the snapshot is also the index of an event's
+   deliveries). A snapshot with no endpoints is "no subscriber".
 3. **deliveries -> status**: ``expected = succeeded + failed + expired + pending + missing``.
    Pending splits three ways: *in progress* (not yet due, or due less than ``overdue_after_ms``
    ago), *held* (past due, but the job reported holding deliveries of its endpoint within
@@ -37,14 +38,12 @@ from core.fanout import FanoutSnapshot
 # Gap kinds, in boundary order. Each names what is missing and what --repair does about it.
 EVENT_NOT_FANNED_OUT = "event_not_fanned_out"  # re-match with current configs, write the snapshot, redrive
 DELIVERY_MISSING = "delivery_missing"          # redrive from the snapshot (CHECKed: never re-sends a final one)
-INDEX_MISSING = "delivery_index_missing"       # rewrite deliveries_by_event from the delivery row
 PENDING_OVERDUE = "pending_orphaned"           # the sweeper: redrive from the delivery row
 SUCCESS_UNRECORDED = "success_without_attempt"  # report only: evidence is missing, nothing to re-send
 ATTEMPTS_UNRECORDED = "attempts_without_rows"  # report only
 
-GAP_KINDS = (EVENT_NOT_FANNED_OUT, DELIVERY_MISSING, INDEX_MISSING, PENDING_OVERDUE, SUCCESS_UNRECORDED,
-             ATTEMPTS_UNRECORDED)
-REPAIRABLE = frozenset({EVENT_NOT_FANNED_OUT, DELIVERY_MISSING, INDEX_MISSING, PENDING_OVERDUE})
+GAP_KINDS = (EVENT_NOT_FANNED_OUT, DELIVERY_MISSING, PENDING_OVERDUE, SUCCESS_UNRECORDED, ATTEMPTS_UNRECORDED)
+REPAIRABLE = frozenset({EVENT_NOT_FANNED_OUT, DELIVERY_MISSING, PENDING_OVERDUE})
 
 SENT_OUTCOMES = frozenset({"succeeded", "retry", "failed", "expired"})
 
@@ -108,7 +107,6 @@ class Inputs:
     dead_lettered: int  # records on the topic the job cannot parse
     snapshots: list[FanoutSnapshot]
     deliveries: Mapping[str, DeliveryRow]  # by delivery_id; absent = no row
-    indexed: Mapping[str, frozenset[str]]  # event_id -> endpoint_ids in deliveries_by_event
     attempts: Mapping[str, list[AttemptRow]]  # by delivery_id
     # endpoint_id -> when a job last reported holding some of its deliveries (ms)
     backlog_reported_at: Mapping[str, int] = field(default_factory=dict)
@@ -147,12 +145,9 @@ def reconcile(inputs: Inputs, since_ms: int, until_ms: int, tenant_id: str | Non
         row = inputs.deliveries.get(did)
         if row is None:
             r.gaps.append(Gap(DELIVERY_MISSING, did, snap.tenant_id,
-                              f"event {snap.event_id} -> endpoint {endpoint_id}: no deliveries row"))
+                              f"event {snap.event_id} -> endpoint {endpoint_id}: no delivery row"))
             continue
         c["deliveries_found"] += 1
-        if endpoint_id not in inputs.indexed.get(snap.event_id, frozenset()):
-            r.gaps.append(Gap(INDEX_MISSING, did, snap.tenant_id,
-                              f"event {snap.event_id} -> endpoint {endpoint_id}: no deliveries_by_event row"))
 
         # 3. deliveries -> status
         status = row.status or "pending"

@@ -34,6 +34,7 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, R
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
+from core import history_rows
 from core.dispatch import FINAL_STATUSES, AttemptRecord, DurableRecord, Intent
 from core.fanout import FanoutSnapshot, NewDelivery
 from core.history_buckets import bucket_of
@@ -109,35 +110,34 @@ class CassandraHistory:
             "INSERT INTO events (event_id, tenant_id, event_type, schema_version, object_id, object_version,"
             " occurred_at, payload, payload_sha256, ingested_at) VALUES (?,?,?,?,?,?,?,?,?,?) USING TIMESTAMP ?"
         )
+        # The delivery's creation cells and its first request's reserved attempt row: one
+        # statement, one partition (cassandra/schema/012_delivery_history.cql).
         self._insert_delivery = p(
-            "INSERT INTO deliveries (delivery_id, event_id, tenant_id, endpoint_id, endpoint_config_version,"
-            " event_type, created_at, expires_at, status, attempt_count, auto_retry_active, next_attempt_at)"
-            " VALUES (?,?,?,?,?,?,?,?,'pending',0,true,?) USING TIMESTAMP ?"
-        )
-        self._insert_by_event = p(
-            "INSERT INTO deliveries_by_event (event_id, endpoint_id, delivery_id, tenant_id,"
-            " endpoint_config_version, created_at) VALUES (?,?,?,?,?,?) USING TIMESTAMP ?"
+            "INSERT INTO delivery_history (delivery_id, event_id, tenant_id, endpoint_id, endpoint_config_version,"
+            " event_type, created_at, expires_at, status, attempt_count, auto_retry_active, next_attempt_at,"
+            " attempt_number, attempt_id, config_version, started_at, outcome)"
+            " VALUES (?,?,?,?,?,?,?,?,'pending',0,true,?,?,?,?,?,'reserved') USING TIMESTAMP ?"
         )
         self._insert_by_endpoint = p(
             "INSERT INTO endpoint_deliveries (tenant_id, endpoint_id, day, bucket, created_at, delivery_id, event_id,"
             " event_type, status, attempt_count) VALUES (?,?,?,?,?,?,?,?,'pending',0) USING TIMESTAMP ?"
         )
         self._reserve_attempt = p(
-            "INSERT INTO attempts (delivery_id, attempt_number, attempt_id, endpoint_id, endpoint_config_version,"
-            " started_at, outcome) VALUES (?,?,?,?,?,?,'reserved') USING TIMESTAMP ?"
+            "INSERT INTO delivery_history (delivery_id, attempt_number, attempt_id, config_version, started_at,"
+            " outcome) VALUES (?,?,?,?,?,'reserved') USING TIMESTAMP ?"
         )
         self._insert_attempt = p(
-            "INSERT INTO attempts (delivery_id, attempt_number, attempt_id, endpoint_id, endpoint_config_version,"
+            "INSERT INTO delivery_history (delivery_id, attempt_number, attempt_id, config_version,"
             " url, started_at, finished_at, http_status, latency_ms, outcome, error_class, response_sha256,"
             " response_prefix, signing_key_versions, manual, requested_by, request_id)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) USING TIMESTAMP ?"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) USING TIMESTAMP ?"
         )
         self._insert_attempt_by_endpoint = p(
             "INSERT INTO endpoint_attempts (endpoint_id, hour, bucket, started_at, delivery_id, attempt_number,"
             " tenant_id, outcome, http_status, error_class, latency_ms, manual) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
         )
         self._update_delivery = p(
-            "UPDATE deliveries USING TIMESTAMP ? SET status=?, attempt_count=?, next_attempt_at=?,"
+            "UPDATE delivery_history USING TIMESTAMP ? SET status=?, attempt_count=?, next_attempt_at=?,"
             " last_http_status=?, last_error_class=?, auto_retry_active=?, updated_at=? WHERE delivery_id=?"
         )
         self._update_by_endpoint = p(
@@ -145,13 +145,9 @@ class CassandraHistory:
             " updated_at=? WHERE tenant_id=? AND endpoint_id=? AND day=? AND bucket=? AND created_at=?"
             " AND delivery_id=?"
         )
-        self._select_delivery = p(
-            "SELECT event_id, tenant_id, endpoint_id, endpoint_config_version, created_at, expires_at, status,"
-            " attempt_count, next_attempt_at, auto_retry_active FROM deliveries WHERE delivery_id=?"
-        )
-        self._select_top_attempt = p(
-            "SELECT attempt_number FROM attempts WHERE delivery_id=? ORDER BY attempt_number DESC LIMIT 1"
-        )
+        self._select_new = p(history_rows.SELECT_NEW)
+        self._select_old_delivery = p(history_rows.SELECT_OLD_DELIVERY)
+        self._select_old_attempts = p(history_rows.SELECT_OLD_ATTEMPTS)
         self._insert_snapshot = p(
             "INSERT INTO fanout_snapshots (hour, bucket, arrived_at, event_id, tenant_id, endpoints, degraded,"
             " source) VALUES (?,?,?,?,?,?,?,'job') USING TIMESTAMP ?"
@@ -186,21 +182,20 @@ class CassandraHistory:
             return await _await(self._session.execute_async(stmt, params))
 
     def persist(self, d: NewDelivery, intent: Intent, write_event: bool = True) -> Completion:
-        """Payload and delivery rows with the first request's reserved attempt row, durable
-        before that request. The event row (the payload) joins the batch when it is small; a
-        large one is a request of its own so a batch never nears Cassandra's batch size limit."""
+        """The delivery with the first request's reserved attempt row (one partition) and its
+        endpoint index row, durable before that request. The event row (the payload) joins the
+        batch when it is small; a large one is a request of its own so a batch never nears
+        Cassandra's batch size limit."""
         e = d.event
         wts = d.created_at_ms * 1000
         created = d.created_at_ms
         statements: list[Statement] = [
             (self._insert_delivery, (d.delivery_id, e.event_id, d.tenant_id, d.endpoint_id,
                                      d.endpoint_config_version, e.event_type, created,
-                                     d.expires_at_ms, created, wts)),
-            (self._insert_by_event, (e.event_id, d.endpoint_id, d.delivery_id, d.tenant_id,
+                                     d.expires_at_ms, created, intent.number, intent.attempt_id,
                                      d.endpoint_config_version, created, wts)),
             (self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), bucket_of(d.delivery_id),
                                         created, d.delivery_id, e.event_id, e.event_type, wts)),
-            self._reserved(d, intent, d.created_at_ms),
         ]
         if not write_event:
             return self._batcher.add(statements)
@@ -229,7 +224,7 @@ class CassandraHistory:
         return self._batcher.add([self._reserved(d, intent, at_ms)])
 
     def _reserved(self, d: NewDelivery, intent: Intent, at_ms: int) -> Statement:
-        return (self._reserve_attempt, (d.delivery_id, intent.number, intent.attempt_id, d.endpoint_id,
+        return (self._reserve_attempt, (d.delivery_id, intent.number, intent.attempt_id,
                                         d.endpoint_config_version, at_ms, at_ms * 1000))
 
     def record(self, d: NewDelivery, r: AttemptRecord, attempt_count: int,
@@ -242,12 +237,14 @@ class CassandraHistory:
         if r.intent is not None:
             # A record that sent nothing knows no URL or config version: keep the reservation's.
             statements.append((self._insert_attempt, (
-                d.delivery_id, r.intent.number, r.intent.attempt_id, d.endpoint_id,
+                d.delivery_id, r.intent.number, r.intent.attempt_id,
                 r.endpoint_config_version or UNSET_VALUE, r.url or UNSET_VALUE, r.started_at_ms, now,
                 r.http_status, r.latency_ms, r.outcome, r.error_class, r.response_sha256, r.response_prefix,
                 list(r.signing_key_versions), r.manual, r.requested_by, r.request_id,
                 r.finished_at_ms * 1000 + BAND_US)))
-            if r.sent:  # the index is of requests made; a row not sent is only in `attempts`
+            # The hour index is of requests that did not succeed ("this endpoint's failures in
+            # the last hour"); a success is found by its delivery, and a row not sent only there.
+            if r.sent and r.outcome != "succeeded":
                 statements.append((self._insert_attempt_by_endpoint, (
                     d.endpoint_id, _hour(r.started_at_ms), bucket_of(d.delivery_id), r.started_at_ms, d.delivery_id,
                     r.intent.number, d.tenant_id, r.outcome, r.http_status, r.error_class, r.latency_ms,
@@ -295,11 +292,19 @@ class CassandraHistory:
             rf = self._session.execute_async(batch)
         rf.add_callbacks(completion.succeed, completion.fail)
 
+    async def _read(self, delivery_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The delivery and its attempts from both schemas (core/history_rows.py)."""
+        delivery, attempts = history_rows.split(await self._run(self._select_new, (delivery_id,)))
+        if history_rows.needs_old(delivery):
+            old, old_attempts = await asyncio.gather(self._run(self._select_old_delivery, (delivery_id,)),
+                                                     self._run(self._select_old_attempts, (delivery_id,)))
+            delivery, attempts = history_rows.merge(delivery, attempts, next(iter(old), None), old_attempts)
+        return delivery, attempts
+
     async def check(self, delivery_id: str) -> DurableRecord:
         """The delivery as Cassandra has it: status None when no delivery row exists."""
-        rows, top = await asyncio.gather(self._run(self._select_delivery, (delivery_id,)),
-                                         self._run(self._select_top_attempt, (delivery_id,)))
-        return _durable(rows[0] if rows else None, top)
+        delivery, attempts = await self._read(delivery_id)
+        return _durable(delivery, attempts)
 
     async def load_payload(self, event_id: str) -> bytes:
         """The immutable payload bytes of an event; raises PayloadUnavailable if the row is gone."""
@@ -312,12 +317,10 @@ class CassandraHistory:
     async def load_for_replay(self, delivery_id: str) -> tuple[NewDelivery, DurableRecord] | None:
         """The stored delivery (with its immutable payload) and its durable record; None when the
         delivery is unknown or outside the history window."""
-        rows, top = await asyncio.gather(self._run(self._select_delivery, (delivery_id,)),
-                                         self._run(self._select_top_attempt, (delivery_id,)))
-        row = rows[0] if rows else None
-        if row is None or row.event_id is None:
+        row, attempts = await self._read(delivery_id)
+        if row is None or row["event_id"] is None:
             return None
-        ev_rows = await self._run(self._select_event, (row.event_id,))
+        ev_rows = await self._run(self._select_event, (row["event_id"],))
         ev = ev_rows[0] if ev_rows else None
         if ev is None:
             return None
@@ -327,11 +330,11 @@ class CassandraHistory:
             object_version=ev.object_version or 0, occurred_at_ms=_ms(ev.occurred_at), payload=ev.payload or b"",
         )
         d = NewDelivery(
-            delivery_id=delivery_id, event=event, endpoint_id=row.endpoint_id, tenant_id=row.tenant_id,
-            endpoint_config_version=row.endpoint_config_version or 0, created_at_ms=_ms(row.created_at),
-            expires_at_ms=_ms(row.expires_at),
+            delivery_id=delivery_id, event=event, endpoint_id=row["endpoint_id"], tenant_id=row["tenant_id"],
+            endpoint_config_version=row["endpoint_config_version"] or 0, created_at_ms=_ms(row["created_at"]),
+            expires_at_ms=_ms(row["expires_at"]),
         )
-        return d, _durable(row, top)
+        return d, _durable(row, attempts)
 
     def close(self) -> None:
         self.flush()
@@ -347,18 +350,17 @@ class PayloadUnavailable(Exception):
     """The event row holding a payload could not be read (missing, or Cassandra failed)."""
 
 
-def _durable(row: Any, top: Any) -> DurableRecord:
-    """A delivery row (or None) and the highest attempt row (reserved ones count: their numbers
-    are taken even if no request followed)."""
-    top_row = top[0] if top else None
-    max_number = top_row.attempt_number if top_row is not None else 0
+def _durable(row: dict[str, Any] | None, attempts: list[dict[str, Any]]) -> DurableRecord:
+    """A delivery (or None) and its attempt rows (reserved ones count: their numbers are taken
+    even if no request followed)."""
+    max_number = history_rows.top_attempt_number(attempts)
     if row is None:
         return DurableRecord(status=None, max_attempt_number=max_number)
-    status = row.status or "pending"
+    status = row["status"] or "pending"
     return DurableRecord(
-        status=status, attempt_count=row.attempt_count or 0,
-        next_attempt_at_ms=None if row.next_attempt_at is None else _ms(row.next_attempt_at),
-        auto_retry_active=row.auto_retry_active is not False and status not in FINAL_STATUSES,
+        status=status, attempt_count=row["attempt_count"] or 0,
+        next_attempt_at_ms=None if row["next_attempt_at"] is None else _ms(row["next_attempt_at"]),
+        auto_retry_active=row["auto_retry_active"] is not False and status not in FINAL_STATUSES,
         max_attempt_number=max_number)
 
 

@@ -134,7 +134,8 @@ def history_shortfall(cassandra_session: Session, requests: Counter[str],
                       timeout: float = 30) -> dict[str, tuple[int, int]]:
     """Deliveries whose `attempts` rows are fewer than the requests the receiver saw for them:
     delivery_id -> (attempt rows, requests). Polls while history writes land; {} when explained."""
-    count = cassandra_session.prepare("SELECT count(*) FROM attempts WHERE delivery_id=?")
+    count = cassandra_session.prepare("SELECT count(*) FROM delivery_history WHERE delivery_id=?"
+                                      " AND attempt_number > 0")
     ids = list(requests)
     last: dict[str, tuple[int, int]] | None = None
 
@@ -159,7 +160,8 @@ def after_timeouts(cassandra_session: Session, duplicates: Counter[str]) -> int:
     attempt, so every timeout row was followed by a request)."""
     if not duplicates:
         return 0
-    errors = cassandra_session.prepare("SELECT error_class FROM attempts WHERE delivery_id=?")
+    errors = cassandra_session.prepare("SELECT error_class FROM delivery_history WHERE delivery_id=?"
+                                       " AND attempt_number > 0")
     timeouts = {d: sum(1 for r in rows if r.error_class == "timeout")
                 for d, rows in _attempt_rows(cassandra_session, errors, list(duplicates)).items()}
     return sum(min(n, timeouts[d]) for d, n in duplicates.items())

@@ -137,3 +137,24 @@ def assert_reconciled(channel: grpc.Channel, settings: Settings, tenant_id: str,
         r = last[-1] if last else None
         detail = (dict(r.counts), [(g.kind, g.id, g.detail) for g in r.gaps][:10]) if r else None
         raise AssertionError(f"reconciliation not clean after {timeout}s: {detail}") from None
+
+
+# The delivery's columns (static in delivery_history) and its attempt rows. Attempt queries
+# restrict the clustering column so a partition with no attempt row returns nothing.
+DELIVERY_CQL = ("SELECT delivery_id, event_id, tenant_id, endpoint_id, status, attempt_count, auto_retry_active,"
+                " created_at, updated_at FROM delivery_history WHERE delivery_id=%s LIMIT 1")
+
+
+def delivery_row(session: Any, delivery_id: str) -> Any:
+    """The delivery (None when it has no creation cells)."""
+    row = session.execute(DELIVERY_CQL, (delivery_id,)).one()
+    return row if row is not None and row.event_id is not None else None
+
+
+def deliveries_of(session: Any, event_id: str, endpoint_ids: list[str]) -> list[Any]:
+    """The event's delivery rows among these endpoints. The delivery id is derived from (event,
+    endpoint), so no index table is needed: the fan-out snapshot names the endpoints."""
+    from core.records import delivery_id_for
+
+    rows = (delivery_row(session, delivery_id_for(event_id, ep)) for ep in endpoint_ids)
+    return [r for r in rows if r is not None]

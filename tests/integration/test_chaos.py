@@ -113,7 +113,8 @@ def test_fault_3_duplicated_queue_messages(settings, grpc_channel, receiver, del
         result = verdict("3-duplicated-queue-messages", grpc_channel, settings, receiver, cassandra_session,
                          [tenant_id], since, produced, bound=len(replayed), healthy=healthy,
                          note="each event record twice; 5 replay requests twice (same request id)")
-    manual = [list(cassandra_session.execute("SELECT manual FROM attempts WHERE delivery_id=%s", (d,)))
+    manual = [list(cassandra_session.execute("SELECT manual FROM delivery_history WHERE delivery_id=%s"
+                                             " AND attempt_number > 0 ORDER BY attempt_number ASC", (d,)))
               for d, _ in replayed]
     assert [sum(1 for a in rows if a.manual) for rows in manual] == [1] * len(replayed), \
         "a duplicated replay request must not be executed twice"

@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 
 from control_plane.api import pb, rpc
 from core.records import delivery_id_for
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.integration.helpers import auth, deliveries_of, delivery_row, event, eventually, new_tenant, produce
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +40,7 @@ def test_deleted_endpoint_fails_pending_and_gets_nothing_new(how, settings, grpc
         assert p.flush(10) == 0
 
     def failed():
-        row = cassandra_session.execute("SELECT status, auto_retry_active FROM deliveries WHERE delivery_id=%s",
-                                        (did,)).one()
+        row = delivery_row(cassandra_session, did)
         return row if row is not None and row.status == "failed" else None
 
     row = eventually(failed, timeout=60, what="pending delivery failed after deletion")
@@ -53,5 +52,4 @@ def test_deleted_endpoint_fails_pending_and_gets_nothing_new(how, settings, grpc
     produce(settings, [later.to_json()], keys=[later.event_id])
     time.sleep(5)
     assert len(receiver.requests(path)) == seen, "a deleted endpoint must not get new events"
-    assert list(cassandra_session.execute("SELECT endpoint_id FROM deliveries_by_event WHERE event_id=%s",
-                                          (later.event_id,))) == []
+    assert deliveries_of(cassandra_session, later.event_id, [endpoint_id]) == []

@@ -10,7 +10,7 @@ import pytest
 
 from control_plane.api import pb, rpc
 from core.records import delivery_id_for
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.integration.helpers import auth, deliveries_of, delivery_row, event, eventually, new_tenant, produce
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +23,8 @@ def _endpoint(grpc_channel, api_key: str, url: str, event_types: list[str]) -> s
     return created.endpoint.endpoint_id
 
 
-def _by_event(cassandra_session, event_id: str) -> list:
-    return list(cassandra_session.execute(
-        "SELECT endpoint_id, delivery_id, tenant_id FROM deliveries_by_event WHERE event_id=%s", (event_id,)))
+def _by_event(cassandra_session, event_id: str, endpoint_ids: list[str]) -> list:
+    return deliveries_of(cassandra_session, event_id, endpoint_ids)
 
 
 def test_duplicate_publish_yields_one_delivery_and_one_request(settings, grpc_channel, receiver, delivery_job,
@@ -43,11 +42,11 @@ def test_duplicate_publish_yields_one_delivery_and_one_request(settings, grpc_ch
     time.sleep(QUIET_S)
     assert len(receiver.requests(path)) == 1, "the duplicate record must not be delivered again"
 
-    rows = eventually(lambda: _by_event(cassandra_session, ev.event_id), timeout=60, what="deliveries_by_event")
+    rows = eventually(lambda: _by_event(cassandra_session, ev.event_id, [endpoint_id]), timeout=60,
+                      what="the delivery row")
     assert [(r.endpoint_id, r.delivery_id) for r in rows] == [(endpoint_id, delivery_id_for(ev.event_id, endpoint_id))]
-    d = eventually(lambda: cassandra_session.execute(
-        "SELECT status, attempt_count FROM deliveries WHERE delivery_id=%s",
-        (rows[0].delivery_id,)).one(), timeout=60, what="delivery row")
+    d = eventually(lambda: (r := delivery_row(cassandra_session, rows[0].delivery_id)) and r.attempt_count and r,
+                   timeout=60, what="the delivery's outcome")
     assert d.attempt_count == 1
 
 
@@ -70,10 +69,11 @@ def test_event_goes_to_matching_endpoints_of_its_tenant_only(settings, grpc_chan
     assert r_exact.headers["webhook-id"] == delivery_id_for(ev.event_id, exact)
     assert r_prefix.headers["webhook-id"] == delivery_id_for(ev.event_id, prefix)
 
-    rows = eventually(lambda: (r := _by_event(cassandra_session, ev.event_id)) and len(r) >= 2 and r,
-                      timeout=60, what="two deliveries_by_event rows")
+    candidates = [exact, prefix, nomatch, other]
+    rows = eventually(lambda: (r := _by_event(cassandra_session, ev.event_id, candidates)) and len(r) >= 2 and r,
+                      timeout=60, what="two delivery rows")
     time.sleep(QUIET_S)
-    rows = _by_event(cassandra_session, ev.event_id)
+    rows = _by_event(cassandra_session, ev.event_id, candidates)
     assert sorted(r.endpoint_id for r in rows) == sorted([exact, prefix])
     assert {r.tenant_id for r in rows} == {tenant_id}
     assert nomatch not in {r.endpoint_id for r in rows} and other not in {r.endpoint_id for r in rows}

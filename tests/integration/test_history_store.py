@@ -119,7 +119,8 @@ def indexed_numbers(session: Session, d: NewDelivery, started_ms: list[int]) -> 
 
 
 def attempts(session: Session, delivery_id: str) -> list[Any]:
-    return list(session.execute("SELECT * FROM attempts WHERE delivery_id=%s", (delivery_id,)))
+    return list(session.execute("SELECT * FROM delivery_history WHERE delivery_id=%s AND attempt_number > 0"
+                                " ORDER BY attempt_number ASC", (delivery_id,)))
 
 
 def test_a_final_status_survives_a_stale_final_record_and_a_re_creation(history, session):
@@ -160,7 +161,7 @@ def test_every_intent_has_its_own_attempt_row_and_only_requests_are_indexed(hist
     assert len({r.attempt_id for r in rows.values()}) == 3
     assert [rows[n].outcome for n in (1, 2, 3)] == ["retry", "retry", "not_sent"]
     assert rows[1].http_status == 503 and rows[1].url == "https://hooks.example.com/in"
-    assert rows[3].http_status is None and rows[3].endpoint_config_version == 3
+    assert rows[3].http_status is None and rows[3].config_version == 3
     assert indexed_numbers(session, d, [t0 + 950, t0 + 1950, t0 + 3000]) == [1, 2]
 
 
@@ -185,7 +186,7 @@ def test_check_reads_the_durable_record_and_counts_reserved_rows(history, sessio
     lone = delivery()
     durable(history, history.reserve(lone, intent(1), lone.created_at_ms))
     assert check(history, lone.delivery_id) == DurableRecord(status=None, max_attempt_number=1)
-    session.execute("UPDATE deliveries SET attempt_count=1 WHERE delivery_id=%s", (lone.delivery_id,))
+    session.execute("UPDATE delivery_history SET attempt_count=1 WHERE delivery_id=%s", (lone.delivery_id,))
     assert check(history, lone.delivery_id).status == "pending"
 
 
@@ -386,3 +387,85 @@ def test_a_heads_records_block_and_free_its_ordering_key(history, session):
     durable(history, history.record(d1, free, 2, None, KeyRowChange(key, blocked=False)))  # d1's, again, late
     [row] = key_rows(session, d2, key)
     assert row.head_delivery_id == d2.delivery_id
+
+
+def _partition_writes(session: Session, keyspace: str) -> dict[str, int]:
+    """Cassandra's own count of local writes per table of the keyspace (one per partition update:
+    a batch's statements on one partition of one table are one write)."""
+    rows = session.execute("SELECT table_name, count FROM system_views.local_write_latency WHERE keyspace_name=%s",
+                           (keyspace,))
+    return {r.table_name: r.count for r in rows}
+
+
+def test_a_first_attempt_success_costs_four_partition_writes_by_cassandras_count(history, session, own_settings):
+    """The creation (the delivery with its reserved attempt, its endpoint index row) and the
+    outcome (the attempt row with the new status, the endpoint index row): four writes as
+    Cassandra counts them, plus the event row each event shares between its deliveries. A success
+    is not indexed by hour; a retry is."""
+    ks = own_settings.cassandra.keyspace
+    n = 20
+    ds = [delivery() for _ in range(n)]
+    before = _partition_writes(session, ks)
+    for d in ds:
+        i1 = intent(1)
+        durable(history, history.persist(d, i1))
+        durable(history, history.record(d, sent(i1, d.created_at_ms + 1000, "succeeded", "succeeded", http=200),
+                                        1, None))
+    after = _partition_writes(session, ks)
+    delta = {t: after.get(t, 0) - before.get(t, 0) for t in after if after.get(t, 0) != before.get(t, 0)}
+    assert delta == {"delivery_history": 2 * n, "endpoint_deliveries": 2 * n, "events": n}, delta
+
+    d = delivery()
+    i1, i2 = intent(1), intent(2)
+    durable(history, history.persist(d, i1, write_event=False))
+    before = _partition_writes(session, ks)
+    durable(history, history.record(d, sent(i1, d.created_at_ms + 1000, "retry", "pending"), 1, i2))
+    after = _partition_writes(session, ks)
+    delta = {t: after.get(t, 0) - before.get(t, 0) for t in after if after.get(t, 0) != before.get(t, 0)}
+    # The attempt row, the status and the next reservation: one partition update.
+    assert delta == {"delivery_history": 1, "endpoint_deliveries": 1, "endpoint_attempts": 1}, delta
+
+
+def _write_old_schema(session: Session, d: NewDelivery, attempt_rows: list[tuple[int, str]]) -> None:
+    """A delivery as the dispatcher wrote it before delivery_history existed (deliveries + attempts)."""
+    created = _utc(d.created_at_ms)
+    session.execute(
+        "INSERT INTO deliveries (delivery_id, event_id, tenant_id, endpoint_id, endpoint_config_version, event_type,"
+        " created_at, expires_at, status, attempt_count, auto_retry_active, next_attempt_at)"
+        " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,'pending',%s,true,%s)",
+        (d.delivery_id, d.event.event_id, d.tenant_id, d.endpoint_id, d.endpoint_config_version, d.event.event_type,
+         created, _utc(d.expires_at_ms), sum(1 for _, o in attempt_rows if o != "reserved"), created))
+    for number, outcome in attempt_rows:
+        session.execute(
+            "INSERT INTO attempts (delivery_id, attempt_number, attempt_id, endpoint_id, endpoint_config_version,"
+            " started_at, outcome, manual) VALUES (%s,%s,%s,%s,%s,%s,%s,false)",
+            (d.delivery_id, number, f"old-{number}", d.endpoint_id, d.endpoint_config_version, created, outcome))
+    session.execute(
+        "INSERT INTO events (event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
+        " payload) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
+        (d.event.event_id, d.tenant_id, d.event.event_type, d.event.schema_version, d.event.object_id,
+         d.event.object_version, _utc(d.event.occurred_at_ms), d.event.payload))
+
+
+def test_a_delivery_written_by_the_old_schema_stays_readable_and_finishes_in_the_new_one(history, session):
+    """A delivery still retrying across the upgrade: created in deliveries + attempts, its next
+    outcome lands in delivery_history. The dispatcher's CHECK and replay load, and the control
+    plane's GetDelivery, see one delivery: the newer status, every attempt once."""
+    from control_plane.store import CassandraStore
+
+    d = delivery()
+    _write_old_schema(session, d, [(1, "retry"), (2, "reserved")])
+    got = check(history, d.delivery_id)
+    assert (got.status, got.attempt_count, got.max_attempt_number) == ("pending", 1, 2)
+    loaded = asyncio.run(history.load_for_replay(d.delivery_id))
+    assert loaded is not None and loaded[0] == d
+
+    i2 = Intent(2, "old-2")
+    durable(history, history.record(d, sent(i2, d.created_at_ms + 5000, "succeeded", "succeeded", http=200),
+                                    2, None))
+    got = check(history, d.delivery_id)
+    assert (got.status, got.attempt_count, got.max_attempt_number, got.final) == ("succeeded", 2, 2, True)
+    detail = CassandraStore(session).get_delivery(d.delivery_id)
+    assert detail is not None
+    assert detail.summary.event_id == d.event.event_id and detail.summary.status.value == "succeeded"
+    assert [(a.attempt_number, a.outcome) for a in detail.attempts] == [(1, "retry"), (2, "succeeded")]

@@ -73,7 +73,7 @@ def window(settings, grpc_channel, receiver, delivery_job, cassandra_session):  
            "e3a": delivery_id_for(e3.event_id, ep_a)}
 
     def all_succeeded() -> bool:
-        rows = [cassandra_session.execute("SELECT status FROM deliveries WHERE delivery_id=%s", (d,)).one()
+        rows = [cassandra_session.execute(STATUS, (d,)).one()
                 for d in ids.values()]
         return all(r is not None and r.status == "succeeded" for r in rows)
 
@@ -98,14 +98,14 @@ def test_a_clean_window_has_no_gaps_and_counts_that_add_up(window) -> None:  # t
 def test_a_deleted_delivery_row_is_reported_and_restored_without_a_resend(window, cassandra_session,
                                                                            receiver) -> None:  # type: ignore[no-untyped-def]
     did = window["ids"]["e1b"]
-    cassandra_session.execute("DELETE FROM deliveries WHERE delivery_id=%s", (did,))
+    cassandra_session.execute(DROP_DELIVERY, (did,))
     r = window["check"]()
     assert _gaps(r) == [("delivery_missing", did)]
     fixed = window["check"](repair=True)
     assert [(x.kind, x.id, x.action) for x in fixed.repairs] == [("delivery_missing", did, "restored_succeeded")]
     after = window["check"]()
     assert after.clean, _gaps(after)
-    row = cassandra_session.execute("SELECT status, event_id FROM deliveries WHERE delivery_id=%s", (did,)).one()
+    row = cassandra_session.execute(STATUS, (did,)).one()
     assert (row.status, row.event_id) == ("succeeded", window["events"][0].event_id)
     time.sleep(QUIET_S)
     assert len(receiver.requests(window["base"] + "/b")) == 1, "a restored success is not sent again"
@@ -132,7 +132,7 @@ def test_a_dropped_fan_out_is_reported_and_repaired_without_resending_a_final_de
     # The redrive reached the dispatcher, which found the delivery final in Cassandra: no new request.
     time.sleep(QUIET_S)
     assert len(receiver.requests(window["base"] + "/a")) == 2
-    attempts = list(cassandra_session.execute("SELECT outcome FROM attempts WHERE delivery_id=%s",
+    attempts = list(cassandra_session.execute(OUTCOMES,
                                               (window["ids"]["e3a"],)))
     assert [a.outcome for a in attempts] == ["succeeded"]
 
@@ -143,11 +143,11 @@ def test_a_pending_delivery_no_job_holds_is_orphaned_and_the_sweeper_sends_it(
     path = window["base"] + "/a"
     before = len(receiver.requests(path))
     # Make it pending again, as if a job had lost it: a write just above its succeeded status.
-    wt = cassandra_session.execute("SELECT WRITETIME(status) AS wt FROM deliveries WHERE delivery_id=%s",
+    wt = cassandra_session.execute("SELECT WRITETIME(status) AS wt FROM delivery_history WHERE delivery_id=%s LIMIT 1",
                                    (did,)).one().wt
     hour_ago = int(time.time() * 1000) - 3_600_000
     cassandra_session.execute(
-        "UPDATE deliveries USING TIMESTAMP %s SET status='pending', auto_retry_active=true, next_attempt_at=%s"
+        "UPDATE delivery_history USING TIMESTAMP %s SET status='pending', auto_retry_active=true, next_attempt_at=%s"
         " WHERE delivery_id=%s", (wt + 1000, hour_ago, did))
     r = window["check"](overdue_after_s=60)
     assert _gaps(r) == [("pending_orphaned", did)]
@@ -157,11 +157,11 @@ def test_a_pending_delivery_no_job_holds_is_orphaned_and_the_sweeper_sends_it(
     # Re-sent once (at-least-once: the receiver sees the same webhook-id again) and recorded.
     again = receiver.wait_for(path, before + 1, timeout=60)
     assert again[-1].headers["webhook-id"] == did
-    eventually(lambda: cassandra_session.execute("SELECT status FROM deliveries WHERE delivery_id=%s",
+    eventually(lambda: cassandra_session.execute(STATUS,
                                                  (did,)).one().status == "succeeded",
                timeout=60, what="the swept delivery to succeed")
     outcomes = [a.outcome for a in cassandra_session.execute(
-        "SELECT outcome FROM attempts WHERE delivery_id=%s", (did,))]
+        OUTCOMES, (did,))]
     assert outcomes == ["succeeded", "succeeded"], "the duplicate is explained by a second attempt row"
     assert window["check"](overdue_after_s=60).clean
 
@@ -181,6 +181,16 @@ def test_reconcile_refuses_a_bad_window_and_a_tenant_key(settings, grpc_channel)
         admin.Reconcile(pb.ReconcileRequest(start_time=_stamp(now - 1000), end_time=_stamp(now)),
                         metadata=auth(api_key))
     assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+STATUS = "SELECT status, event_id FROM delivery_history WHERE delivery_id=%s LIMIT 1"
+OUTCOMES = ("SELECT outcome FROM delivery_history WHERE delivery_id=%s"
+            " AND attempt_number > 0 ORDER BY attempt_number ASC")
+# The delivery's own cells, not its attempt rows (they share the partition): the evidence of a
+# success that a repair restores from.
+DROP_DELIVERY = ("DELETE event_id, tenant_id, endpoint_id, endpoint_config_version, event_type, created_at, expires_at,"
+                 " status, attempt_count, next_attempt_at, last_http_status, last_error_class, auto_retry_active,"
+                 " updated_at FROM delivery_history WHERE delivery_id=%s")
 
 
 def _snapshot_row(cassandra_session, event_id: str, window):  # type: ignore[no-untyped-def]
@@ -208,7 +218,7 @@ def test_the_periodic_reconciler_reports_a_gap_it_finds(window, settings, cassan
     from control_plane.store import CassandraStore
 
     did = window["ids"]["e1b"]
-    cassandra_session.execute("DELETE FROM deliveries WHERE delivery_id=%s", (did,))
+    cassandra_session.execute(DROP_DELIVERY, (did,))
     cp = settings.control_plane.model_copy(update={"reconcile_settle_s": 0, "reconcile_window_s": 3600})
     publisher = KafkaPublisher(settings.kafka)
     try:

@@ -50,8 +50,8 @@ def test_failing_delivery_expires_at_the_deadline(deadline_stack, receiver):
 
     def expired():
         row = cassandra_session.execute(
-            "SELECT status, attempt_count, auto_retry_active, created_at, updated_at FROM deliveries "
-            "WHERE delivery_id=%s", (did,)).one()
+            "SELECT status, attempt_count, auto_retry_active, created_at, updated_at FROM delivery_history "
+            "WHERE delivery_id=%s LIMIT 1", (did,)).one()
         return row if row is not None and row.status == "expired" else None
 
     row = eventually(expired, timeout=60, what="delivery expired at its deadline")

@@ -38,7 +38,6 @@ def clean_inputs() -> rc.Inputs:
         dead_lettered=1,
         snapshots=[snap("e1", "ep_a", "ep_b"), snap("e2"), snap("e3", "ep_a")],
         deliveries={r.delivery_id: r for r in rows},
-        indexed={"e1": frozenset({"ep_a", "ep_b"}), "e3": frozenset({"ep_a"})},
         attempts={rows[0].delivery_id: ok(), rows[1].delivery_id: ok(2),
                   rows[2].delivery_id: [rc.AttemptRow(1, "reserved", False)]},
     )
@@ -69,10 +68,6 @@ def _drop_delivery(i: rc.Inputs) -> rc.Inputs:
     return replace(i, deliveries={k: v for k, v in i.deliveries.items() if k != delivery_id_for("e1", "ep_b")})
 
 
-def _drop_index(i: rc.Inputs) -> rc.Inputs:
-    return replace(i, indexed={**i.indexed, "e1": frozenset({"ep_a"})})
-
-
 def _orphan(i: rc.Inputs) -> rc.Inputs:
     did = delivery_id_for("e3", "ep_a")
     return replace(i, deliveries={**i.deliveries, did: replace(i.deliveries[did], next_attempt_at_ms=NOW - 20 * MIN)})
@@ -91,7 +86,6 @@ def _attempts_without_rows(i: rc.Inputs) -> rc.Inputs:
 @pytest.mark.parametrize(("damage", "kind", "gap_id"), [
     (_drop_snapshot, rc.EVENT_NOT_FANNED_OUT, "e2"),
     (_drop_delivery, rc.DELIVERY_MISSING, delivery_id_for("e1", "ep_b")),
-    (_drop_index, rc.INDEX_MISSING, delivery_id_for("e1", "ep_b")),
     (_orphan, rc.PENDING_OVERDUE, delivery_id_for("e3", "ep_a")),
     (_success_without_evidence, rc.SUCCESS_UNRECORDED, delivery_id_for("e1", "ep_a")),
     (_attempts_without_rows, rc.ATTEMPTS_UNRECORDED, delivery_id_for("e1", "ep_b")),
