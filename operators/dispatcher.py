@@ -59,6 +59,7 @@ from operators.payload_cache import PayloadCache
 from operators.sender import Sender, SigningKeys, SigningKeyUnavailable
 from operators.snapshot_writer import SNAPSHOT_KEY_PREFIX, SnapshotWriter
 from operators.task_gauges import TaskGauges
+from operators.wakes import Wakes
 from operators.write_batcher import Completion
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,10 @@ METRICS = (
     "final_not_resent", "history_write_failures", "replays", "replays_unknown", "replays_refused",
     "replays_duplicate", "manual_not_sent", "endpoint_holds", "endpoint_internal_errors", "signing_key_errors",
     "spilled", "paged_in", "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots", "skips",
-    "skips_not_held", "skips_not_head")
+    "skips_not_held", "skips_not_head",
+    # The operator's own: passes made (for elements and timers) and timers that found nothing
+    # finished and no driver wake due.
+    "passes", "empty_polls")
 
 # Labelled counts the driver keeps as "name:label": (the Flink group key that becomes the
 # Prometheus label, the counter's name). Labels are bounded sets (core.telemetry).
@@ -132,7 +136,7 @@ class Dispatcher(KeyedProcessFunction):
         self._scheduler = FairScheduler(pool_size=s.dispatch.max_in_flight,
                                         tenant_quota=s.dispatch.tenant_max_in_flight)
         self._drivers: dict[str, EndpointDriver] = {}
-        self._wakes: dict[str, int] = {}
+        self._wakes = Wakes()
         self._io = IoTracker()
         # event id -> the completion of the persist that writes its event row (None until started)
         self._events_written: OrderedDict[str, Completion | None] = OrderedDict()
@@ -227,9 +231,10 @@ class Dispatcher(KeyedProcessFunction):
         if key.startswith(SNAPSHOT_KEY_PREFIX):
             self._snapshots.on_timer(key, ctx, ctx.timer_service().current_processing_time())
             return
-        if self._wakes.get(key) == timestamp:
-            del self._wakes[key]
+        self._wakes.fired(key, timestamp)
         now = ctx.timer_service().current_processing_time()
+        if not self._wakes.needs_pass(key, now, self._io):
+            self._counts["empty_polls"] += 1
         try:
             yield from self._pass(key, self._driver(key), ctx, now)
         except Exception as exc:  # noqa: BLE001 -- see process_element
@@ -246,6 +251,7 @@ class Dispatcher(KeyedProcessFunction):
 
     # -- one pass --------------------------------------------------------------------------------
     def _pass(self, endpoint_id: str, drv: EndpointDriver, ctx: Any, now: int):
+        self._counts["passes"] += 1
         for f in self._io.finished(endpoint_id):
             self._finished(drv, f, now)
         budget = self._settings.cassandra.max_concurrent_writes - self._io.storage_in_flight
@@ -256,12 +262,12 @@ class Dispatcher(KeyedProcessFunction):
         wake = decision.wake.at_ms if decision.wake else None
         if drv.held_until_ms > now and (wake is None or drv.held_until_ms < wake):
             wake = drv.held_until_ms  # held by send_not_started, after the step chose its wake
+        self._wakes.asked(endpoint_id, wake)
         poll = self._io.poll_at(endpoint_id, now, self._settings.dispatch.harvest_interval_ms)
-        if poll is not None and (wake is None or poll < wake):
-            wake = poll
-        self._schedule(ctx, endpoint_id, wake, now)
+        self._register(ctx, self._wakes.next_timer(endpoint_id, poll, now))
         if drv.idle and not self._io.busy(endpoint_id):
             del self._drivers[endpoint_id]  # keyed state keeps its config, breaker and bucket
+            self._wakes.forget(endpoint_id)
             if endpoint_id in self._reported:
                 self._reported.discard(endpoint_id)
                 self._history.report_backlog(endpoint_id, drv.tenant_id, 0, now)  # holds none now
@@ -401,8 +407,8 @@ class Dispatcher(KeyedProcessFunction):
         else:
             until = now + self._policy.hold_max_ms
         log.error("endpoint %s held until %d after %s", endpoint_id, until, reason, exc_info=exc)
-        self._wakes.pop(endpoint_id, None)
-        self._schedule(ctx, endpoint_id, until, now)
+        self._wakes.held(endpoint_id, until)
+        self._register(ctx, self._wakes.timer_for(endpoint_id, until, now))
         self._publish_counts()
 
     # -- payloads --------------------------------------------------------------------------------
@@ -448,18 +454,11 @@ class Dispatcher(KeyedProcessFunction):
             self._events_written.popitem(last=False)
         return True
 
-    def _schedule(self, ctx: Any, endpoint_id: str, wake: int | None, now: int) -> None:
-        """Register a timer unless one at or before ``wake`` is already set. Which timers are set
-        is known in memory only: after a restore Flink re-fires the checkpointed timers, and the
-        worst case is one redundant pass that finds nothing to do."""
-        if wake is None:
-            return
-        wake = max(wake, now + 1)
-        current = self._wakes.get(endpoint_id)
-        if current is not None and now < current <= wake:
-            return
-        ctx.timer_service().register_processing_time_timer(wake)
-        self._wakes[endpoint_id] = wake
+    @staticmethod
+    def _register(ctx: Any, at_ms: int | None) -> None:
+        """Set the timer operators.wakes chose (None: one at or before it is set already)."""
+        if at_ms is not None:
+            ctx.timer_service().register_processing_time_timer(at_ms)
 
     def _publish_counts(self) -> None:
         for name, value in self._counts.items():

@@ -1,11 +1,16 @@
 """The dispatcher's I/O in flight: HTTP requests and Cassandra reads/writes, per endpoint.
 
-Futures complete on the I/O loop's thread; the dispatcher only looks at them from its own task
-thread, in the endpoint's keyed context, when a timer or an element for that endpoint arrives.
+Futures complete on the I/O loop's thread (or the Cassandra driver's); the dispatcher only looks
+at them from its own task thread, in the endpoint's keyed context, when a timer or an element
+for that endpoint arrives. What the I/O side may do from its own thread is say *which* endpoints
+have something finished: a future that takes a done-callback adds its endpoint to a set, so a
+timer that finds its endpoint absent from it (and none of the endpoint's callback-less
+completions done) knows without a pass that there is nothing to harvest.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,20 +29,38 @@ class Finished:
 
 class IoTracker:
     def __init__(self) -> None:
-        self._by_endpoint: dict[str, dict[tuple[IoKind, str], tuple[Completion, int, Any]]] = {}
+        # endpoint -> (kind, delivery) -> (completion, started at, tag, whether it calls back)
+        self._by_endpoint: dict[str, dict[tuple[IoKind, str], tuple[Completion, int, Any, bool]]] = {}
         self.storage_in_flight = 0  # everything but HTTP requests: bounded operator-wide
+        # Endpoints a done-callback reported, written from I/O threads. A set's add and discard
+        # are each one atomic operation under the GIL; the task thread discards an endpoint
+        # *before* scanning its futures, so a completion racing the scan is reported again.
+        self._ready: set[str] = set()
 
     def add(self, endpoint_id: str, kind: IoKind, key: str, fut: Completion, now_ms: int, tag: Any = None) -> None:
-        self._by_endpoint.setdefault(endpoint_id, {})[(kind, key)] = (fut, now_ms, tag)
+        calls_back = hasattr(fut, "add_done_callback")
+        self._by_endpoint.setdefault(endpoint_id, {})[(kind, key)] = (fut, now_ms, tag, calls_back)
         if kind != "send":
             self.storage_in_flight += 1
+        if calls_back:
+            # (Runs at once, on this thread, if the future is done already.)
+            fut.add_done_callback(functools.partial(_mark_ready, self._ready, endpoint_id))  # type: ignore[attr-defined]
+
+    def has_finished(self, endpoint_id: str) -> bool:
+        """Whether :meth:`finished` would return anything, without taking it: one set lookup,
+        plus ``done()`` of the completions that cannot call back (the write batcher's)."""
+        if endpoint_id in self._ready:
+            return True
+        io = self._by_endpoint.get(endpoint_id)
+        return io is not None and any(not calls_back and fut.done() for fut, _, _, calls_back in io.values())
 
     def finished(self, endpoint_id: str) -> list[Finished]:
+        self._ready.discard(endpoint_id)
         io = self._by_endpoint.get(endpoint_id)
         if not io:
             return []
         out = []
-        for (kind, key), (fut, _, tag) in list(io.items()):
+        for (kind, key), (fut, _, tag, _) in list(io.items()):
             if not fut.done():
                 continue
             del io[(kind, key)]
@@ -60,5 +83,10 @@ class IoTracker:
         io = self._by_endpoint.get(endpoint_id)
         if not io:
             return None
-        youngest = max(started for _, started, _ in io.values())
+        youngest = max(started for _, started, _, _ in io.values())
         return now_ms + max(base_ms, min(1000, (now_ms - youngest) // 4))
+
+
+def _mark_ready(ready: set[str], endpoint_id: str, _fut: Any) -> None:
+    """A done-callback, on whichever thread completed the future."""
+    ready.add(endpoint_id)
