@@ -4,8 +4,9 @@ A *group* is a named set of root pids (a TaskManager, Kafka, Cassandra, ...); ea
 utime + stime of the roots and every live descendant (PyFlink may start Python workers, the
 PostgreSQL postmaster forks a backend per connection). CPU per delivery is the sum over every
 group of the CPU seconds a phase used, divided by the phase's deliveries: what the issue calls
-"the whole stack on the delivery path". The receiver and the load generator (this process) are
-not in any group.
+"the whole stack on the delivery path". What the stack costs with no traffic is sampled over every
+process of the stack instead (``whole_stack_groups``). The receiver and the load generator (this
+process) are not in any group.
 
 Limits, stated rather than hidden: a child that exits during a phase takes its ticks with it
 (its parent's cutime only gets them when it is reaped), so short-lived children are undercounted;
@@ -15,6 +16,7 @@ connections) are exact to a clock tick (10 ms).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -86,6 +88,16 @@ def stack_groups(run: Path, extra: dict[str, list[Path]] | None = None) -> dict[
     return groups
 
 
+def whole_stack_groups(run: Path, own: dict[str, list[Path]] | None = None) -> dict[str, list[Path]]:
+    """Every process of the `make up` stack, not only those on the delivery path: one group per
+    part that keeps its pid in ``run``/<part>/pid (Kafka, Cassandra, the JobManager, each
+    TaskManager, Kafka Connect, PostgreSQL, the control plane, Prometheus, the Pushgateway, and
+    any part added later without a change here); ``own``, a run's own processes, as bench-<name>."""
+    groups = {f.parent.name: [f] for f in sorted(run.glob("*/pid"))}
+    groups.update({f"bench-{g}": files for g, files in (own or {}).items()})
+    return groups
+
+
 @dataclass
 class Usage:
     """What one phase cost: CPU seconds per group and the samples over time."""
@@ -99,6 +111,17 @@ class Usage:
     def total_cpu_s(self) -> float:
         return sum(self.cpu_s.values())
 
+    @property
+    def cores(self) -> float:
+        """Cores busy on average: CPU seconds over wall seconds; nan when nothing was sampled."""
+        return self.total_cpu_s / self.wall_s if self.wall_s else math.nan
+
+    def cores_by_group(self) -> dict[str, float]:
+        """Each group's cores busy on average, largest first."""
+        if not self.wall_s:
+            return {}
+        return {g: s / self.wall_s for g, s in sorted(self.cpu_s.items(), key=lambda x: -x[1])}
+
     def ms_per(self, n: int) -> dict[str, float]:
         return {g: s * 1000 / n for g, s in self.cpu_s.items()} if n else {}
 
@@ -107,7 +130,7 @@ class Usage:
             return "no deliveries"
         parts = " ".join(f"{g}={ms:.2f}" for g, ms in sorted(self.ms_per(n).items(), key=lambda x: -x[1]))
         return (f"cpu_ms_per_delivery={self.total_cpu_s * 1000 / n:.2f} ({parts}); "
-                f"cores busy avg={self.total_cpu_s / self.wall_s:.2f} over {self.wall_s:.1f}s")
+                f"cores busy avg={self.cores:.2f} over {self.wall_s:.1f}s")
 
 
 class StackSampler:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from bench.raw_http import Result as RawResult
 
 if TYPE_CHECKING:
-    from bench.run import PhaseResult
+    from bench.run import Costs, PhaseResult
 
 
 def _git_rev() -> str:
@@ -45,7 +45,7 @@ def _cpu_model() -> str:
 
 
 def write(out_dir: Path, phases: Mapping[str, PhaseResult], summary_lines: list[str], raw: RawResult,
-          args: Mapping[str, Any]) -> Path:
+          args: Mapping[str, Any], costs: Costs | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     charts = _charts(out_dir, phases)
     rows = []
@@ -81,12 +81,38 @@ def write(out_dir: Path, phases: Mapping[str, PhaseResult], summary_lines: list[
         "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
+        *(_costs(costs) if costs is not None else []),
         *[f"![{title}]({file})" for title, file in charts],
         "",
     ]
     report = out_dir / "report.md"
     report.write_text("\n".join(text))
     return report
+
+
+def _costs(c: Costs) -> list[str]:
+    """The full-speed phase's CPU in raw client requests, its Cassandra writes, the idle stack."""
+    out = [
+        "## Costs",
+        "",
+        f"- Full speed: {c.cpu_ms_per_delivery:.2f} ms of the delivery path's CPU a delivery = "
+        f"{c.cpu_per_client_request:.1f} raw aiohttp client requests at {c.client_cpu_ms_per_request:.3f} ms "
+        "each (this run's raw phase).",
+    ]
+    if c.writes_by_table is None:
+        out.append("- Cassandra writes: not read.")
+    else:
+        by_table = ", ".join(f"{t} {n}" for t, n in sorted(c.writes_by_table.items(), key=lambda x: -x[1]))
+        out.append(f"- Cassandra writes, the server's own count (one per table and partition updated) over the "
+                   f"full-speed phase: {c.cassandra_writes} for {c.deliveries} deliveries = "
+                   f"{c.cassandra_writes_per_delivery:.2f} a delivery ({by_table or 'none'}).")
+    if c.idle is None:
+        out.append("- Idle stack: not sampled (--idle-seconds 0).")
+    else:
+        by_process = ", ".join(f"{g} {cores:.3f}" for g, cores in c.idle.cores_by_group().items())
+        out.append(f"- Idle stack (job running, no traffic), every stack process over {c.idle.wall_s:.0f} s: "
+                   f"{c.idle_cores:.2f} cores busy ({by_process}).")
+    return [*out, ""]
 
 
 def _charts(out_dir: Path, phases: Mapping[str, PhaseResult]) -> list[tuple[str, str]]:

@@ -16,16 +16,35 @@ One run, loopback only, bounded in count and time:
    transaction per event, latency from its COMMIT), with a PostgreSQL cluster and a Kafka Connect
    worker of the run's own;
 5. CPU of every stack process on the delivery path (TaskManagers, JobManager, Kafka, Cassandra,
-   the run's control plane; PostgreSQL and Connect in the outbox phases) sampled from /proc;
-6. a phase paced at half the sustained rate, and a fairness phase (tenant A with 1,000 hanging
-   endpoints loaded first, healthy tenant B measured against its own baseline); both on by default;
-7. the job is cancelled, the receiver and the control plane stopped by pid, topics and keyspace deleted.
+   the run's control plane; PostgreSQL and Connect in the outbox phases) sampled from /proc, and
+   Cassandra's own count of the writes to the run's keyspace over the full-speed phase
+   (bench/cassandra_writes.py);
+6. a phase paced at half the sustained rate; then, with the job still running and no traffic, the
+   CPU of every process of the stack over ``--idle-seconds`` (30; 0 skips it);
+7. the full-speed and half-load phases again through the outbox, and a fairness phase (tenant A
+   with 1,000 hanging endpoints loaded first, healthy tenant B measured against its own baseline);
+   all on by default; they come after the idle sample because the hanging tenant's retries go on;
+8. the job is cancelled, the receiver and the control plane stopped by pid, topics and keyspace deleted.
 
-The last line is the comparable summary (a `bench-outbox:` line before it gives the outbox path's);
-`.run/bench/report.md` and its charts say where the time and the CPU went:
+The last line is the comparable summary (a `bench-outbox:` line before it gives the outbox path's,
+a `bench-idle:` line the idle stack's cores by process); `.run/bench/report.md` and its charts say
+where the time and the CPU went:
 
     bench: deliveries_per_s=N raw_http_per_s=N ratio=R p50_first_attempt_ms=N p99_first_attempt_ms=N
            half_p50_first_attempt_ms=N half_p99_first_attempt_ms=N cpu_ms_per_delivery=X
+           client_cpu_ms_per_request=X cpu_per_client_request=R cassandra_writes_per_delivery=W
+           idle_cores=C
+
+* ``cpu_ms_per_delivery``: the delivery path's CPU (step 5) over the full-speed phase's deliveries;
+* ``client_cpu_ms_per_request``: the raw phase's aiohttp client's CPU (this process, the receiver
+  being another) over its responses: what one HTTP request alone costs here;
+* ``cpu_per_client_request``: the first over the second, the same run's CPU per delivery in raw
+  client requests (comparable across machines and runs of different speed);
+* ``cassandra_writes_per_delivery``: the server's writes to the run's keyspace (one per table and
+  partition updated; a single-partition batch on one table is one) over the full-speed phase's
+  deliveries, from before its first event until the counts stop moving after its last delivery;
+* ``idle_cores``: CPU seconds over wall seconds of every stack process (each .run/<part>/pid and
+  the run's control plane) with no traffic; ``nan`` with ``--idle-seconds 0``.
 
 (The raw HTTP rate and the ratio stay for comparison with earlier runs; the yardstick is now the
 CPU per delivery and the latency of what users would pick instead: README, Performance.)
@@ -36,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import ssl
@@ -46,6 +66,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +74,7 @@ import grpc
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from bench import cpu, raw_http, report_md
+from bench import cassandra_writes, cpu, raw_http, report_md
 from bench.raw_http import percentile
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
@@ -544,6 +565,59 @@ def _groups() -> dict[str, list[Path]]:
     return cpu.stack_groups(RUN, EXTRA_GROUPS)
 
 
+def measure_idle(seconds: float) -> cpu.Usage:
+    """Every process of the stack (and the run's own) over ``seconds`` of no traffic."""
+    say(f"idle: sampling every stack process for {seconds:g}s (job running, no traffic)")
+    with cpu.StackSampler(partial(cpu.whole_stack_groups, RUN, EXTRA_GROUPS), interval_s=1.0) as sampler:
+        time.sleep(seconds)
+    return sampler.usage
+
+
+def idle_line(usage: cpu.Usage) -> str:
+    """The idle stack's cores busy, in all and by process, largest first."""
+    return (f"bench-idle: cores={usage.cores:.3f} seconds={usage.wall_s:.1f} "
+            + " ".join(f"{g}={c:.3f}" for g, c in usage.cores_by_group().items()))
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What the full-speed phase cost per delivery beyond its rate and latency, against what one
+    raw aiohttp request costs, and what the stack costs with no traffic."""
+    deliveries: int
+    cpu_s: float  # the delivery path's processes over the full-speed phase
+    client_cpu_ms_per_request: float  # the raw phase's aiohttp client
+    writes_by_table: dict[str, int] | None  # Cassandra's count over the phase; None: not read
+    idle: cpu.Usage | None  # None: --idle-seconds 0
+
+    @classmethod
+    def of(cls, full: PhaseResult, raw: raw_http.Result, writes_by_table: dict[str, int] | None,
+           idle: cpu.Usage | None) -> Costs:
+        return cls(full.delivered, full.usage.total_cpu_s, raw.client_cpu_ms_per_request, writes_by_table, idle)
+
+    @property
+    def cpu_ms_per_delivery(self) -> float:
+        return self.cpu_s * 1000 / self.deliveries if self.deliveries else 0.0
+
+    @property
+    def cpu_per_client_request(self) -> float:
+        if not self.client_cpu_ms_per_request:
+            return math.nan
+        return self.cpu_ms_per_delivery / self.client_cpu_ms_per_request
+
+    @property
+    def cassandra_writes(self) -> int | None:
+        return None if self.writes_by_table is None else sum(self.writes_by_table.values())
+
+    @property
+    def cassandra_writes_per_delivery(self) -> float:
+        writes = self.cassandra_writes
+        return writes / self.deliveries if writes is not None and self.deliveries else math.nan
+
+    @property
+    def idle_cores(self) -> float:
+        return self.idle.cores if self.idle is not None else math.nan
+
+
 def run(args: argparse.Namespace) -> int:
     global LATENCY_DIR, PHASE_STALL_S
     PHASE_STALL_S = args.stall_timeout
@@ -569,7 +643,8 @@ def run(args: argparse.Namespace) -> int:
         env = bench_env(run_id, port, max(args.partitions, args.taskmanagers))
         env["WEBHOOKS_FLINK__PARALLELISM"] = str(args.taskmanagers)
         settings = settings_with(env)
-        stack.enter_context(keyspace_session(settings))
+        ks_session = stack.enter_context(keyspace_session(settings))
+        read_writes = partial(cassandra_writes.read, ks_session, settings.cassandra.keyspace)
         stack.enter_context(topics(settings))
         cp_pid = RUN / f"bench-{run_id}-control-plane.pid"
         channel = stack.enter_context(control_plane_process(env, cp_pid))
@@ -585,10 +660,17 @@ def run(args: argparse.Namespace) -> int:
 
         full: PhaseResult | None = None
         half: PhaseResult | None = None
+        writes: dict[str, int] | None = None
+        idle: cpu.Usage | None = None
         sustained = 0.0
         rate = 0.0
         if args.max:
+            # Settled first: the warm-up's history writes are not the phase's.
+            before = cassandra_writes.settled(read_writes)
             full, _ = phase("max", settings, rx, tenants, args.events, body, args.timeout)
+            writes = cassandra_writes.delta(before, cassandra_writes.settled(read_writes))
+            say(f"max: Cassandra counted {sum(writes.values())} writes to {settings.cassandra.keyspace} "
+                f"for {full.delivered} deliveries ({', '.join(f'{t} {n}' for t, n in writes.items())})")
             sustained = full.sustained_per_s
         if args.half_load and sustained > 0:
             # Deliveries/s -> events/s: each event fans out to every endpoint of its tenant.
@@ -596,6 +678,9 @@ def run(args: argparse.Namespace) -> int:
             n = max(10, min(args.events, int(rate * args.half_seconds)))
             say(f"half load: {rate:.1f} events/s ({rate * args.endpoints:.0f} deliveries/s) for {n} events")
             half, _ = phase("half", settings, rx, tenants, n, body, args.timeout, rate)
+        if args.idle_seconds > 0:
+            cassandra_writes.settled(read_writes)  # the last phase's history writes are not idle
+            idle = measure_idle(args.idle_seconds)
         if args.outbox:
             outbox_line = outbox_phases(stack, env, run_id, settings, rx, tenants, body, args, rate)
         fair_rate = args.fair_rate or sustained / 4  # deliveries/s of the healthy tenant
@@ -609,9 +694,13 @@ def run(args: argparse.Namespace) -> int:
         direct = (f" | direct to Kafka: half_load_p50_ms={half.p(50):.0f} half_load_p99_ms={half.p(99):.0f}"
                   if half else "")
         lines.append(outbox_line + direct)
+    if idle is not None:
+        lines.append(idle_line(idle))
+    costs = None
     if full is not None:
-        lines.append(summary_line(full, half, raw.per_second))
-    out = report_md.write(REPORT_DIR, PHASES, lines, raw, vars(args))
+        costs = Costs.of(full, raw, writes, idle)
+        lines.append(summary_line(full, half, raw.per_second, costs))
+    out = report_md.write(REPORT_DIR, PHASES, lines, raw, vars(args), costs)
     say(f"report: {out}")
     for line in lines:
         print(line, flush=True)
@@ -620,14 +709,19 @@ def run(args: argparse.Namespace) -> int:
     return 0 if full.delivered == full.expected else 1
 
 
-def summary_line(full: PhaseResult, half: PhaseResult | None, raw_per_s: float) -> str:
-    """The comparable last line: the figures of earlier runs first, the newer ones after."""
+def summary_line(full: PhaseResult, half: PhaseResult | None, raw_per_s: float, costs: Costs) -> str:
+    """The comparable last line: the figures of earlier runs first, the newer ones after (a figure
+    not measured in this run reads ``nan``)."""
     ratio = full.sustained_per_s / raw_per_s if raw_per_s else 0.0
-    cpu_ms = full.usage.total_cpu_s * 1000 / full.delivered if full.delivered else 0.0
     return (f"bench: deliveries_per_s={full.sustained_per_s:.0f} raw_http_per_s={raw_per_s:.0f} "
             f"ratio={ratio:.3f} p50_first_attempt_ms={full.p(50):.0f} p99_first_attempt_ms={full.p(99):.0f} "
             f"half_p50_first_attempt_ms={half.p(50) if half else 0:.0f} "
-            f"half_p99_first_attempt_ms={half.p(99) if half else 0:.0f} cpu_ms_per_delivery={cpu_ms:.2f}")
+            f"half_p99_first_attempt_ms={half.p(99) if half else 0:.0f} "
+            f"cpu_ms_per_delivery={costs.cpu_ms_per_delivery:.2f} "
+            f"client_cpu_ms_per_request={costs.client_cpu_ms_per_request:.3f} "
+            f"cpu_per_client_request={costs.cpu_per_client_request:.1f} "
+            f"cassandra_writes_per_delivery={costs.cassandra_writes_per_delivery:.2f} "
+            f"idle_cores={costs.idle_cores:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -651,6 +745,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--half-load", action=argparse.BooleanOptionalAction, default=True,
                     help="paced phase at half the sustained rate")
     ap.add_argument("--half-seconds", type=float, default=15.0)
+    ap.add_argument("--idle-seconds", type=float, default=30.0,
+                    help="after the direct phases, sample every stack process this long with no "
+                         "traffic (idle_cores); 0 skips it (idle_cores=nan)")
     ap.add_argument("--outbox", action=argparse.BooleanOptionalAction, default=True,
                     help="repeat the full-speed and half-load phases through the transactional outbox "
                          "(PostgreSQL -> Debezium -> Kafka) and print a bench-outbox line")
@@ -669,6 +766,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if min(args.events, args.endpoints, args.tenants, args.partitions, args.taskmanagers) < 1:
         ap.error("--events, --endpoints, --tenants, --partitions and --taskmanagers must be >= 1")
+    if args.idle_seconds < 0:
+        ap.error("--idle-seconds must be >= 0 (0 skips the idle sample)")
     return run(args)
 
 

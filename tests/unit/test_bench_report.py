@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 
 from bench import cpu, report_md
 from bench.raw_http import Result as RawResult
-from bench.run import PhaseResult, Sent, measure, summary_line
+from bench.run import Costs, PhaseResult, Sent, measure, summary_line
 
 
 def test_the_sampler_counts_the_cpu_a_group_spent_and_ignores_a_missing_process(tmp_path: Path) -> None:
@@ -37,23 +38,62 @@ def phase(delivered: int, cpu_s: dict[str, float]) -> PhaseResult:
                        usage=cpu.Usage(cpu_s=cpu_s, wall_s=2.0, series=[(0.5, {g: 50.0 for g in cpu_s})]))
 
 
+def costs_of(full: PhaseResult, client_cpu_s: float = 0.25, writes: dict[str, int] | None = None,
+             idle: cpu.Usage | None = None) -> Costs:
+    raw = RawResult(elapsed_s=1.0, ok=1000, client_cpu_s=client_cpu_s)  # 0.25 ms a request by default
+    return Costs.of(full, raw, writes, idle)
+
+
+def summary_fields(line: str) -> dict[str, str]:
+    return dict(kv.split("=") for kv in line.removeprefix("bench: ").split())
+
+
 def test_the_summary_line_keeps_the_old_figures_and_adds_the_new_ones() -> None:
     full = phase(200, {"taskmanagers": 0.3, "cassandra": 0.1})
-    line = summary_line(full, phase(100, {"taskmanagers": 0.1}), raw_per_s=1000.0)
-    fields = dict(kv.split("=") for kv in line.removeprefix("bench: ").split())
+    idle = cpu.Usage(cpu_s={"kafka": 3.0, "cassandra": 9.0}, wall_s=30.0)
+    costs = costs_of(full, writes={"attempts": 200, "deliveries": 400}, idle=idle)
+    fields = summary_fields(summary_line(full, phase(100, {"taskmanagers": 0.1}), 1000.0, costs))
     assert list(fields) == ["deliveries_per_s", "raw_http_per_s", "ratio", "p50_first_attempt_ms",
                             "p99_first_attempt_ms", "half_p50_first_attempt_ms", "half_p99_first_attempt_ms",
-                            "cpu_ms_per_delivery"]
+                            "cpu_ms_per_delivery", "client_cpu_ms_per_request", "cpu_per_client_request",
+                            "cassandra_writes_per_delivery", "idle_cores"]
     assert fields["cpu_ms_per_delivery"] == "2.00"  # 0.4 s over 200 deliveries
     assert fields["raw_http_per_s"] == "1000"
+    assert fields["client_cpu_ms_per_request"] == "0.250"  # 0.25 s over 1,000 responses
+    assert fields["cpu_per_client_request"] == "8.0"  # 2.00 / 0.25
+    assert fields["cassandra_writes_per_delivery"] == "3.00"  # 600 writes over 200 deliveries
+    assert fields["idle_cores"] == "0.40"  # 12 CPU seconds over 30 s
+
+
+def test_figures_not_measured_read_nan_and_keep_their_place() -> None:
+    full = phase(200, {"taskmanagers": 0.4})
+    fields = summary_fields(summary_line(full, None, 1000.0, costs_of(full, client_cpu_s=0.0)))
+    assert list(fields)[-4:] == ["client_cpu_ms_per_request", "cpu_per_client_request",
+                                 "cassandra_writes_per_delivery", "idle_cores"]
+    assert fields["cpu_per_client_request"] == "nan"  # no client CPU to divide by
+    assert fields["cassandra_writes_per_delivery"] == "nan"  # not read
+    assert fields["idle_cores"] == "nan"  # --idle-seconds 0
+    assert fields["half_p50_first_attempt_ms"] == "0"
+
+
+def test_no_cassandra_writes_over_deliveries_is_zero_not_nan() -> None:
+    costs = costs_of(phase(200, {"taskmanagers": 0.4}), writes={})
+    assert (costs.cassandra_writes, costs.cassandra_writes_per_delivery) == (0, 0.0)
+    assert math.isnan(costs_of(phase(200, {}), writes=None).cassandra_writes_per_delivery)
 
 
 def test_the_report_has_a_row_per_phase_and_its_charts(tmp_path: Path) -> None:
     phases = {"max": phase(200, {"taskmanagers": 0.3, "cassandra": 0.1}), "half": phase(50, {"taskmanagers": 0.1})}
-    out = report_md.write(tmp_path, phases, ["bench: x=1"], RawResult(elapsed_s=1.0, ok=1000), {"events": 20})
+    idle = cpu.Usage(cpu_s={"kafka": 3.0, "cassandra": 9.0}, wall_s=30.0)
+    costs = costs_of(phases["max"], writes={"attempts": 200, "deliveries": 400}, idle=idle)
+    out = report_md.write(tmp_path, phases, ["bench: x=1"], RawResult(elapsed_s=1.0, ok=1000), {"events": 20},
+                          costs)
     text = out.read_text()
     assert "| max | 200/200 | 0 |" in text and "| half | 50/50 | 0 |" in text
     assert "taskmanagers 1.50, cassandra 0.50" in text  # ms per delivery by process, largest first
+    assert "= 8.0 raw aiohttp client requests at 0.250 ms" in text
+    assert "600 for 200 deliveries = 3.00 a delivery (deliveries 400, attempts 200)" in text
+    assert "0.40 cores busy (cassandra 0.300, kafka 0.100)" in text
     for chart in ("latency_cdf.png", "rate.png", "cpu.png"):
         assert f"]({chart})" in text
         assert (tmp_path / chart).stat().st_size > 1000
