@@ -11,7 +11,10 @@ shared pieces: the fair scheduler of tenant slots, the background asyncio loop w
 
 Each call for a key is one *pass*: feed the driver the input and the finished I/O, ask it to
 step, start the I/O it decided, and set one timer at the wake time it gave (or sooner, to look
-at I/O in flight). Flink state is only touched from the task thread, in the key's context.
+at I/O in flight). A timer that was only such a look, and finds none of the endpoint's I/O
+finished (the I/O side marks endpoints as their futures complete), makes no pass: it sets the
+next look and returns (operators/wakes.py). Flink state is only touched from the task thread, in
+the key's context.
 
 An exception in one endpoint's pass never leaves the operator: it is logged (redacted),
 counted, and that endpoint is held for a doubling period while every other endpoint flows. A
@@ -80,8 +83,8 @@ METRICS = (
     "replays_duplicate", "manual_not_sent", "endpoint_holds", "endpoint_internal_errors", "signing_key_errors",
     "spilled", "paged_in", "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots", "skips",
     "skips_not_held", "skips_not_head",
-    # The operator's own: passes made (for elements and timers) and timers that found nothing
-    # finished and no driver wake due.
+    # The operator's own: passes made (for elements and timers), and timers that found nothing
+    # finished and no driver wake due, so made none.
     "passes", "empty_polls")
 
 # Labelled counts the driver keeps as "name:label": (the Flink group key that becomes the
@@ -233,9 +236,15 @@ class Dispatcher(KeyedProcessFunction):
             return
         self._wakes.fired(key, timestamp)
         now = ctx.timer_service().current_processing_time()
-        if not self._wakes.needs_pass(key, now, self._io):
-            self._counts["empty_polls"] += 1
         try:
+            if not self._wakes.needs_pass(key, now, self._io):
+                # Only a look at I/O in flight, and none of it finished: look again, without a pass.
+                self._counts["empty_polls"] += 1
+                self._history.flush_if_due()  # a lingering history batch is never stranded
+                poll = self._io.poll_at(key, now, self._settings.dispatch.harvest_interval_ms)
+                self._register(ctx, self._wakes.next_timer(key, poll, now))
+                self._housekeeping(ctx, now, changed=False)
+                return
             yield from self._pass(key, self._driver(key), ctx, now)
         except Exception as exc:  # noqa: BLE001 -- see process_element
             self._contain(key, ctx, now, exc)
@@ -271,6 +280,11 @@ class Dispatcher(KeyedProcessFunction):
             if endpoint_id in self._reported:
                 self._reported.discard(endpoint_id)
                 self._history.report_backlog(endpoint_id, drv.tenant_id, 0, now)  # holds none now
+        self._housekeeping(ctx, now, changed=True)
+
+    def _housekeeping(self, ctx: Any, now: int, changed: bool) -> None:
+        """The operator-wide work that rides on any timer or pass: backlog reports, gauges, counts.
+        ``changed``: a pass was made, so what the gauges show may be stale."""
         if now >= self._next_backlog_report:
             self._report_backlogs(now)
         if now - self._gauges_at >= GAUGE_REFRESH_MS:
@@ -280,7 +294,7 @@ class Dispatcher(KeyedProcessFunction):
         else:
             # What this pass changed (a delivery finished, say) must reach the gauges even if no
             # other pass follows: a stale "oldest new" would keep ageing on an idle job and alert.
-            again = True
+            again = changed
         if again and not self._refresh_due:
             ctx.timer_service().register_processing_time_timer(self._gauges_at + GAUGE_REFRESH_MS)
             self._refresh_due = True
