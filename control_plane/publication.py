@@ -1,31 +1,52 @@
-"""Getting stored endpoint configs onto webhooks.endpoints, and the config clock after them.
+"""Getting stored endpoint configs onto webhooks.endpoints, and the leased config clock after them.
 
 Writing Cassandra and then Kafka is a dual write: the process can die, or Kafka can refuse,
 between the two. The endpoint row is the source of truth and carries ``published_version``;
 :meth:`ConfigPublication.publish_latest` publishes whatever the row holds *now* and then raises
 ``published_version``, and the server's republisher loop calls it for every row left behind.
 
-The config clock tells the job "every config stored before T is on the topic". A change holds
-the clock from just before its Cassandra write until Kafka confirms its config (by the request
-or, after a failure, by the republisher), so the clock can never pass a stored-but-unpublished
-config. Holds are durable because the endpoint row is: every row the republisher finds behind
-(``published_version < config_version``) is held from its ``updated_at`` until it is published,
-and a starting process publishes no tick before one full pass has read them all -- so a crash
-between the Cassandra write and the publish (or a change made by another replica) never lets the
-clock pass a stored config. A publish that fails also writes a durable hold row
-(``config_holds``) that every replica reads, so with several replicas -- each may tick -- none
-passes a change another one stored, acknowledged and could not publish for longer than that
-replica's publish timeout plus ``hold_scan_interval_ms``. A replica's own holds (in memory, and
-any durable row it writes or clears) count at once; other replicas' rows are read at most once per
-interval rather than on every tick: 20 reads/s of that partition cost Cassandra ~12 % of a core
-at idle (its request threads spin between requests), about a third of a core with the bench's
-second control plane beside it.
+The leased clock. A tick carries T, this process's time when it decided the tick, and the lease L
+(``control_plane.config_lease_ms``), and promises: every config change that is not on the topic
+before the tick is acknowledged by the API no earlier than T + L. Fan-out, having read the tick,
+fans out at once every event that arrived before T + L (:mod:`core.fanout`), so with ticks every
+L/4 no event waits and none is held. What keeps the promise here:
+
+* Acknowledgement after a confirmed publish: :meth:`ConfigPublication.try_publish` answers L after
+  Kafka confirmed the config (after it found the row already confirmed, for a retried request). A
+  tick that precedes the config on the (single-partition) topic was decided before that
+  confirmation, so its T is at most the confirmation time, and T + L at most the answer.
+* Acknowledgement of a change whose publish failed (the row is stored; the answer says
+  ``published_version`` 0 and the republisher publishes it later): the change *holds* the clock
+  from just before its Cassandra write until Kafka confirms its config, so no tick this process
+  decides meanwhile carries T past the hold, and the answer waits L plus
+  ``hold_scan_interval_ms`` after the failure. A publish that fails writes a durable hold row
+  (``config_holds``) that every replica reads at most that interval later (20 reads/s of that
+  partition cost Cassandra ~12 % of a core at idle, so not on every tick); a replica's ticks
+  decided before its read carry T no later than the failure plus the interval, which the answer
+  waited out. Ticks decided once the hold is read do not advance until some replica publishes the
+  config; after that, ticks come after the config on the topic. Held ticks stop, so fan-out holds
+  the events past the last horizon until the config and a tick arrive, or until its degraded
+  release (``config_clock_stale_after_ms``), as before leases.
+* Holds are durable because the endpoint row is: every row the republisher finds behind
+  (``published_version < config_version``) is held from its ``updated_at`` until it is published,
+  and a starting process publishes no tick before one full pass has read them all -- so a crash
+  between the Cassandra write and the publish (or a change made by another replica) never lets the
+  clock pass a stored config, and a client's retry of the unanswered request is answered L after
+  the row is found confirmed.
+* Clocks: T is this process's time, the events' arrival is Kafka's, and another replica's ticks
+  carry its own time; fan-out takes ``config_clock_skew_ms`` off every horizon for that. If
+  writing the durable hold fails as well (Cassandra down), other replicas learn of the change at
+  their next republisher pass only, as before leases.
+
+So a change is acknowledged after at most one lease (one lease plus the scan interval after a
+failed publish), and every event committed after its acknowledgement is matched against it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,7 +69,7 @@ class Hold:
 
 @dataclass
 class PublishWatermark:
-    """The oldest change not yet confirmed by Kafka; the clock may not pass it."""
+    """The oldest change not yet confirmed by Kafka; the clock's value may not pass it."""
 
     _holds: set[Hold] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -88,10 +109,15 @@ class ConfigPublication:
         store: EndpointStore,
         publisher: Publisher,
         now_ms: Callable[[], int],
+        *,
+        lease_ms: int,
+        sleep_ms: Callable[[int], None] = lambda ms: time.sleep(ms / 1000),
         watermark: PublishWatermark | None = None,
         hold_scan_interval_ms: int = 1000,
     ) -> None:
         self._store = store
+        self._lease_ms = lease_ms
+        self._sleep_ms = sleep_ms
         self._hold_scan_interval_ms = hold_scan_interval_ms
         # (when read, oldest durable hold then); None: read it at the next tick.
         self._durable: tuple[int, int | None] | None = None
@@ -145,13 +171,17 @@ class ConfigPublication:
             return endpoint
 
     def try_publish(self, tenant_id: str, endpoint_id: str) -> int:
-        """Publish after a change; on failure leave it to the republisher. Returns the version
-        Kafka has confirmed (0 if none yet), for the response."""
+        """Publish after a change, then wait out the lease (see the module doc): the caller
+        acknowledges the change when this returns. On failure leave it to the republisher.
+        Returns the version Kafka has confirmed (0 if none yet), for the response."""
         try:
             endpoint = self.publish_latest(tenant_id, endpoint_id)
         except (PublishError, Unavailable) as exc:
             log.warning("config of %s not published yet, republisher will retry: %s", endpoint_id, exc)
+            # Other replicas may tick past the change until they read its durable hold.
+            self._sleep_ms(self._lease_ms + self._hold_scan_interval_ms)
             return 0
+        self._sleep_ms(self._lease_ms)
         return 0 if endpoint is None else endpoint.config_version
 
     def republish_pending(self) -> int:
@@ -200,6 +230,6 @@ class ConfigPublication:
             value = min(value, durable - 1)
         if value <= self._last_clock_ms:
             return False
-        self._publisher.publish_clock(ConfigClock(published_at_ms=value))
+        self._publisher.publish_clock(ConfigClock(published_at_ms=value, lease_ms=self._lease_ms))
         self._last_clock_ms = value
         return True

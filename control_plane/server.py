@@ -76,7 +76,7 @@ class Loop:
                 quiet_until = 0.0
             except (PublishError, Unavailable) as exc:  # expected while Kafka/Cassandra is down
                 metrics.loop_step(self._thread.name, ok=False)
-                # The clock ticks 20 times a second: one line per 10 s of an outage is enough.
+                # The clock ticks several times a second: one line per 10 s of an outage is enough.
                 if time.monotonic() >= quiet_until:
                     log.warning("%s: %s; next tick retries", self._thread.name, exc)
                     quiet_until = time.monotonic() + 10.0
@@ -136,7 +136,8 @@ def build(
     store = CassandraStore(session, consistency=settings.cassandra.consistency)
     keyring = settings.master_keyring()  # read once (a key file is read from disk)
     publisher = publisher or KafkaPublisher(settings.kafka)
-    publication = ConfigPublication(store, publisher, now_ms, hold_scan_interval_ms=cp.hold_scan_interval_ms)
+    publication = ConfigPublication(store, publisher, now_ms, lease_ms=cp.config_lease_ms,
+                                    hold_scan_interval_ms=cp.hold_scan_interval_ms)
     endpoints = EndpointService(
         Deps(
             store=store,
@@ -192,6 +193,7 @@ def build(
     loops = (
         # First pass at once: the clock does not tick until it has held every lagging row.
         Loop("republisher", cp.republish_interval_s, publication.republish_pending, first_at_start=True),
+        # Leased ticks (control_plane.publication): a few per lease keep fan-out from holding.
         Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
         # The dispatcher's 410 Gone signals become audited disables.
         Loop("endpoint-signals", 0.2, signals.poll_once),

@@ -6,15 +6,25 @@ matches ``invoice.paid`` and ``invoice.line.added`` but not ``invoice``), or ``*
 
 Timing ("config at event time"): endpoint configs and events travel on different topics, so the
 job can see an event before the config of an endpoint created just before it. The control plane
-publishes a :class:`core.records.ConfigClock` heartbeat on the single-partition endpoints topic;
-once the job has read a clock at or after the moment an event arrived, every config published
-before that moment has been read too. Until then the event waits (it is held, never dropped).
+publishes a leased :class:`core.records.ConfigClock` tick on the single-partition endpoints topic.
+A tick with value T and lease L promises: every config change that is not on the topic before this
+tick is acknowledged by the API no earlier than T + L (control-plane time; the control plane's
+side is in :mod:`control_plane.publication`). So once fan-out has read the tick it has read every
+config acknowledged before T + L, the tick's *horizon*: an event whose arrival (its Kafka time) A
+is before the horizon, committed after some change's acknowledgement K, has K <= A < T + L, so
+that change's config preceded the tick and was read. Every later tick keeps an earlier one's
+promise, so the horizon is the largest T + L read. ``skew_ms`` is taken off it because A is Kafka's
+time and T the control plane's: it bounds how far any control plane's clock runs ahead of the
+events' timestamps.
 
-The clock is a progress signal, like a watermark: :class:`ClockFollower` predicts when the tick
-that passes a held event will be read, so a held event costs one timer, not a poll every few ms.
-If no tick has been read for ``stale_after_ms`` (the control plane is down or being deployed), held
-events are released with the configs already read -- the documented degraded mode, counted and
-logged -- so existing endpoints keep receiving events while no endpoint can be created anyway.
+With ticks every ``interval`` << L, a fresh tick's horizon is ahead of every event being read, so
+events go at once: no state, no timer. An event past the horizon (ticks late: the control plane
+slow, held by an unpublished change, or down) waits, held, never dropped. :class:`ClockFollower`
+predicts when the tick whose horizon passes it will be read, so a held event costs one timer, not
+a poll every few ms. If no tick has been read for ``stale_after_ms`` (the control plane is down or
+being deployed), held events are released with the configs already read -- the documented
+degraded mode, counted and logged -- so existing endpoints keep receiving events while no endpoint
+can be created anyway.
 """
 
 from __future__ import annotations
@@ -76,11 +86,12 @@ def newer(current: EndpointConfig | None, incoming: EndpointConfig) -> bool:
     return current is None or incoming.config_version >= current.config_version
 
 
-def clock_passed(clock_ms: int | None, arrived_at_ms: int) -> bool:
-    return clock_ms is not None and clock_ms >= arrived_at_ms
+def tick_covers(horizon_ms: int | None, arrived_at_ms: int, skew_ms: int) -> bool:
+    """Whether every config acknowledged before this arrival has been read (see the module doc)."""
+    return horizon_ms is not None and arrived_at_ms < horizon_ms - skew_ms
 
 
-RELEASE = "release"  # the clock passed the event: every config published before it has been read
+RELEASE = "release"  # a tick covers the event: every config acknowledged before it has been read
 DEGRADED = "degraded"  # no tick for stale_after_ms: released with the configs already read
 HOLD = "hold"
 
@@ -91,44 +102,56 @@ class ClockDecision:
     recheck_at_ms: int | None = None  # HOLD: when to look again (local time)
 
 
+_RELEASED = ClockDecision(RELEASE)  # the hot path's answer: one shared object, no allocation
+
+
 @dataclass
 class ClockFollower:
-    """Fan-out's view of the config clock: the newest tick value read, when (local time) it was
-    read, and the observed spacing of ticks, from which it predicts when a held event can go.
+    """Fan-out's view of the config clock: the horizon (largest tick value + lease read), when
+    (local time) the newest tick was read, and the observed spacing of ticks, from which it
+    predicts when a held event can go.
 
-    Ticks are read at roughly ``read_at + k * period`` with values ``read_at - lag``; the first
-    tick whose value reaches an event's arrival is predicted from the last one read. A late tick
-    only costs a short recheck (``period / 8``); the prediction never reaches past the moment the
-    clock would be declared stale, so the degraded release is on time.
+    Ticks are read at roughly ``read_at + k * period`` with horizons ``horizon + k * period``; the
+    first tick whose horizon passes an event's arrival (plus the skew) is predicted from the last
+    one read. A late tick only costs a short recheck (``period / 8``); the prediction never
+    reaches past the moment the clock would be declared stale, so the degraded release is on time.
     """
 
     interval_hint_ms: int  # the control plane's configured tick interval, until ticks are seen
+    skew_ms: int  # taken off the horizon: control-plane clocks ahead of the events' Kafka time
     stale_after_ms: int
     started_at_ms: int  # local time the operator (re)started: a restored clock is not fresh
-    value_ms: int | None = None
+    horizon_ms: int | None = None
+    value_ms: int | None = None  # newest tick value read in this run: its cadence and liveness
     read_at_ms: int | None = None
     period_ms: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.period_ms = float(self.interval_hint_ms)
 
-    def observe(self, value_ms: int, now_ms: int) -> bool:
+    def observe(self, value_ms: int, lease_ms: int, now_ms: int) -> bool:
         """A tick was read; returns False for a tick that does not move the clock."""
         if self.value_ms is not None and value_ms <= self.value_ms:
             return False
-        if self.value_ms is not None and self.read_at_ms is not None:  # two ticks read in this run
+        if self.value_ms is not None:  # two ticks read in this run
             # Spacing of the values (the control plane's cadence), smoothed; a tick held back
             # by an unpublished config shows up as one long step and is mostly ignored.
             step = min(value_ms - self.value_ms, 4 * self.interval_hint_ms)
             self.period_ms = max(1.0, 0.8 * self.period_ms + 0.2 * step)
         self.value_ms = value_ms
         self.read_at_ms = now_ms
+        # A tick's promise outlives it (a config not before a later tick is not before this one
+        # either): the horizon never goes back, even for a replica configured with a shorter lease.
+        horizon = value_ms + lease_ms
+        if self.horizon_ms is None or horizon > self.horizon_ms:
+            self.horizon_ms = horizon
         return True
 
-    def restored(self, value_ms: int | None) -> None:
-        """The clock value a checkpoint kept; when it was read is unknown (counts as at start)."""
-        if value_ms is not None and (self.value_ms is None or value_ms > self.value_ms):
-            self.value_ms = value_ms
+    def restored(self, horizon_ms: int | None) -> None:
+        """The horizon a checkpoint kept, consistent with the configs it kept; when its tick was
+        read is unknown (counts as at start)."""
+        if horizon_ms is not None and (self.horizon_ms is None or horizon_ms > self.horizon_ms):
+            self.horizon_ms = horizon_ms
 
     @property
     def _last_read_ms(self) -> int:
@@ -140,18 +163,20 @@ class ClockFollower:
         return max(0, now_ms - self._last_read_ms)
 
     def decide(self, arrived_ms: int, now_ms: int) -> ClockDecision:
-        if clock_passed(self.value_ms, arrived_ms):
-            return ClockDecision(RELEASE)
+        horizon = self.horizon_ms
+        if tick_covers(horizon, arrived_ms, self.skew_ms):
+            return _RELEASED
         stale_at = self._last_read_ms + self.stale_after_ms
         if now_ms >= stale_at:
             return ClockDecision(DEGRADED)
         step = max(1, int(self.period_ms / 8))
-        if self.value_ms is None or self.read_at_ms is None:
+        if horizon is None or self.read_at_ms is None:
             predicted = now_ms + int(self.period_ms)
         else:
-            lag = self.read_at_ms - self.value_ms  # value -> read delay, incl. any skew
-            ticks = -(-(arrived_ms - self.value_ms) // max(1, int(self.period_ms)))  # ceil
-            predicted = max(self.read_at_ms + ticks * int(self.period_ms), arrived_ms + lag)
+            needed = arrived_ms + self.skew_ms + 1  # the first horizon that covers the event
+            lag = self.read_at_ms - horizon  # horizon -> read delay (negative by about the lease)
+            ticks = -(-(needed - horizon) // max(1, int(self.period_ms)))  # ceil
+            predicted = max(self.read_at_ms + ticks * int(self.period_ms), needed + lag)
             if predicted <= now_ms:  # the predicted tick is late: look again shortly
                 predicted = now_ms + step
         return ClockDecision(HOLD, min(predicted + 1, stale_at))

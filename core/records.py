@@ -193,14 +193,36 @@ class EndpointConfig:
 
 @dataclass(frozen=True)
 class ConfigClock:
-    """Heartbeat on the endpoints topic: every config published before ``published_at_ms`` has
-    already been written to the (single-partition) topic. Fan-out holds an event until the clock
-    passes the event's arrival, so an endpoint created before an event is never missed."""
+    """Tick on the endpoints topic (key ``__clock__``), schema ``webhooks.clock/v1``::
+
+        {"schema": "webhooks.clock/v1", "published_at_ms": 1767225600000, "lease_ms": 1000}
+
+    The promise: every config change that is not on the (single-partition) topic before this tick
+    is acknowledged by the control plane's API no earlier than ``published_at_ms + lease_ms``
+    (:attr:`horizon_ms`). Fan-out releases an event that arrived before the horizon of a tick it
+    has read (:mod:`core.fanout`), so an endpoint acknowledged before an event is never missed.
+    ``lease_ms`` was added to v1 as an optional field: a tick without it (a control plane from
+    before leases, which acknowledged at once) promises only configs stored before
+    ``published_at_ms``, which is a lease of 0; a job from before leases ignores the field and
+    applies that stricter reading."""
 
     published_at_ms: int
+    lease_ms: int = 0
+
+    @property
+    def horizon_ms(self) -> int:
+        return self.published_at_ms + self.lease_ms
 
     def to_json(self) -> bytes:
-        return json.dumps({"schema": CLOCK_SCHEMA_V1, "published_at_ms": self.published_at_ms}).encode()
+        return json.dumps({"schema": CLOCK_SCHEMA_V1, "published_at_ms": self.published_at_ms,
+                           "lease_ms": self.lease_ms}).encode()
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ConfigClock:
+        lease = int(d.get("lease_ms") or 0)
+        if lease < 0:
+            raise ValueError(f"clock lease_ms must not be negative, got {lease}")
+        return ConfigClock(published_at_ms=int(d["published_at_ms"]), lease_ms=lease)
 
 
 @dataclass(frozen=True)
@@ -227,7 +249,7 @@ def parse_endpoint_topic_value(raw: bytes | str) -> EndpointConfig | ConfigClock
     d = _json_object(raw)
     schema = d.get("schema")
     if schema == CLOCK_SCHEMA_V1:
-        return ConfigClock(published_at_ms=int(d["published_at_ms"]))
+        return ConfigClock.from_dict(d)
     if schema == ENDPOINT_SCHEMA_V1:
         return EndpointConfig.from_dict(d)
     raise ValueError(f"unknown endpoints-topic schema {schema!r}")

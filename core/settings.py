@@ -180,11 +180,19 @@ class ControlPlaneSettings(BaseModel):
     secret_rotation_overlap_s: int = Field(default=24 * 3600, ge=0)
     # How long an endpoint's ownership challenge can be answered (then ResendChallenge).
     challenge_ttl_s: int = Field(default=3600, ge=10)
-    # How often the config clock heartbeat is published on the endpoints topic (see fan-out): a
-    # held event waits half of it on average, plus the tick's trip. 50 small records/s on a
-    # compacted topic; each tick costs the control plane a Kafka produce (other replicas' durable
-    # holds are read once a second, hold_scan_interval_ms) and fan-out one broadcast element.
-    config_clock_interval_ms: int = Field(default=20, ge=10)
+    # The config clock's lease (control_plane.publication, core.fanout): a config change is
+    # acknowledged by the API this long after Kafka confirmed it (a failed publish: this plus
+    # hold_scan_interval_ms after the failure), and every event committed after the
+    # acknowledgement is matched against it. Each tick carries it, so the job needs no copy.
+    config_lease_ms: int = Field(default=1_000, gt=0)
+    # How often the config clock ticks on the endpoints topic. A tick read covers events arriving
+    # until its value + lease - skew, so ticks every lease/4 leave ~3/4 of a lease for the tick's
+    # trip (Kafka, the parse vertex, the broadcast) before an event would wait. Time-driven cost:
+    # each tick is a Kafka produce and one broadcast element per fan-out subtask, all day.
+    config_clock_interval_ms: int = Field(default=250, ge=10)
+    # How far any control plane's clock may run ahead of the events' Kafka timestamps (and of
+    # the other replicas'): fan-out takes it off every tick's horizon. Read by the job.
+    config_clock_skew_ms: int = Field(default=100, ge=0)
     # The job's degraded mode: with no clock tick read for this long (control plane down or being
     # deployed), fan-out releases held events with the configs it has read (metric
     # events_released_without_clock). Well inside the brief's 10 s first-attempt objective.
@@ -208,6 +216,17 @@ class ControlPlaneSettings(BaseModel):
     metrics_port: int = Field(default=9464, ge=0)
     # Crash tests only: a point at which the server SIGKILLs itself (control_plane.faults).
     kill_at: str = ""
+
+    @model_validator(mode="after")
+    def _ticks_fit_in_the_lease(self) -> ControlPlaneSettings:
+        # A tick must be followed by the next before its horizon (value + lease - skew) is
+        # reached, or events wait for ticks even while the control plane is well.
+        if self.config_clock_interval_ms + self.config_clock_skew_ms >= self.config_lease_ms:
+            raise ValueError(
+                f"control_plane.config_clock_interval_ms ({self.config_clock_interval_ms}) plus "
+                f"config_clock_skew_ms ({self.config_clock_skew_ms}) must be below config_lease_ms "
+                f"({self.config_lease_ms}); a quarter of the lease or less leaves room for the tick's trip")
+        return self
 
 
 class IngestSettings(BaseModel):

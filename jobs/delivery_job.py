@@ -114,6 +114,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                   .connect(endpoint_records.broadcast(ENDPOINT_CONFIGS))
                   .process(FanOut(settings.flink.dedupe_ttl_s, settings.dispatch.retry_deadline_s,
                                   settings.control_plane.config_clock_interval_ms,
+                                  settings.control_plane.config_clock_skew_ms,
                                   settings.control_plane.config_clock_stale_after_ms, k.events_topic),
                            Types.PICKLED_BYTE_ARRAY())
                   .uid(uids.FAN_OUT).name("dedupe + fan-out"))

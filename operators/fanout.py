@@ -1,4 +1,4 @@
-"""Fan-out, keyed by event_id: drop duplicate events, wait for the config clock, then create one
+"""Fan-out, keyed by event_id: drop duplicate events, check the config clock, then create one
 delivery per matching endpoint. A thin adapter over :mod:`core.fanout`.
 
 Dedupe is by (tenant, event_id): the state under an event id remembers the tenant that owns it.
@@ -8,10 +8,16 @@ fanned out either, because history keys rows by event id (the payload row, deliv
 and the two tenants' rows would be merged: it is dead-lettered as ``event_id_conflict`` (counted)
 for its producer to re-emit under an id of its own.
 
-A held event (the clock has not yet passed its arrival) waits on one processing-time timer at the
-moment :class:`core.fanout.ClockFollower` predicts the releasing tick will have been read, not on
-a short polling timer; a late tick costs a short recheck. With no tick for ``stale_after_ms`` the
-event is released with the configs already read (degraded mode: counted, logged once per outage).
+The hot path: while leased ticks flow (:mod:`core.fanout`), an event arrived before the clock's
+horizon and goes at once -- it reads the dedupe state and the in-memory configs, and touches no
+held state and no timer. Its metrics are tallied in memory and published with the gauges at most
+every ``COUNTS_EVERY_MS`` / ``GAUGE_EVERY_MS`` (each counter call is a call into the JVM).
+
+The fallback: an event past the horizon (ticks late or stopped) is held in keyed state and waits
+on one processing-time timer at the moment :class:`core.fanout.ClockFollower` predicts the
+covering tick will have been read, not on a short polling timer; a late tick costs a short
+recheck. With no tick for ``stale_after_ms`` the event is released with the configs already read
+(degraded mode: counted, logged once per outage).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from pyflink.common.typeinfo import Types
 from pyflink.datastream.functions import KeyedBroadcastProcessFunction, RuntimeContext
 from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
 
-from core import fanout, telemetry
+from core import fanout
+from core.bucket_tally import BucketTally
 from core.records import CLOCK_KEY, ConfigClock, DeadLetter, EndpointConfig, EventRecord
 from operators.dispatcher import NEW, SNAPSHOT
 from operators.endpoint_configs import ENDPOINT_CONFIGS
@@ -37,15 +44,17 @@ from operators.task_gauges import TaskGauges
 log = logging.getLogger(__name__)
 
 GAUGE_EVERY_MS = 100
+COUNTS_EVERY_MS = 250
 
 
 class FanOut(KeyedBroadcastProcessFunction):
-    def __init__(self, dedupe_ttl_s: int, deadline_s: float, clock_interval_ms: int,
+    def __init__(self, dedupe_ttl_s: int, deadline_s: float, clock_interval_ms: int, clock_skew_ms: int,
                  clock_stale_after_ms: int, source_topic: str) -> None:
         self._topic = source_topic
         self._ttl_s = dedupe_ttl_s
         self._deadline_ms = int(deadline_s * 1000)
         self._clock_interval_ms = clock_interval_ms
+        self._clock_skew_ms = clock_skew_ms
         self._stale_after_ms = clock_stale_after_ms
 
     def open(self, runtime_context: RuntimeContext) -> None:
@@ -61,7 +70,8 @@ class FanOut(KeyedBroadcastProcessFunction):
         # In-memory mirror of the broadcast state, by tenant, so matching an event reads only its
         # tenant's endpoints. Rebuilt from the broadcast state on first use after a (re)start.
         self._by_tenant: dict[str, dict[str, EndpointConfig]] | None = None
-        self._clock = fanout.ClockFollower(self._clock_interval_ms, self._stale_after_ms, _now_ms())
+        self._clock = fanout.ClockFollower(self._clock_interval_ms, self._clock_skew_ms, self._stale_after_ms,
+                                           _now_ms())
         self._clock_restored = False
         # event_id -> arrival of the events held by this incarnation (holds a restore left are
         # learnt when their timer fires): what the held-count and oldest-held-age gauges read.
@@ -73,25 +83,39 @@ class FanOut(KeyedBroadcastProcessFunction):
         self._deliveries = m.counter("deliveries_created")
         self._unmatched = m.counter("events_without_endpoints")
         self._released_without_clock = m.counter("events_released_without_clock")
-        # Set from this (the task) thread on every element, tick and timer (operators/task_gauges.py):
-        # held events have timers, so their age keeps rising; the clock's age is as of the job's
-        # last activity (an idle job with no ticks reads a frozen age; events arriving then are
-        # released after stale_after_ms and counted in events_released_without_clock).
+        # Set from this (the task) thread on ticks, elements and timers (operators/task_gauges.py):
+        # ticks come several times a second while the control plane is up, so the ages stay fresh;
+        # held events have timers, so their age keeps rising; with no ticks and no events the
+        # clock's age is frozen (events arriving then are released after stale_after_ms and
+        # counted in events_released_without_clock).
         self._gauges = TaskGauges(m)
         self._gauges_at = 0
-        # Event arrival -> fan-out decision, one counter per latency bucket (core.telemetry).
+        # Event arrival -> fan-out decision, one counter per latency bucket (core.telemetry), and
+        # deliveries created: tallied here, published every COUNTS_EVERY_MS at most.
         self._metrics_group = m
         self._lag: dict[str, Any] = {}
+        self._lag_tally = BucketTally()
+        self._created = 0
+        self._counts_at = 0
 
-    def _set_gauges(self, now_ms: int, force: bool = False) -> None:
-        """At most every 100 ms, unless the held count changed (``force``)."""
-        if not force and now_ms - self._gauges_at < GAUGE_EVERY_MS:
-            return
-        self._gauges_at = now_ms
-        holding = self._holding
-        self._gauges.set("events_held", len(holding))
-        self._gauges.set("oldest_held_age_ms", max(0, now_ms - min(holding.values())) if holding else 0)
-        self._gauges.set("config_clock_age_ms", self._clock.age_ms(now_ms))
+    def _publish_metrics(self, now_ms: int) -> None:
+        """Gauges at most every GAUGE_EVERY_MS, counts at most every COUNTS_EVERY_MS."""
+        if now_ms - self._gauges_at >= GAUGE_EVERY_MS:
+            self._gauges_at = now_ms
+            holding = self._holding
+            self._gauges.set("events_held", len(holding))
+            self._gauges.set("oldest_held_age_ms", max(0, now_ms - min(holding.values())) if holding else 0)
+            self._gauges.set("config_clock_age_ms", self._clock.age_ms(now_ms))
+        if now_ms - self._counts_at >= COUNTS_EVERY_MS:
+            self._counts_at = now_ms
+            for le, n in self._lag_tally.drain():
+                counter = self._lag.get(le)
+                if counter is None:
+                    counter = self._lag[le] = self._metrics_group.add_group("fanout_lag_le_ms", le).counter("events")
+                counter.inc(n)
+            if self._created:
+                self._deliveries.inc(self._created)
+                self._created = 0
 
     def process_broadcast_element(self, value, ctx):  # type: ignore[override]
         state = ctx.get_broadcast_state(ENDPOINT_CONFIGS)
@@ -99,13 +123,15 @@ class FanOut(KeyedBroadcastProcessFunction):
             # Wall time, which is what processing time is: PyFlink 2.2's thread-mode broadcast
             # context has no currentProcessingTime (AttributeError on the Java object).
             now = _now_ms()
-            if self._clock.observe(value.published_at_ms, now):
-                state.put(CLOCK_KEY, value.published_at_ms)
+            if self._clock.observe(value.published_at_ms, value.lease_ms, now):
+                # The horizon, not the value: restored, it is read as a tick with a lease of 0
+                # (which is also how a value kept before leases reads).
+                state.put(CLOCK_KEY, self._clock.horizon_ms)
                 if self._degraded_since_ms is not None:
                     log.warning("config clock is back after %d ms: events wait for it again",
                                 now - self._degraded_since_ms)
                     self._degraded_since_ms = None
-                self._set_gauges(now)
+            self._publish_metrics(now)
         elif isinstance(value, EndpointConfig) and fanout.newer(state.get(value.endpoint_id), value):
             state.put(value.endpoint_id, value)
             if self._by_tenant is not None:
@@ -139,54 +165,56 @@ class FanOut(KeyedBroadcastProcessFunction):
             yield DEAD_LETTERS, _conflict_letter(event, self._topic)
             return
         self._owner.update(event.tenant_id)
-        yield from self._release_or_hold(event, arrived_ms, ctx, held=False)
+        state = ctx.get_broadcast_state(ENDPOINT_CONFIGS)
+        self._restore_clock(state)
+        now = _now_ms()
+        decision = self._clock.decide(arrived_ms, now)
+        if decision.verdict == fanout.HOLD:
+            self._held.update((event, arrived_ms))
+            self._hold(event, arrived_ms, decision, ctx, now)
+            return
+        yield from self._fan_out(event, arrived_ms, decision, state, now)
 
     def on_timer(self, timestamp, ctx):  # type: ignore[override]
         held = self._held.value()
         if held is None:
             return
-        yield from self._release_or_hold(held[0], held[1], ctx, held=True)
-
-    def _release_or_hold(self, event: EventRecord, arrived_ms: int, ctx, held: bool):
+        event, arrived_ms = held
         state = ctx.get_broadcast_state(ENDPOINT_CONFIGS)
         self._restore_clock(state)
-        now = ctx.timer_service().current_processing_time()
+        now = _now_ms()
         decision = self._clock.decide(arrived_ms, now)
         if decision.verdict == fanout.HOLD:
-            if not held:
-                self._held.update((event, arrived_ms))
-            self._holding[event.event_id] = arrived_ms
-            ctx.timer_service().register_processing_time_timer(decision.recheck_at_ms)
-            self._set_gauges(now, force=not held)
+            self._hold(event, arrived_ms, decision, ctx, now)
             return
-        if held:
-            self._held.clear()
-        was_holding = self._holding.pop(event.event_id, None) is not None
-        self._set_gauges(now, force=was_holding)
-        if decision.verdict == fanout.DEGRADED:
+        self._held.clear()
+        self._holding.pop(event.event_id, None)
+        yield from self._fan_out(event, arrived_ms, decision, state, now)
+
+    def _hold(self, event: EventRecord, arrived_ms: int, decision: fanout.ClockDecision, ctx, now: int) -> None:
+        self._holding[event.event_id] = arrived_ms
+        ctx.timer_service().register_processing_time_timer(decision.recheck_at_ms)
+        self._publish_metrics(now)
+
+    def _fan_out(self, event: EventRecord, arrived_ms: int, decision: fanout.ClockDecision, state, now: int):
+        degraded = decision.verdict == fanout.DEGRADED
+        if degraded:
             self._released_without_clock.inc()
             if self._degraded_since_ms is None:
                 self._degraded_since_ms = now
                 log.warning("no config clock for %d ms (control plane down?): events are released "
                             "with the endpoint configs already read", self._clock.age_ms(now))
         chosen = fanout.select_endpoints(event, self._tenant_configs(state, event.tenant_id))
-        self._observe_lag(now - arrived_ms)
+        self._lag_tally.observe(now - arrived_ms)
+        self._created += len(chosen)
+        self._publish_metrics(now)
         if not chosen:
             self._unmatched.inc()
         # The durable record of this decision (reconciliation's "expected"), written by the
         # dispatcher; emitted first, so a snapshot exists wherever its deliveries do.
-        snapshot = fanout.snapshot_for(event, chosen, arrived_ms, decision.verdict == fanout.DEGRADED)
-        yield snapshot_key(event.event_id), (SNAPSHOT, snapshot)
+        yield snapshot_key(event.event_id), (SNAPSHOT, fanout.snapshot_for(event, chosen, arrived_ms, degraded))
         for d in fanout.deliveries_for(event, chosen, arrived_ms, self._deadline_ms):
-            self._deliveries.inc()
             yield d.endpoint_id, (NEW, d)
-
-    def _observe_lag(self, lag_ms: int) -> None:
-        for le in telemetry.bucket_labels(lag_ms):
-            counter = self._lag.get(le)
-            if counter is None:
-                counter = self._lag[le] = self._metrics_group.add_group("fanout_lag_le_ms", le).counter("events")
-            counter.inc()
 
 
 class _JavaDefault:

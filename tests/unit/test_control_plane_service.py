@@ -51,6 +51,7 @@ from core.secrets import Keyring, decrypt_secret
 
 MASTER_KEY = bytes(range(32))
 T0 = 1_790_000_000_000
+LEASE_MS = 1_000  # the config clock lease: every acknowledged change waits it out on the fake clock
 DAY_MS = 24 * 3600 * 1000
 
 # Fake DNS: names map to fixed answers; no resolver or network is touched.
@@ -245,9 +246,14 @@ class RecordingPublisher:
 class Clock:
     def __init__(self) -> None:
         self.now = T0
+        self.slept: list[int] = []
 
     def __call__(self) -> int:
         return self.now
+
+    def sleep_ms(self, ms: int) -> None:
+        self.slept.append(ms)
+        self.now += ms
 
 
 def counting_random() -> object:
@@ -276,7 +282,7 @@ class World:
 def w() -> World:
     store, publisher, clock = MemoryStore(), RecordingPublisher(), Clock()
     rng = counting_random()
-    publication = ConfigPublication(store, publisher, clock)
+    publication = ConfigPublication(store, publisher, clock, lease_ms=LEASE_MS, sleep_ms=clock.sleep_ms)
     publication.republish_pending()  # as the server does first: the clock ticks after one pass
     endpoints = EndpointService(
         Deps(
@@ -494,12 +500,13 @@ def test_disable_enable_delete(w: World) -> None:
 def test_rotation_with_overlap_keeps_both_keys_until_the_overlap_ends(w: World) -> None:
     created = w.endpoints.create(ALICE, spec(), "")
     e = created.endpoint
+    rotated_at = w.clock.now  # the create's acknowledgement waited out the config clock's lease
     rotated = w.endpoints.rotate_secret(ALICE, e.endpoint_id, revoke_immediately=False, overlap_s=0)
     assert rotated.new_key_version == 2 and rotated.signing_secret != created.signing_secret
-    assert [(k.version, k.not_after_ms) for k in rotated.live_keys] == [(2, None), (1, T0 + DAY_MS)]
+    assert [(k.version, k.not_after_ms) for k in rotated.live_keys] == [(2, None), (1, rotated_at + DAY_MS)]
     config = w.publisher.configs[-1]
-    assert [(k.version, k.not_after_ms) for k in config.signing_keys] == [(2, None), (1, T0 + DAY_MS)]
-    w.clock.now = T0 + DAY_MS + 1
+    assert [(k.version, k.not_after_ms) for k in config.signing_keys] == [(2, None), (1, rotated_at + DAY_MS)]
+    w.clock.now = rotated_at + DAY_MS + 1
     assert [k.version for k in w.endpoints.get(ALICE, e.endpoint_id).live_keys(w.clock.now)] == [2]
     # A custom overlap, and a second rotation never extends an earlier key's end.
     w.clock.now = T0 + 10
@@ -556,7 +563,7 @@ def test_publish_failure_is_caught_up_by_the_republisher_and_holds_the_clock(w: 
 
 def restarted(w: World) -> ConfigPublication:
     """The same rows and topic, a new process: no holds in memory, no pass made yet."""
-    return ConfigPublication(w.store, w.publisher, w.clock)
+    return ConfigPublication(w.store, w.publisher, w.clock, lease_ms=LEASE_MS, sleep_ms=w.clock.sleep_ms)
 
 
 def test_a_config_stored_by_a_process_that_died_before_publishing_holds_the_next_processs_clock(

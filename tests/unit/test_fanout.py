@@ -12,11 +12,11 @@ from core.fanout import (
     RELEASE,
     ClockFollower,
     NewDelivery,
-    clock_passed,
     deliveries_for,
     filter_accepts,
     newer,
     select_endpoints,
+    tick_covers,
 )
 from core.records import EndpointConfig, EndpointStatus, EventRecord, delivery_id_for
 
@@ -132,66 +132,99 @@ def test_newer_keeps_the_highest_config_version(current: int | None, incoming: i
     assert newer(current_cfg, endpoint("ep_1", config_version=incoming)) is replace_it
 
 
-CLOCK_TABLE = [
-    # clock           arrival  -> decided
-    (None, NOW, False),  # no clock read yet: hold the event
-    (NOW - 1, NOW, False),
-    (NOW, NOW, True),
-    (NOW + 1, NOW, True),
+COVER_TABLE = [
+    # horizon (value + lease)  arrival  skew -> covered
+    (None, NOW, 0, False),  # no tick read yet: hold the event
+    (NOW + 1, NOW, 0, True),
+    (NOW, NOW, 0, False),  # a change acknowledged at the horizon itself may not have been read
+    (NOW + 100, NOW, 100, False),  # the skew margin comes off the horizon
+    (NOW + 101, NOW, 100, True),
 ]
 
 
-@pytest.mark.parametrize(("clock_ms", "arrived_ms", "passed"), CLOCK_TABLE)
-def test_clock_passed(clock_ms: int | None, arrived_ms: int, passed: bool) -> None:
-    assert clock_passed(clock_ms, arrived_ms) is passed
+@pytest.mark.parametrize(("horizon_ms", "arrived_ms", "skew_ms", "covered"), COVER_TABLE)
+def test_tick_covers(horizon_ms: int | None, arrived_ms: int, skew_ms: int, covered: bool) -> None:
+    assert tick_covers(horizon_ms, arrived_ms, skew_ms) is covered
 
 
-def follower_after_tick(value_ms: int = 1_000, read_at_ms: int = 1_010) -> ClockFollower:
-    """Ticks every 100 ms (hint), stale after 5 s, one tick read with a 10 ms value->read lag."""
-    f = ClockFollower(interval_hint_ms=100, stale_after_ms=5_000, started_at_ms=0)
-    assert f.observe(value_ms, read_at_ms)
+def follower(started_at_ms: int = 0) -> ClockFollower:
+    """Ticks every 250 ms (hint), 100 ms skew margin, stale after 5 s."""
+    return ClockFollower(interval_hint_ms=250, skew_ms=100, stale_after_ms=5_000, started_at_ms=started_at_ms)
+
+
+def test_a_fresh_leased_tick_covers_every_event_without_holding() -> None:
+    f = follower()
+    assert f.observe(value_ms=1_000, lease_ms=1_000, now_ms=1_020)  # a 20 ms trip
+    assert f.horizon_ms == 2_000
+    # Until the next tick is due (1_270) and well past it, every event arriving goes at once.
+    for arrived in (0, 1_000, 1_270, 1_899):
+        assert f.decide(arrived, now_ms=max(arrived, 1_020)).verdict == RELEASE
+    assert f.decide(1_900, now_ms=1_900).verdict == HOLD  # only once ticks are ~900 ms late
+
+
+def after_a_slow_tick() -> ClockFollower:
+    """Tick value 1_000 (lease 1 s: horizon 2_000) read only at 1_800 -- an 800 ms trip."""
+    f = follower()
+    assert f.observe(1_000, 1_000, 1_800)
     return f
 
 
 FOLLOW_TABLE = [
     # arrival  now     -> verdict   recheck at   why
-    (990, 1_020, RELEASE, None),  # the clock already passed the event
-    (1_000, 1_020, RELEASE, None),  # ... exactly at its arrival
-    (1_050, 1_020, HOLD, 1_111),  # next tick (value ~1100) is read at ~1110
-    (1_250, 1_020, HOLD, 1_311),  # three ticks ahead
-    (1_050, 1_200, HOLD, 1_213),  # the predicted tick is late: recheck after period/8
-    (1_050, 6_009, HOLD, 6_010),  # never past the moment the clock goes stale
-    (1_050, 6_010, DEGRADED, None),  # no tick for stale_after_ms: release with what is known
+    (1_899, 1_900, RELEASE, None),  # before the horizon less the skew
+    (1_950, 1_960, HOLD, 2_051),  # the next tick (horizon ~2_250) is read at ~2_050
+    (2_400, 2_410, HOLD, 2_551),  # three ticks ahead
+    (1_950, 2_100, HOLD, 2_132),  # the predicted tick is late: recheck after period/8
+    (1_950, 6_799, HOLD, 6_800),  # never past the moment the clock goes stale
+    (1_950, 6_800, DEGRADED, None),  # no tick for stale_after_ms: release with what is known
 ]
 
 
 @pytest.mark.parametrize(("arrived_ms", "now_ms", "verdict", "recheck_at_ms"), FOLLOW_TABLE)
-def test_clock_follower_predicts_the_tick_that_releases_a_held_event(
+def test_clock_follower_predicts_the_tick_that_covers_a_held_event(
     arrived_ms: int, now_ms: int, verdict: str, recheck_at_ms: int | None
 ) -> None:
-    d = follower_after_tick().decide(arrived_ms, now_ms)
+    d = after_a_slow_tick().decide(arrived_ms, now_ms)
     assert (d.verdict, d.recheck_at_ms) == (verdict, recheck_at_ms)
 
 
 def test_clock_follower_without_a_tick_holds_for_stale_after_from_its_start() -> None:
-    f = ClockFollower(interval_hint_ms=100, stale_after_ms=5_000, started_at_ms=1_000)
-    f.restored(900)  # a checkpoint's clock: its value counts, but it was not read in this run
-    assert f.decide(800, 1_001).verdict == RELEASE
-    d = f.decide(950, 1_001)
-    assert (d.verdict, d.recheck_at_ms) == (HOLD, 1_102)
+    f = follower(started_at_ms=1_000)
+    f.restored(1_900)  # a checkpoint's horizon: it counts, but its tick was not read in this run
+    assert f.decide(1_799, 1_001).verdict == RELEASE
+    d = f.decide(1_800, 1_001)
+    assert (d.verdict, d.recheck_at_ms) == (HOLD, 1_252)
     assert f.age_ms(3_000) == 2_000
-    assert f.decide(950, 6_000).verdict == DEGRADED
+    assert f.decide(1_800, 6_000).verdict == DEGRADED
+
+
+def test_a_tick_without_a_lease_covers_only_what_arrived_before_its_value() -> None:
+    f = follower()
+    f.observe(1_000, 0, 1_010)  # a control plane from before leases: acknowledged at once
+    assert f.decide(899, 1_010).verdict == RELEASE
+    assert f.decide(900, 1_010).verdict == HOLD
+
+
+def test_the_horizon_never_goes_back() -> None:
+    f = follower()
+    f.observe(1_000, 1_000, 1_010)
+    f.observe(1_100, 0, 1_110)  # a newer tick with a shorter lease (another replica, another setting)
+    assert (f.value_ms, f.horizon_ms) == (1_100, 2_000)  # the first tick's promise still holds
+    f.restored(1_500)  # an older checkpoint's horizon is no news either
+    assert f.horizon_ms == 2_000
 
 
 def test_clock_follower_ignores_ticks_that_do_not_move_it_and_learns_the_tick_spacing() -> None:
-    f = follower_after_tick(1_000, 1_010)
-    assert not f.observe(1_000, 2_000)  # a re-read tick is not a sign of life
+    f = ClockFollower(interval_hint_ms=100, skew_ms=0, stale_after_ms=5_000, started_at_ms=0)
+    assert f.observe(1_000, 1_000, 1_010)
+    assert not f.observe(1_000, 1_000, 2_000)  # a re-read tick is not a sign of life
     assert f.age_ms(2_000) == 990
     for k in range(1, 40):  # the control plane ticks every 50 ms, not the 100 ms hint
-        assert f.observe(1_000 + 50 * k, 1_010 + 50 * k)
+        assert f.observe(1_000 + 50 * k, 1_000, 1_010 + 50 * k)
     assert 49 <= f.period_ms <= 51
     # One long step (a tick held back by an unpublished config) barely moves the estimate.
-    f.observe(f.value_ms + 5_000, f.read_at_ms + 5_000)
+    assert f.value_ms is not None and f.read_at_ms is not None
+    f.observe(f.value_ms + 5_000, 1_000, f.read_at_ms + 5_000)
     assert f.period_ms < 0.8 * 51 + 0.2 * 400 + 1
 
 

@@ -173,15 +173,22 @@ def test_replay_request_refuses_unknown_records(raw: bytes) -> None:
 
 
 def test_config_clock_round_trips() -> None:
-    clock = ConfigClock(published_at_ms=NOW)
+    clock = ConfigClock(published_at_ms=NOW, lease_ms=1_000)
     assert json.loads(clock.to_json())["schema"] == CLOCK_SCHEMA_V1
     assert parse_endpoint_topic_value(clock.to_json()) == clock
+    assert clock.horizon_ms == NOW + 1_000
+
+
+def test_a_clock_tick_from_before_leases_reads_as_a_lease_of_0() -> None:
+    tick = parse_endpoint_topic_value(b'{"schema": "webhooks.clock/v1", "published_at_ms": 5}')
+    assert tick == ConfigClock(published_at_ms=5, lease_ms=0)
 
 
 ENDPOINT_TOPIC_REFUSALS = [
     # raw value                                                  why it is refused
     (b'{"schema": "webhooks.endpoint/v2", "endpoint_id": "e"}', "future endpoint schema"),
     (b'{"schema": "webhooks.clock/v2", "published_at_ms": 1}', "future clock schema"),
+    (b'{"schema": "webhooks.clock/v1", "published_at_ms": 1, "lease_ms": -1}', "negative lease"),
     (b'{"published_at_ms": 1}', "no schema at all"),
     (b'{"schema": 1}', "schema is not a string"),
     (b"[]", "not an object"),
