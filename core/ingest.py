@@ -21,7 +21,9 @@ Two forms are accepted, so a real Debezium connector on an outbox table can feed
 
 Every refusal is an :class:`IngestError` with a stable ``reason`` code (for the dead-letter topic
 and the metric) and a human ``detail``. :func:`check_target` refuses (``untrusted_target``) an
-event aimed at one endpoint that the control plane did not produce.
+event aimed at one endpoint that the control plane did not produce. An integer the history
+cannot hold (``object_version`` past a bigint, ``occurred_at`` past year 9999) is refused with
+reason ``out_of_range`` and the field named in the detail.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ from core.timeutil import iso_to_ms
 
 SUPPORTED_OUTBOX_VERSIONS = {1, 2}
 _MAX_ID_LEN = 200
+# What the history can hold: object_version is a Cassandra bigint, occurred_at a timestamp that
+# every attempt's signed headers also render as RFC 3339 text (Python's datetime: years 1..9999).
+# A value past these is refused here: accepted, it would fail every write of its delivery, and
+# every send (issue 32).
+_BIGINT = (-(2**63), 2**63 - 1)
+_TIMESTAMP_MS = (-62_135_596_800_000, 253_402_300_799_999)  # 0001-01-01 .. 9999-12-31, UTC
 
 
 class IngestError(Exception):
@@ -182,6 +190,13 @@ def _int(d: dict[str, Any], name: str, required: bool = True) -> int:
     value = d[name]
     if isinstance(value, bool) or not isinstance(value, int):
         raise IngestError("wrong_type", f"{name} must be an integer, got {type(value).__name__}")
+    return _in_range(name, value, _BIGINT)
+
+
+def _in_range(name: str, value: int, bounds: tuple[int, int]) -> int:
+    low, high = bounds
+    if not low <= value <= high:
+        raise IngestError("out_of_range", f"{name} {value} is outside {low}..{high}, what the history can hold")
     return value
 
 
@@ -192,10 +207,11 @@ def _timestamp(d: dict[str, Any], name: str) -> int:
     if isinstance(value, bool):
         raise IngestError("wrong_type", f"{name} must be RFC 3339 text or unix milliseconds")
     if isinstance(value, int):
-        return value
+        return _in_range(name, value, _TIMESTAMP_MS)
     if isinstance(value, str):
         try:
-            return iso_to_ms(value)
+            ms = iso_to_ms(value)
         except ValueError as exc:
             raise IngestError("wrong_type", f"{name} is not an RFC 3339 timestamp: {exc}") from exc
+        return _in_range(name, ms, _TIMESTAMP_MS)  # a year-1 time with a positive offset is earlier
     raise IngestError("wrong_type", f"{name} must be RFC 3339 text or unix milliseconds")

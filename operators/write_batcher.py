@@ -7,27 +7,36 @@ is spent in the dispatcher's interpreter. The same statements sent as unlogged b
 deliveries cost ~100 us and ~90 us. Per-request work (native protocol framing, query
 processing, the driver's future and callbacks) dominates, not the mutations themselves.
 
-So a write joins the open batch and gets that batch's completion, which it shares with every
-other write in it. The batch is sent when it is full (statements or estimated bytes), when no
-earlier batch is still in flight, or when its oldest write has waited ``linger``; the owner calls
-:meth:`flush_if_due` at the end of each pass (the dispatcher polls its pending writes on a timer,
-so a lingering batch is never stranded). Sending at once when Cassandra has nothing of ours in
-flight is what keeps light load fast (a first attempt waits for its creation rows: a fixed
-linger was ~20 ms of every first attempt); under load a batch is always in flight, so writes
-coalesce for one round trip and batches grow with the load, Nagle-style.
+So a write joins the open batch; its completion reports the batch's outcome. The batch is sent
+when it is full (statements or estimated bytes), when no earlier batch is still in flight, or
+when its oldest write has waited ``linger``; the owner calls :meth:`flush_if_due` at the end of
+each pass (the dispatcher polls its pending writes on a timer, so a lingering batch is never
+stranded). Sending at once when Cassandra has nothing of ours in flight is what keeps light load
+fast (a first attempt waits for its creation rows: a fixed linger was ~20 ms of every first
+attempt); under load a batch is always in flight, so writes coalesce for one round trip and
+batches grow with the load, Nagle-style.
 
-Atomicity is not needed: each write is an idempotent upsert and a failed batch fails every write
-in it, which each delivery redoes whole. Multi-partition unlogged batches make the coordinator
-fan out; on a ring, lower ``history_batch_max_statements`` (1 request per write is the old
-behaviour) or raise the batch size thresholds in cassandra.yaml to match.
+Atomicity is not needed: each write is an idempotent upsert. But one write must never fail
+another (issue 32: an event whose value its column cannot hold failed every batch it joined,
+other tenants' writes included): when a batch of several writes fails, whether its send raises
+(the driver binding a bad value) or Cassandra refuses it later, each of its writes is sent again
+alone and reports its own outcome; a write's completion is not done until then. A lone write that
+fails is its delivery's to redo. During an outage that is one extra request per write.
 
-Only the owner's thread calls ``add``/``flush*``; completions are set from the driver's I/O
-thread, and the owner only ever reads them (``done()``), so no lock is needed.
+Multi-partition unlogged batches make the coordinator fan out; on a ring, lower
+``history_batch_max_statements`` (1 request per write is the old behaviour) or raise the batch
+size thresholds in cassandra.yaml to match.
+
+Only the owner's thread calls ``add``/``flush*`` and sends; completions are set from the
+driver's I/O thread, and the owner only ever reads them (``done()``), so no lock is needed. A
+failed batch's callback only appends it to a deque (one atomic operation under the GIL) that the
+owner drains at its next ``flush_if_due``.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -70,6 +79,54 @@ class BatchCompletion:
     def fail(self, exc: BaseException) -> None:
         self._exc = exc  # before done: a reader that sees done also sees the error
         self._done = True
+
+
+class _Batch(BatchCompletion):
+    """A sent batch: its outcome, and the writes in it (each statements and completion)."""
+
+    __slots__ = ("writes", "_isolate")
+
+    def __init__(self, isolate: Callable[[_Batch], None]) -> None:
+        super().__init__()
+        self.writes: list[tuple[list[Statement], WriteCompletion]] = []
+        self._isolate = isolate
+
+    def fail(self, exc: BaseException) -> None:
+        super().fail(exc)
+        if len(self.writes) > 1:
+            self._isolate(self)
+
+
+class WriteCompletion:
+    """One write's outcome: its batch's, unless the batch held others and failed; then that of
+    the write sent again alone."""
+
+    __slots__ = ("_batch", "alone")
+
+    def __init__(self, batch: _Batch) -> None:
+        self._batch = batch
+        self.alone: BatchCompletion | None = None
+
+    def _outcome(self) -> BatchCompletion | None:
+        if self.alone is not None:
+            return self.alone
+        b = self._batch
+        if b.done() and (b.exception() is None or len(b.writes) == 1):
+            return b
+        return None  # pending, or failed with others: to be sent alone
+
+    def done(self) -> bool:
+        outcome = self._outcome()
+        return outcome is not None and outcome.done()
+
+    def exception(self) -> BaseException | None:
+        outcome = self._outcome()
+        return None if outcome is None else outcome.exception()
+
+    def result(self) -> None:
+        exc = self.exception()
+        if exc is not None:
+            raise exc
 
 
 class AllOf:
@@ -126,15 +183,16 @@ class WriteBatcher:
         self._min_interval_s = min_interval_s
         self._clock = clock
         self._flushed_at = float("-inf")
+        self._failed: deque[_Batch] = deque()  # failed batches of several writes, to send alone
         self._statements: list[Statement] = []
         self._bytes = 0
         self._opened_at = 0.0
-        self._completion = BatchCompletion()
+        self._completion = _Batch(self._failed.append)
         self._in_flight: BatchCompletion | None = None  # the last batch sent
         self.requests_sent = 0
         self.statements_sent = 0
 
-    def add(self, statements: list[Statement]) -> BatchCompletion:
+    def add(self, statements: list[Statement]) -> WriteCompletion:
         """Queue one write's statements together (they always travel in the same request)."""
         size = sum(estimated_size(values) for _, values in statements)
         if self._statements and (len(self._statements) + len(statements) > self._max_statements
@@ -144,12 +202,14 @@ class WriteBatcher:
             self._opened_at = self._clock()
         self._statements.extend(statements)
         self._bytes += size
-        completion = self._completion
+        completion = WriteCompletion(self._completion)
+        self._completion.writes.append((statements, completion))
         if len(self._statements) >= self._max_statements or self._bytes >= self._max_bytes:
             self.flush()
         return completion
 
     def flush_if_due(self) -> None:
+        self._send_alone()
         if not self._statements:
             return
         now = self._clock()
@@ -160,15 +220,26 @@ class WriteBatcher:
     def flush(self) -> None:
         if not self._statements:
             return
-        statements, completion = self._statements, self._completion
-        self._statements, self._bytes, self._completion = [], 0, BatchCompletion()
-        self._in_flight = completion
+        statements, batch = self._statements, self._completion
+        self._statements, self._bytes, self._completion = [], 0, _Batch(self._failed.append)
+        self._in_flight = batch
         self._flushed_at = self._clock()
+        self._request(statements, batch)
+        self._send_alone()  # a batch whose send raised (a value that cannot be bound)
+
+    def _send_alone(self) -> None:
+        """Send each write of every failed batch of several again, alone."""
+        while self._failed:
+            for statements, write in self._failed.popleft().writes:
+                write.alone = BatchCompletion()
+                self._request(statements, write.alone)
+
+    def _request(self, statements: list[Statement], completion: BatchCompletion) -> None:
         self.requests_sent += 1
         self.statements_sent += len(statements)
         try:
             self._send(statements, completion)
-        except Exception as e:  # e.g. no host available: every write in the batch is redone
+        except Exception as e:  # e.g. no host available, or a value the driver cannot bind
             completion.fail(e)
 
     @property

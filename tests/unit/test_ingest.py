@@ -264,3 +264,33 @@ def test_a_targeted_event_needs_the_control_planes_proof() -> None:
     check_target(parse_event(proved.to_json(), LIMIT), [key])
     with pytest.raises(IngestError):
         check_target(parse(plain(target_endpoint_id="ep_8", target_proof=good)), [key])
+
+
+# -- values the history schema cannot hold (issue 32 row 5) ---------------------------------------
+# object_version is a Cassandra bigint; occurred_at a timestamp that signing also renders as
+# RFC 3339 text (years 1..9999). Past either, the event's every write or send would fail.
+BIGINT_MAX = 2**63 - 1
+OUT_OF_RANGE = [
+    # id                          field             record
+    ("object_version 2**63", "object_version", plain(object_version=2**63)),
+    ("object_version -2**63-1", "object_version", plain(object_version=-(2**63) - 1)),
+    ("debezium object_version 2**64", "object_version", debezium(object_version=2**64)),
+    ("occurred_at 2**63 ms", "occurred_at", plain(occurred_at=2**63)),
+    ("occurred_at after year 9999", "occurred_at", plain(occurred_at=253_402_300_800_000)),
+    ("occurred_at before year 1", "occurred_at", plain(occurred_at=-62_135_596_800_001)),
+]
+
+
+@pytest.mark.parametrize(("name", "doc"), [r[1:] for r in OUT_OF_RANGE], ids=[r[0] for r in OUT_OF_RANGE])
+def test_values_the_history_cannot_hold_are_refused_naming_the_field(name: str, doc: dict[str, Any]) -> None:
+    with pytest.raises(IngestError) as info:
+        parse(doc)
+    assert info.value.reason == "out_of_range"
+    assert name in info.value.detail
+
+
+def test_the_edges_of_the_ranges_are_accepted() -> None:
+    assert parse(plain(object_version=BIGINT_MAX)).object_version == BIGINT_MAX
+    assert parse(plain(object_version=-(2**63))).object_version == -(2**63)
+    assert parse(plain(occurred_at=253_402_300_799_999)).occurred_at_ms == 253_402_300_799_999
+    assert parse(plain(occurred_at=-62_135_596_800_000)).occurred_at_ms == -62_135_596_800_000

@@ -63,12 +63,13 @@ def test_while_a_batch_is_in_flight_writes_wait_for_it_or_the_linger_then_go_tog
     clock.t += 0.001  # the oldest write has now waited 5 ms
     b.flush_if_due()
     assert sent.names() == [["first"], ["a1", "a2", "b1"]]
-    assert c1 is c2 and not c1.done()
+    assert not c1.done() and not c2.done()
     assert b.buffered == 0
     c3 = b.add(stmts("c1"))
     b.flush_if_due()
     assert b.buffered == 1  # ["a1", "a2", "b1"] is in flight
-    c1.succeed()
+    sent.batches[1][1].succeed()
+    assert c1.done() and c2.done()
     b.flush_if_due()  # it came back: the next batch goes without waiting out the linger
     assert sent.names()[-1] == ["c1"] and not c3.done()
 
@@ -78,7 +79,8 @@ def test_with_a_min_interval_batches_leave_at_most_that_often_but_a_quiet_write_
     c0 = b.add(stmts("quiet"))
     b.flush_if_due()
     assert sent.names() == [["quiet"]]  # nothing left recently: no wait at light load
-    c0.succeed()
+    sent.batches[0][1].succeed()
+    assert c0.done()
     clock.t += 0.003
     b.add(stmts("a"))
     b.flush_if_due()
@@ -139,7 +141,7 @@ def test_size_estimate_counts_values_and_cell_overhead(values: tuple[object, ...
     assert estimated_size(values) == expected
 
 
-def test_completions_are_shared_per_batch_and_report_the_batch_outcome() -> None:
+def test_completions_report_their_batch_outcome() -> None:
     b, sent, _ = make(max_statements=2)
     first = b.add(stmts("a1", "a2"))
     second = b.add(stmts("b1"))
@@ -154,7 +156,7 @@ def test_completions_are_shared_per_batch_and_report_the_batch_outcome() -> None
         second.result()
 
 
-def test_a_send_that_raises_fails_every_write_of_the_batch() -> None:
+def test_a_send_that_raises_fails_a_lone_write() -> None:
     def refuse(statements: list[Statement], completion: BatchCompletion) -> None:
         raise RuntimeError("no host available")
 
@@ -189,3 +191,53 @@ def test_all_of_waits_for_every_part_and_fails_fast() -> None:
 def test_nonsense_bounds_are_refused(max_statements: int, max_bytes: int) -> None:
     with pytest.raises(ValueError):
         WriteBatcher(Sent(), max_statements, max_bytes, 0.0)
+
+
+# -- one bad write never fails another (issue 32 row 5) -------------------------------------------
+
+
+def refusing(bad: str, sent: Sent):  # type: ignore[no-untyped-def]
+    """A send that raises, as the driver does binding a value its column cannot hold, for any
+    request holding statement ``bad``; the others are recorded."""
+    def send(statements: list[Statement], completion: BatchCompletion) -> None:
+        if any(name == bad for name, _ in statements):
+            raise OverflowError(f"{bad}: int too large to bind")
+        sent(statements, completion)
+    return send
+
+
+def test_a_bad_statement_fails_only_its_own_write_when_the_batch_raises() -> None:
+    sent = Sent()
+    b = WriteBatcher(refusing("bad", sent), 10, 10_000, 0.0)
+    good1, bad, good2 = b.add(stmts("a1", "a2")), b.add(stmts("bad", "b2")), b.add(stmts("c1"))
+    b.flush()
+    assert sent.names() == [["a1", "a2"], ["c1"]]  # the others went again, each alone
+    assert bad.done() and isinstance(bad.exception(), OverflowError)
+    for _, c in sent.batches:
+        c.succeed()
+    assert good1.done() and good1.exception() is None and good2.done() and good2.exception() is None
+
+
+def test_a_shared_batch_that_fails_later_is_retried_write_by_write_at_the_next_flush() -> None:
+    b, sent, _ = make()
+    first, second = b.add(stmts("a1")), b.add(stmts("b1", "b2"))
+    b.flush()
+    (_, batch), = sent.batches
+    batch.fail(RuntimeError("the batch was refused"))  # on the driver's thread
+    assert not first.done() and not second.done()  # not failed: neither is known bad yet
+    b.flush_if_due()
+    assert sent.names()[1:] == [["a1"], ["b1", "b2"]]
+    sent.batches[1][1].succeed()
+    sent.batches[2][1].fail(RuntimeError("b2 refused"))
+    assert first.done() and first.exception() is None
+    assert second.done() and isinstance(second.exception(), RuntimeError)
+
+
+def test_a_lone_write_that_fails_is_not_sent_again() -> None:
+    b, sent, _ = make()
+    c = b.add(stmts("a1", "a2"))
+    b.flush()
+    sent.batches[0][1].fail(TimeoutError("write timed out"))
+    b.flush_if_due()
+    assert sent.names() == [["a1", "a2"]]  # its delivery redoes it
+    assert c.done() and isinstance(c.exception(), TimeoutError)
