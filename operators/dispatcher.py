@@ -37,10 +37,12 @@ from core import breaker as brk
 from core import dispatch, telemetry
 from core.egress import EgressPolicy
 from core.endpoint_driver import (
+    Action,
     Check,
     Decision,
     DriverPolicy,
     EndpointDriver,
+    IoKind,
     Load,
     Persist,
     Record,
@@ -102,6 +104,8 @@ GAUGE_REFRESH_MS = 1000
 COUNTS_PUBLISH_MS = 250
 COUNT_GAUGES = ("pending_new", "pending_retry", "endpoints", "breakers_open", "breakers_half_open",
                 "endpoints_parked", "tenants_at_quota")
+# The I/O kind of each storage action, to hand one back to the driver as failed (_not_started).
+_STORAGE_KIND: dict[type, IoKind] = {Check: "check", Persist: "persist", Reserve: "reserve", Record: "record"}
 
 
 class Dispatcher(KeyedProcessFunction):
@@ -365,50 +369,83 @@ class Dispatcher(KeyedProcessFunction):
         drv.io_done(f.kind, f.key, result, f.exc, now)
 
     def _start(self, endpoint_id: str, drv: EndpointDriver, decision: Decision, now: int) -> None:
-        sends = []
-        for a in decision.actions:
-            if isinstance(a, Send):
-                try:
-                    keys = self._sender.keys(a.config, now)
-                except SigningKeyUnavailable as exc:
-                    self._counts["signing_key_errors"] += 1
-                    drv.send_not_started(a.p.delivery_id, str(exc), now)
-                    log.error("endpoint %s held until %d: %s", endpoint_id, drv.held_until_ms, exc)
-                    continue
-                sends.append((a.p.delivery_id, self._send(a.p, a.config, keys)))
-            elif isinstance(a, Persist):
-                p = a.p
-                assert p.intent is not None
-                payload = self._payload(p)
-                # Without the bytes at hand the event row was written already (they leave keyed
-                # state only once it is durable): never overwrite it with an empty payload.
-                claimed = payload is not None and self._claim_event_row(p.delivery.event.event_id)
-                full = replace(p.delivery, event=replace(p.delivery.event, payload=payload or b""))
-                done = self._history.persist(full, p.intent, claimed)
-                if claimed:
-                    self._events_written[p.delivery.event.event_id] = done
-                self._io.add(endpoint_id, "persist", p.delivery_id, done, now,
-                             tag=p.delivery.event.event_id if claimed else None)
-            elif isinstance(a, Reserve):
-                assert a.p.intent is not None
-                self._io.add(endpoint_id, "reserve", a.p.delivery_id,
-                             self._history.reserve(a.p.delivery, a.p.intent, now), now)
-            elif isinstance(a, Record):
-                assert a.p.record is not None
-                self._io.add(endpoint_id, "record", a.p.delivery_id, self._history.record(
-                    a.p.delivery, a.p.record, a.p.attempt_count, a.p.intent, a.key_row), now)
-            elif isinstance(a, Check):
-                self._io.add(endpoint_id, "check", a.p.delivery_id,
-                             self._rt.submit(self._history.check(a.p.delivery_id)), now)
-            elif isinstance(a, Load):
-                self._io.add(endpoint_id, "load", a.delivery_id,
-                             self._rt.submit(self._history.load_for_replay(a.delivery_id)), now)
-        if sends:
-            # One wake-up of the I/O loop for the whole batch, not one per request.
-            futures = self._rt.submit_all([coro for _, coro in sends])
-            for (did, _), fut in zip(sends, futures, strict=True):
-                self._io.add(endpoint_id, "send", did, fut, now)
+        """Start the I/O the driver decided. Should starting one raise, what was decided but not
+        started is handed back to the driver before _contain holds the endpoint: left busy, it
+        would never be sent nor release its in-flight count and tenant/pool slots (issue 32)."""
+        sends: list[tuple[str, Any]] = []
+        first_unstarted = 0
+        try:
+            for a in decision.actions:
+                self._start_one(endpoint_id, drv, a, sends, now)
+                first_unstarted += 1
+            if sends:
+                # One wake-up of the I/O loop for the whole batch, not one per request.
+                futures = self._rt.submit_all([coro for _, coro in sends])
+                for (did, _), fut in zip(sends, futures, strict=True):
+                    self._io.add(endpoint_id, "send", did, fut, now)
+                sends = []
+        except Exception as exc:
+            self._not_started(drv, sends, decision.actions[first_unstarted:], exc, now)
+            raise
         self._history.flush_if_due()
+
+    def _not_started(self, drv: EndpointDriver, sends: list[tuple[str, Any]], actions: list[Action],
+                     exc: BaseException, now: int) -> None:
+        """Hand back work decided but never started: requests not submitted go back unsent (the
+        endpoint is held), storage I/O fails as a write or read that will be retried."""
+        reason = f"not started: {type(exc).__name__}"
+        for did, coro in sends:
+            coro.close()
+            drv.send_not_started(did, reason, now)
+        for a in actions:
+            if isinstance(a, Send):
+                drv.send_not_started(a.p.delivery_id, reason, now)
+            elif isinstance(a, Load):
+                drv.io_done("load", a.delivery_id, None, exc, now)
+            else:
+                if isinstance(a, Persist) and self._events_written.get(a.p.delivery.event.event_id, 0) is None:
+                    del self._events_written[a.p.delivery.event.event_id]  # claimed, never written
+                drv.io_done(_STORAGE_KIND[type(a)], a.p.delivery_id, None, exc, now)
+
+    def _start_one(self, endpoint_id: str, drv: EndpointDriver, a: Action, sends: list[tuple[str, Any]],
+                   now: int) -> None:
+        """Start one action; a request only joins ``sends``, submitted together by _start."""
+        if isinstance(a, Send):
+            try:
+                keys = self._sender.keys(a.config, now)
+            except SigningKeyUnavailable as exc:
+                self._counts["signing_key_errors"] += 1
+                drv.send_not_started(a.p.delivery_id, str(exc), now)
+                log.error("endpoint %s held until %d: %s", endpoint_id, drv.held_until_ms, exc)
+                return
+            sends.append((a.p.delivery_id, self._send(a.p, a.config, keys)))
+        elif isinstance(a, Persist):
+            p = a.p
+            assert p.intent is not None
+            payload = self._payload(p)
+            # Without the bytes at hand the event row was written already (they leave keyed
+            # state only once it is durable): never overwrite it with an empty payload.
+            claimed = payload is not None and self._claim_event_row(p.delivery.event.event_id)
+            full = replace(p.delivery, event=replace(p.delivery.event, payload=payload or b""))
+            done = self._history.persist(full, p.intent, claimed)
+            if claimed:
+                self._events_written[p.delivery.event.event_id] = done
+            self._io.add(endpoint_id, "persist", p.delivery_id, done, now,
+                         tag=p.delivery.event.event_id if claimed else None)
+        elif isinstance(a, Reserve):
+            assert a.p.intent is not None
+            self._io.add(endpoint_id, "reserve", a.p.delivery_id,
+                         self._history.reserve(a.p.delivery, a.p.intent, now), now)
+        elif isinstance(a, Record):
+            assert a.p.record is not None
+            self._io.add(endpoint_id, "record", a.p.delivery_id, self._history.record(
+                a.p.delivery, a.p.record, a.p.attempt_count, a.p.intent, a.key_row), now)
+        elif isinstance(a, Check):
+            self._io.add(endpoint_id, "check", a.p.delivery_id,
+                         self._rt.submit(self._history.check(a.p.delivery_id)), now)
+        elif isinstance(a, Load):
+            self._io.add(endpoint_id, "load", a.delivery_id,
+                         self._rt.submit(self._history.load_for_replay(a.delivery_id)), now)
 
     def _contain(self, endpoint_id: str, ctx: Any, now: int, exc: BaseException) -> None:
         """An unexpected error in one endpoint's pass: hold that endpoint, keep the task."""

@@ -1,0 +1,302 @@
+"""The Dispatcher adapter with fake Flink context, timers, history, sender and I/O loop: what it
+does with the driver's decisions when its own I/O side misbehaves (issue 32)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine, Iterable
+from typing import Any
+
+import pytest
+
+from core import dispatch
+from core.endpoint_store import InMemoryEndpointStore
+from core.fanout import NewDelivery
+from core.outcomes import HttpResult
+from core.records import EndpointConfig, EndpointStatus, EventRecord, SigningKey
+from core.settings import Settings
+from operators import dispatcher as dispatcher_module
+from operators.dispatcher import CONFIG, NEW, Dispatcher
+from operators.write_batcher import BatchCompletion
+
+T0 = 1_700_000_000_000
+POOL = 8
+
+
+class FakeStore(InMemoryEndpointStore):
+    """Keyed state as the dispatcher uses it: the driver's store plus held payloads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.payloads: dict[str, bytes] = {}
+
+    def payload(self, delivery_id: str) -> bytes | None:
+        return self.payloads.get(delivery_id)
+
+    def put_payload(self, delivery_id: str, payload: bytes) -> None:
+        self.payloads[delivery_id] = payload
+
+    def remove_payload(self, delivery_id: str) -> None:
+        self.payloads.pop(delivery_id, None)
+
+
+class FakeRuntime:
+    """The background I/O loop: coroutines wait until the test runs them."""
+
+    def __init__(self, *_: Any) -> None:
+        self.pending: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = []
+        self.fail_submit_all: BaseException | None = None
+
+    def call(self, coro: Any, timeout: float | None = None) -> None:
+        if asyncio.iscoroutine(coro):
+            coro.close()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.pending.append((coro, fut))
+        return fut
+
+    def submit_all(self, coros: list[Coroutine[Any, Any, Any]]) -> list[concurrent.futures.Future[Any]]:
+        if self.fail_submit_all is not None:
+            exc, self.fail_submit_all = self.fail_submit_all, None
+            raise exc
+        return [self.submit(c) for c in coros]
+
+    def run_all(self) -> None:
+        pending, self.pending = self.pending, []
+        loop = asyncio.new_event_loop()
+        try:
+            for coro, fut in pending:
+                try:
+                    fut.set_result(loop.run_until_complete(coro))
+                except Exception as exc:  # noqa: BLE001 -- the future carries it
+                    fut.set_exception(exc)
+        finally:
+            loop.close()
+
+    def close(self) -> None:
+        pass
+
+
+class FakeSender:
+    def __init__(self, *_: Any) -> None:
+        self.sent: list[str] = []
+        self.fail_keys_at: int | None = None  # the how-manieth call of keys() raises, once
+
+    def keys(self, cfg: EndpointConfig, now_ms: int) -> list[Any]:
+        if self.fail_keys_at is not None:
+            self.fail_keys_at -= 1
+            if self.fail_keys_at == 0:
+                self.fail_keys_at = None
+                raise ValueError("a bug building the request")
+        return []
+
+    async def send(self, p: dispatch.Pending, payload: bytes, cfg: EndpointConfig, keys: Any) -> dispatch.SendReport:
+        self.sent.append(p.delivery_id)
+        return dispatch.SendReport(result=HttpResult(status=200), started_at_ms=T0, finished_at_ms=T0, url=cfg.url,
+                                   endpoint_config_version=cfg.config_version)
+
+    async def close(self) -> None:
+        pass
+
+
+class FakeHistory:
+    """Cassandra that acknowledges every write at once and holds every event row."""
+
+    def __init__(self, *_: Any) -> None:
+        self.payload_reads = 0
+        self.fail_persist: BaseException | None = None  # the next persist raises, once
+
+    def _done(self, *_: Any) -> BatchCompletion:
+        c = BatchCompletion()
+        c.succeed()
+        return c
+
+    reserve = record = report_backlog = _done
+
+    def persist(self, *_: Any) -> BatchCompletion:
+        if self.fail_persist is not None:
+            exc, self.fail_persist = self.fail_persist, None
+            raise exc
+        return self._done()
+
+    async def check(self, delivery_id: str) -> dispatch.DurableRecord:
+        return dispatch.DurableRecord(status=None)
+
+    async def load_payload(self, event_id: str) -> bytes:
+        self.payload_reads += 1
+        return b"{}"
+
+    def flush_if_due(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class FakeRegistry:
+    def sweep(self) -> None:
+        pass
+
+    def register(self, what: str, release: Any) -> object:
+        return object()
+
+    def unregister(self, token: object) -> None:
+        pass
+
+
+class FakeCounter:
+    def inc(self, n: int = 1) -> None:
+        pass
+
+    def dec(self, n: int = 1) -> None:
+        pass
+
+
+class FakeGroup:
+    def counter(self, name: str) -> FakeCounter:
+        return FakeCounter()
+
+    def add_group(self, key: str, value: str) -> FakeGroup:
+        return self
+
+
+class FakeRuntimeContext:
+    def get_metrics_group(self) -> FakeGroup:
+        return FakeGroup()
+
+
+class Timers:
+    def __init__(self) -> None:
+        self.now = T0
+        self.set: set[int] = set()
+
+    def current_processing_time(self) -> int:
+        return self.now
+
+    def register_processing_time_timer(self, at_ms: int) -> None:
+        self.set.add(at_ms)
+
+
+class Ctx:
+    def __init__(self, timers: Timers, key: str) -> None:
+        self._timers, self._key = timers, key
+
+    def timer_service(self) -> Timers:
+        return self._timers
+
+    def get_current_key(self) -> str:
+        return self._key
+
+
+class World:
+    """One Dispatcher opened on fakes, one endpoint ``ep_1``, and its clock and timers."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for name, fake in (("FlinkEndpointStore", lambda _ctx: FakeStore()), ("AsyncRuntime", FakeRuntime),
+                           ("Sender", FakeSender), ("CassandraHistory", FakeHistory),
+                           ("SnapshotWriter", lambda *_a, **_k: None)):
+            monkeypatch.setattr(dispatcher_module, name, fake)
+        monkeypatch.setattr(dispatcher_module.task_resources, "REGISTRY", FakeRegistry())
+        monkeypatch.setattr(dispatcher_module.gc, "freeze", lambda: None)
+        s = Settings()
+        s = s.model_copy(update={"dispatch": s.dispatch.model_copy(update={
+            "max_in_flight": POOL, "tenant_max_in_flight": POOL, "default_max_in_flight": POOL})})
+        self.d = Dispatcher(s)
+        self.d.open(FakeRuntimeContext())  # type: ignore[arg-type]
+        self.timers = Timers()
+        self.ep = "ep_1"
+        cfg = EndpointConfig(
+            endpoint_id=self.ep, tenant_id="t_1", url="https://example.com/ep_1", status=EndpointStatus.ACTIVE,
+            event_types=("*",), config_version=1, published_at_ms=T0,
+            signing_keys=(SigningKey(version=1, ciphertext_b64="x", not_after_ms=None),))
+        self.element(CONFIG, cfg)
+
+    @property
+    def rt(self) -> FakeRuntime:
+        return self.d._rt  # type: ignore[return-value]
+
+    @property
+    def sender(self) -> FakeSender:
+        return self.d._sender  # type: ignore[return-value]
+
+    def element(self, kind: str, item: Any) -> list[str]:
+        return list(self.d.process_element((self.ep, (kind, item)), Ctx(self.timers, self.ep)))
+
+    def new(self, n: int, payload: bytes = b"{}") -> None:
+        e = EventRecord(event_id=f"evt_{n}", tenant_id="t_1", event_type="invoice.paid", schema_version="1",
+                        object_id="", object_version=0, occurred_at_ms=self.timers.now, payload=payload)
+        self.element(NEW, NewDelivery(
+            delivery_id=f"dlv_{n}", event=e, endpoint_id=self.ep, tenant_id="t_1", endpoint_config_version=1,
+            created_at_ms=self.timers.now, expires_at_ms=self.timers.now + 24 * 3600 * 1000))
+
+    def fire_timers_until(self, until_ms: int) -> None:
+        """Fire every timer due up to ``until_ms``, in order, running the I/O loop between them."""
+        while True:
+            self.rt.run_all()
+            due = sorted(t for t in self.timers.set if t <= until_ms)
+            if not due:
+                break
+            t = due[0]
+            self.timers.set.discard(t)
+            self.timers.now = max(self.timers.now, t)
+            list(self.d.on_timer(t, Ctx(self.timers, self.ep)))
+        self.timers.now = until_ms
+
+    def free_pool_slots(self) -> int:
+        """Slots of the shared pool nobody holds (probed with another tenant's take and release)."""
+        sched = self.d._scheduler
+        got = sched.acquire_uncontended("probe", POOL)
+        sched.release("probe", got)
+        return got
+
+    def busy_without_io(self) -> list[str]:
+        """Deliveries marked busy with no I/O of theirs in flight: stranded."""
+        drv = self.d._drivers.get(self.ep)
+        io = self.d._io._by_endpoint.get(self.ep, {})
+        in_flight = {key for _, key in io}
+        return [did for did, p in (drv.items.items() if drv else ()) if p.busy and did not in in_flight]
+
+
+def sends_in_flight(w: World) -> int:
+    return sum(1 for kind, _ in w.d._io._by_endpoint.get(w.ep, {}) if kind == "send")
+
+
+def _ids(n: int) -> Iterable[int]:
+    return range(1, n + 1)
+
+
+def _fail_submit_all(w: World) -> None:
+    w.rt.fail_submit_all = RuntimeError("the I/O loop refused the batch")
+
+
+def _fail_second_keys(w: World) -> None:
+    w.sender.fail_keys_at = 2
+
+
+def _fail_first_persist(w: World) -> None:
+    w.d._history.fail_persist = OverflowError("int too large to bind")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("fail", [_fail_submit_all, _fail_second_keys, _fail_first_persist],
+                         ids=["submitting the requests", "the second request", "the first write"])
+def test_an_action_that_raises_in_start_leaves_no_work_busy_without_io_and_releases_its_slots(
+        monkeypatch: pytest.MonkeyPatch, fail: Any) -> None:
+    w = World(monkeypatch)
+    fail(w)
+    for n in _ids(3):
+        w.new(n)
+    w.fire_timers_until(T0 + 50)  # the pass that starts their writes or requests raises
+    drv = w.d._drivers[w.ep]
+    assert w.d._counts["endpoint_internal_errors"] == 1
+    assert w.busy_without_io() == []
+    assert drv.in_flight == sends_in_flight(w)
+    assert w.free_pool_slots() == POOL - drv.in_flight
+    assert drv.held_until_ms > w.timers.now  # held, as a contained error should be
+    w.fire_timers_until(drv.held_until_ms + 5_000)
+    assert sorted(w.sender.sent) == ["dlv_1", "dlv_2", "dlv_3"]  # after the hold, every one goes
+    assert w.free_pool_slots() == POOL and drv.in_flight == 0
