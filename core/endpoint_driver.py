@@ -9,11 +9,11 @@ state goes through :class:`core.endpoint_store.EndpointStore` (whose docstring i
 policy), and tenant slots come from the operator-wide :class:`core.fairness.FairScheduler`.
 
 Wake times are reasons, never polls: the earliest of the next retry, the breaker's probe time,
-the token bucket's refill, a slot back-off, the earliest deadline, a manual request's wait, a
-write retry, or the end of a hold after an internal error. An endpoint that is blocked (open
-breaker, disabled, waiting for its config) is woken O(1) times per second at most. Work that
-only an input can unblock (a config, finished I/O) is not polled for: the input drives the
-endpoint.
+the token bucket's refill, a slot back-off (short for the keys next in line for a slot), the
+earliest deadline, a manual request's wait, a write retry, or the end of a hold after an
+internal error. An endpoint that is blocked (open breaker, disabled, waiting for its config) is
+woken O(1) times per second at most. Work that only an input can unblock (a config, finished
+I/O) is not polled for: the input drives the endpoint.
 
 On an ordered endpoint (:mod:`core.ordering`) only a key's head is indexed as due; the rest of
 the key waits unindexed (no timer, no poll) until the head's final record, which indexes the next.
@@ -574,7 +574,13 @@ class EndpointDriver:
         slots = self._take_slots(want, kind, since, now_ms)
         if slots == 0:
             self.counts["throttled_slots"] += 1
-            dec.wake_at(now_ms + self._slot_wait_ms(), "waiting for a tenant or pool slot")
+            if self.scheduler.next_in_line(self.endpoint_id):
+                # A grant may come to it while it sleeps, and nothing but its own timer can wake
+                # it (core.fairness): ask again before such a grant would lapse, not after a
+                # back-off of up to a second with the slot idle.
+                dec.wake_at(now_ms + self.scheduler.grant_pickup_ms, "next in line for a tenant or pool slot")
+            else:
+                dec.wake_at(now_ms + self._slot_wait_ms(), "waiting for a tenant or pool slot")
             return
         self._slot_waits = 0
         sent = 0

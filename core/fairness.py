@@ -30,6 +30,20 @@ Algorithm, per ``grant`` call, while slots are free:
 Every grant honours the tenant quota (slots in flight per tenant, new and retry together) and
 the pool size. The scheduler is in memory only: after a restore the dispatcher re-files tickets
 for its pending work, and requests that were in flight are gone, so their slots are too.
+
+**Grants must be picked up promptly.** A grant goes to a key that is not running: the adapter can
+only run a key's pass inside that key's own timer or element, and no key can set a timer for
+another. So a granted slot is idle until its grantee wakes. Two rules bound that (issue 32):
+
+* a grant not taken within ``grant_pickup_ms`` (the dispatcher's harvest interval) *lapses*: its
+  slot goes back to the pool and the next caller's ``grant`` hands it on. The lapsed key lost its
+  ticket with the grant; its next step files it again with the same ready-since time, so it keeps
+  its seniority (and the urgent lane its latency bound);
+* the keys a grant will go to next are awake: ``next_in_line`` tells a waiting key whether its
+  ticket is its tenant's oldest and its tenant is among the next ``pool_size`` turns of the ring;
+  such a key waits only ``grant_pickup_ms`` before asking again, every other waiting key backs
+  off (up to ~1 s). Only those few keys poll quickly -- at most two per tenant near the head of
+  the ring, however many endpoints wait -- and a grant to anyone else lapses.
 """
 
 from __future__ import annotations
@@ -64,6 +78,10 @@ class _Waiting:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def tenant_of(self, key: str) -> str | None:
+        entry = self._entries.get(key)
+        return entry[0] if entry is not None else None
 
     def has_tenant(self, tenant: str) -> bool:
         return tenant in self._counts
@@ -127,6 +145,7 @@ class FairScheduler:
         weights: Mapping[str, float] | None = None,
         new_work_slo_ms: int = 10_000,
         retry_headroom: float = 0.1,
+        grant_pickup_ms: int = 10,
     ) -> None:
         if pool_size < 1 or tenant_quota < 1:
             raise ValueError("pool_size and tenant_quota must be >= 1")
@@ -134,6 +153,9 @@ class FairScheduler:
             raise ValueError("tenant weights must be > 0")
         if not 0 <= retry_headroom < 1:
             raise ValueError("retry_headroom must be in [0, 1)")
+        if grant_pickup_ms < 1:
+            raise ValueError("grant_pickup_ms must be >= 1")
+        self.grant_pickup_ms = grant_pickup_ms
         self._pool_size = pool_size
         self._quota = tenant_quota
         # DRR credit per turn, scaled so the lightest tenant (default weight 1) earns a whole
@@ -149,8 +171,9 @@ class FairScheduler:
         self._waiting: dict[TicketKind, _Waiting] = {"new": _Waiting(), "retry": _Waiting()}
         self._in_flight: dict[str, int] = {}
         self._in_flight_total = 0
-        # Granted but not yet taken: key -> (tenant, slots).
+        # Granted but not yet taken: key -> (tenant, slots), and when the first of them was given.
         self._grants: dict[str, tuple[str, int]] = {}
+        self._granted_at: dict[str, int] = {}
 
     # -- the dispatcher's side --------------------------------------------------------------
 
@@ -174,12 +197,17 @@ class FairScheduler:
         return take
 
     def grant(self, now_ms: int) -> list[str]:
-        """Hand out free slots; returns the granted keys in order (a key appears once per slot)."""
-        granted = self._grant_urgent(now_ms - self._urgent_after_ms)
+        """Hand out free slots; returns the granted keys in order (a key appears once per slot).
+        Grants not taken within ``grant_pickup_ms`` lapse first, and their slots are handed on."""
+        for key, at in list(self._granted_at.items()):
+            if now_ms - at > self.grant_pickup_ms:
+                self._drop_grant(key)
+        granted = self._grant_urgent(now_ms, now_ms - self._urgent_after_ms)
         granted += self._grant_drr(
-            self._waiting["new"], self._pool_size - self._in_flight_total, self._quota
+            now_ms, self._waiting["new"], self._pool_size - self._in_flight_total, self._quota
         )
         granted += self._grant_drr(
+            now_ms,
             self._waiting["retry"],
             self._retry_pool_limit - self._in_flight_total,
             self._retry_quota,
@@ -192,6 +220,7 @@ class FairScheduler:
 
     def take_grant(self, ticket_key: str) -> int:
         """Slots granted to this key since it last asked; the key now owns them."""
+        self._granted_at.pop(ticket_key, None)
         return self._grants.pop(ticket_key, ("", 0))[1]
 
     def release(self, tenant: str, n: int = 1) -> None:
@@ -211,9 +240,21 @@ class FairScheduler:
         and give back any grant it has not taken."""
         for waiting in self._waiting.values():
             waiting.remove(ticket_key)
-        tenant, slots = self._grants.pop(ticket_key, ("", 0))
-        if slots:
-            self.release(tenant, slots)
+        self._drop_grant(ticket_key)
+
+    def next_in_line(self, ticket_key: str) -> bool:
+        """Whether a grant may come to this key soon: its ticket is its tenant's oldest (of
+        either kind) and its tenant is among the next ``pool_size`` turns of that kind's ring.
+        Such a key should ask again within ``grant_pickup_ms``; others may back off."""
+        for waiting in self._waiting.values():
+            tenant = waiting.tenant_of(ticket_key)
+            if tenant is None:
+                continue
+            oldest = waiting.oldest(tenant)
+            if (oldest is not None and oldest[1] == ticket_key
+                    and tenant in itertools.islice(waiting.ring, self._pool_size)):
+                return True
+        return False
 
     # -- observation ------------------------------------------------------------------------
 
@@ -232,14 +273,21 @@ class FairScheduler:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _give(self, waiting: _Waiting, tenant: str, key: str) -> None:
+    def _drop_grant(self, key: str) -> None:
+        self._granted_at.pop(key, None)
+        tenant, slots = self._grants.pop(key, ("", 0))
+        if slots:
+            self.release(tenant, slots)
+
+    def _give(self, waiting: _Waiting, tenant: str, key: str, now_ms: int) -> None:
         waiting.remove(key)
         self._in_flight[tenant] = self._in_flight.get(tenant, 0) + 1
         self._in_flight_total += 1
         slots = self._grants.get(key, (tenant, 0))[1]
         self._grants[key] = (tenant, slots + 1)
+        self._granted_at.setdefault(key, now_ms)
 
-    def _grant_urgent(self, cutoff_ms: int) -> list[str]:
+    def _grant_urgent(self, now_ms: int, cutoff_ms: int) -> list[str]:
         waiting = self._waiting["new"]
         granted: list[str] = []
         for tenant in list(waiting.ring):
@@ -248,11 +296,11 @@ class FairScheduler:
             oldest = waiting.oldest(tenant)
             if oldest is None or oldest[0] > cutoff_ms or self.in_flight(tenant) >= self._quota:
                 continue
-            self._give(waiting, tenant, oldest[1])
+            self._give(waiting, tenant, oldest[1], now_ms)
             granted.append(oldest[1])
         return granted
 
-    def _grant_drr(self, waiting: _Waiting, budget: int, tenant_limit: int) -> list[str]:
+    def _grant_drr(self, now_ms: int, waiting: _Waiting, budget: int, tenant_limit: int) -> list[str]:
         granted: list[str] = []
         blocked_in_a_row = 0  # tenants passed over for a full quota; a whole ring of them = done
         while budget > 0 and waiting.ring and blocked_in_a_row < len(waiting.ring):
@@ -270,7 +318,7 @@ class FairScheduler:
                 oldest = waiting.oldest(tenant)
                 assert oldest is not None  # a tenant in the ring has tickets
                 waiting.credit[tenant] -= 1
-                self._give(waiting, tenant, oldest[1])
+                self._give(waiting, tenant, oldest[1], now_ms)
                 granted.append(oldest[1])
                 budget -= 1
                 if not waiting.has_tenant(tenant):

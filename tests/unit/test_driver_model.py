@@ -95,6 +95,7 @@ BAD_KEY = "does-not-decrypt"
 # deliveries that came due), never a loop (the rate bound below would catch one).
 AT_ONCE = frozenset({"more deliveries past their deadline", "deadline", "restored deliveries due: read their records"})
 MAX_WAKES_PER_S = 5
+NEXT_IN_LINE = "next in line for a tenant or pool slot"
 WAKE_SLACK = 20  # back-off ramps (slot wait 10 ms -> 1 s), a few expiry passes
 
 
@@ -593,7 +594,9 @@ class Sim:
             ts, ep = nxt_timer
             self.now = max(self.now, ts)
             reason = self.timers[ep].pop(ts)
-            if not self.io_busy(ep):
+            # A key next in line for a slot asks every pickup interval (core.fairness: a grant
+            # to a sleeping key would sit idle); that is its reason, not a poll.
+            if not self.io_busy(ep) and reason != NEXT_IN_LINE:
                 counted.setdefault(ep, Counter())[reason] += 1
             self.on_timer(ep, ts)
         self.now = target
@@ -731,6 +734,12 @@ def check_slots(sim: Sim) -> None:
     for waiting in sched._waiting.values():
         for key in waiting._entries:
             assert key in sim.drivers, f"ticket for {key}, which has no driver"
+    # Issue 32: no slot granted and idle for longer than the pickup interval while anyone waits
+    # for one (the keys next in line ask every interval, and their grant call hands it on).
+    if sched.waiting_count():
+        for key, at in sched._granted_at.items():
+            assert sim.now - at <= 2 * sched.grant_pickup_ms, (
+                f"a slot granted to {key} {sim.now - at} ms ago is idle while {sched.waiting_count()} wait")
 
 
 def check_timely(sim: Sim) -> None:

@@ -594,20 +594,21 @@ def test_an_open_breaker_backlog_past_its_deadline_expires_without_probes() -> N
 # -- wake reasons -----------------------------------------------------------------------------------
 
 
-def test_waiting_for_a_slot_backs_off_with_jitter() -> None:
+def test_waiting_for_a_slot_backs_off_with_jitter_unless_next_in_line() -> None:
     sim = Sim(pool=1, quota=1)
-    sim.config(config("ep_a"))
-    sim.config(config("ep_b"))
-    sim.new(delivery(0, "ep_a"))
-    sim.new(delivery(0, "ep_b"))
+    for ep in ("ep_a", "ep_b", "ep_c"):
+        sim.config(config(ep))
+        sim.new(delivery(0, ep))  # ep_a takes the slot; ep_b's ticket is the tenant's oldest
     waits = []
     for _ in range(8):
-        at, reason = sim.wakes["ep_b"]  # type: ignore[misc]
+        at, reason = sim.wakes["ep_c"]  # type: ignore[misc]
         assert reason == "waiting for a tenant or pool slot"
         waits.append(at - sim.now)
         sim.now = at
-        sim.run("ep_b")
+        sim.run("ep_c")
     assert waits[0] <= 10 and 500 <= waits[-1] <= 1_000
+    at, reason = sim.wakes["ep_b"]  # type: ignore[misc]
+    assert reason == "next in line for a tenant or pool slot" and at <= T0 + sim.scheduler.grant_pickup_ms
     sim.slots_conserved()
 
 
@@ -814,3 +815,36 @@ def test_throttling_is_counted_where_it_happens() -> None:
     assert sim.counts["throttled_rate_limit"] >= 1  # the one token went; the bucket is empty
     sim.new(delivery(9, "ep_2"))  # same tenant, its single slot held by ep_1's request
     assert sim.counts["throttled_slots"] >= 1
+
+
+# -- issue 32 --------------------------------------------------------------------------------------
+
+
+def _wait_until_backed_off(sim: Sim, ep: str, until: int) -> None:
+    """Let ``ep`` wake on its slot back-off (nothing answered meanwhile) until ``until``."""
+    while True:
+        w = sim.wakes[ep]
+        assert w is not None and "for a tenant or pool slot" in w[1]
+        if w[0] > until:
+            return
+        sim.now = w[0]
+        sim.run(ep)
+
+
+def test_issue32_1_a_slot_freed_or_granted_while_an_endpoint_waits_is_used_within_the_pickup_interval() -> None:
+    sim = Sim(pool=1, quota=1)
+    for ep in ("ep_a", "ep_b", "ep_c"):
+        sim.config(config(ep, tenant=f"t_{ep}"))
+    sim.new(delivery(0, "ep_a", tenant="t_ep_a"))  # takes the pool's only slot
+    sim.new(delivery(0, "ep_b", tenant="t_ep_b"))  # waits for it, the oldest ticket
+    sim.new(delivery(1, "ep_a", tenant="t_ep_a"))
+    _wait_until_backed_off(sim, "ep_b", T0 + 3_000)  # long past the first, short back-offs
+    sim.now = T0 + 3_000
+    # ep_a's request finishes: its pass asks for a slot for its next delivery, and the scheduler
+    # grants the freed slot to ep_b's older ticket; nothing but ep_b's own timer wakes ep_b.
+    sim.answer_all("ep_a")
+    assert sim.scheduler.has_grant("ep_b")
+    pickup = sim.scheduler.grant_pickup_ms
+    sim.advance(sim.now + pickup, answer=False)
+    assert sim.requests["dlv_ep_b_0"] == 1  # was: idle until ep_b's back-off (up to 1 s) ended
+    sim.slots_conserved()

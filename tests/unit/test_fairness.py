@@ -278,3 +278,15 @@ def test_uncontended_fast_path_yields_to_waiting_tickets():
     s = FairScheduler(pool_size=10, tenant_quota=10)
     s.request("k1", "a", "new", 0)
     assert s.acquire_uncontended("b", 3) == 0  # someone is waiting: take a turn instead
+
+
+def test_a_grant_not_taken_within_the_pickup_interval_lapses_and_its_slot_goes_to_a_caller():
+    # issue 32 row 1: a grantee that is not awake must not keep the slot idle
+    s = FairScheduler(pool_size=1, tenant_quota=1, grant_pickup_ms=10)
+    s.request("a/ep0", "a", "new", NOW)
+    assert s.grant(NOW) == ["a/ep0"]
+    s.request("b/ep0", "b", "new", NOW + 5)
+    assert s.grant(NOW + 10) == []  # within the pickup interval the grant is a's
+    assert s.grant(NOW + 11) == ["b/ep0"]  # lapsed: a's next step files its ticket again
+    assert not s.has_grant("a/ep0") and s.take_grant("b/ep0") == 1
+    assert s.in_flight_total() == 1
