@@ -481,8 +481,16 @@ class Dispatcher(KeyedProcessFunction):
         return self._send_stored(p, cfg, keys)
 
     async def _send_stored(self, p: dispatch.Pending, cfg: EndpointConfig, keys: SigningKeys) -> dispatch.SendReport:
-        """Read the immutable bytes back from the event row, then send them."""
-        payload = await self._history.load_payload(p.delivery.event.event_id)
+        """Read the immutable bytes back from the event row, then send them. A read that fails
+        (a timeout, Cassandra unavailable) is PayloadUnavailable like a missing row: nothing was
+        sent, so it must not be recorded as an attempt nor spend the retry budget (issue 32)."""
+        try:
+            payload = await self._history.load_payload(p.delivery.event.event_id)
+        except PayloadUnavailable:
+            raise
+        except Exception as exc:
+            raise PayloadUnavailable(f"reading the payload of event {p.delivery.event.event_id} failed: "
+                                     f"{type(exc).__name__}") from exc
         return await self._sender.send(p, payload, cfg, keys)
 
     def _drop_payload(self, delivery_id: str, event_id: str) -> None:

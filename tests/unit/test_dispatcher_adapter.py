@@ -9,6 +9,7 @@ from collections.abc import Coroutine, Iterable
 from typing import Any
 
 import pytest
+from cassandra import OperationTimedOut
 
 from core import dispatch
 from core.endpoint_store import InMemoryEndpointStore
@@ -107,13 +108,19 @@ class FakeHistory:
     def __init__(self, *_: Any) -> None:
         self.payload_reads = 0
         self.fail_persist: BaseException | None = None  # the next persist raises, once
+        self.fail_payload_reads: BaseException | None = None  # every payload read raises this
+        self.records: list[dispatch.AttemptRecord] = []
 
     def _done(self, *_: Any) -> BatchCompletion:
         c = BatchCompletion()
         c.succeed()
         return c
 
-    reserve = record = report_backlog = _done
+    reserve = report_backlog = _done
+
+    def record(self, d: NewDelivery, r: dispatch.AttemptRecord, *_: Any) -> BatchCompletion:
+        self.records.append(r)
+        return self._done()
 
     def persist(self, *_: Any) -> BatchCompletion:
         if self.fail_persist is not None:
@@ -126,6 +133,8 @@ class FakeHistory:
 
     async def load_payload(self, event_id: str) -> bytes:
         self.payload_reads += 1
+        if self.fail_payload_reads is not None:
+            raise self.fail_payload_reads
         return b"{}"
 
     def flush_if_due(self) -> None:
@@ -196,7 +205,7 @@ class Ctx:
 class World:
     """One Dispatcher opened on fakes, one endpoint ``ep_1``, and its clock and timers."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, **dispatch_settings: Any) -> None:
         for name, fake in (("FlinkEndpointStore", lambda _ctx: FakeStore()), ("AsyncRuntime", FakeRuntime),
                            ("Sender", FakeSender), ("CassandraHistory", FakeHistory),
                            ("SnapshotWriter", lambda *_a, **_k: None)):
@@ -205,7 +214,7 @@ class World:
         monkeypatch.setattr(dispatcher_module.gc, "freeze", lambda: None)
         s = Settings()
         s = s.model_copy(update={"dispatch": s.dispatch.model_copy(update={
-            "max_in_flight": POOL, "tenant_max_in_flight": POOL, "default_max_in_flight": POOL})})
+            "max_in_flight": POOL, "tenant_max_in_flight": POOL, "default_max_in_flight": POOL, **dispatch_settings})})
         self.d = Dispatcher(s)
         self.d.open(FakeRuntimeContext())  # type: ignore[arg-type]
         self.timers = Timers()
@@ -219,6 +228,10 @@ class World:
     @property
     def rt(self) -> FakeRuntime:
         return self.d._rt  # type: ignore[return-value]
+
+    @property
+    def history(self) -> FakeHistory:
+        return self.d._history  # type: ignore[return-value]
 
     @property
     def sender(self) -> FakeSender:
@@ -279,7 +292,7 @@ def _fail_second_keys(w: World) -> None:
 
 
 def _fail_first_persist(w: World) -> None:
-    w.d._history.fail_persist = OverflowError("int too large to bind")  # type: ignore[attr-defined]
+    w.history.fail_persist = OverflowError("int too large to bind")
 
 
 @pytest.mark.parametrize("fail", [_fail_submit_all, _fail_second_keys, _fail_first_persist],
@@ -300,3 +313,19 @@ def test_an_action_that_raises_in_start_leaves_no_work_busy_without_io_and_relea
     w.fire_timers_until(drv.held_until_ms + 5_000)
     assert sorted(w.sender.sent) == ["dlv_1", "dlv_2", "dlv_3"]  # after the hold, every one goes
     assert w.free_pool_slots() == POOL and drv.in_flight == 0
+
+
+def test_a_failed_payload_read_is_not_a_sent_attempt_and_spends_no_retry_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch, payload_cache_bytes=0)  # once persisted, the bytes are only in Cassandra
+    w.history.fail_payload_reads = OperationTimedOut("read of the event row timed out")
+    w.new(1)
+    w.fire_timers_until(T0 + 3_600_000)  # an hour of failing reads
+    assert w.history.payload_reads > 1  # tried again and again
+    assert [r.outcome for r in w.history.records] == []  # no attempt row: no request was made
+    p = w.d._drivers[w.ep].items["dlv_1"]
+    assert p.attempt_count == 0 and p.stage is dispatch.Stage.READY
+    w.history.fail_payload_reads = None
+    w.fire_timers_until(T0 + 3 * 3_600_000)
+    assert w.sender.sent == ["dlv_1"]
+    assert [(r.sent, r.outcome) for r in w.history.records] == [(True, "succeeded")]
