@@ -651,7 +651,7 @@ class EndpointDriver:
             self.scheduler.cancel(self.endpoint_id)
 
     def _take_slots(self, want: int, kind: Literal["new", "retry"], since_ms: int, now_ms: int) -> int:
-        got = self.scheduler.acquire_uncontended(self._tenant, want)
+        got = self.scheduler.acquire_uncontended(self._tenant, want, kind)
         if got:
             return got
         self.scheduler.request(self.endpoint_id, self._tenant, kind, since_ms)

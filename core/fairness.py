@@ -181,15 +181,18 @@ class FairScheduler:
         """Key ``ticket_key`` has ``kind`` work waiting since ``ready_since_ms``. Idempotent."""
         self._waiting[kind].add(ticket_key, tenant, ready_since_ms)
 
-    def acquire_uncontended(self, tenant: str, n: int) -> int:
+    def acquire_uncontended(self, tenant: str, n: int, kind: TicketKind = "new") -> int:
         """Work-conserving fast path: when no ticket of any tenant is waiting, fairness has
         nothing to arbitrate, so take up to ``n`` free slots at once (within the pool and the
         tenant's quota) without a ticket. Returns the slots taken (0 when others are waiting);
-        the caller then files a ticket like everyone else."""
+        the caller then files a ticket like everyone else. Retries stop short of the headroom
+        kept for new work here too: new work that arrives a moment later has no ticket to
+        compete with yet, and a retry may hold its slot for a whole HTTP timeout (issue 32)."""
         if n <= 0 or self.waiting_count() > 0:
             return 0
         held = self._in_flight.get(tenant, 0)
-        take = min(n, self._pool_size - self._in_flight_total, self._quota - held)
+        pool, quota = (self._pool_size, self._quota) if kind == "new" else (self._retry_pool_limit, self._retry_quota)
+        take = min(n, pool - self._in_flight_total, quota - held)
         if take <= 0:
             return 0
         self._in_flight[tenant] = held + take

@@ -848,3 +848,21 @@ def test_issue32_1_a_slot_freed_or_granted_while_an_endpoint_waits_is_used_withi
     sim.advance(sim.now + pickup, answer=False)
     assert sim.requests["dlv_ep_b_0"] == 1  # was: idle until ep_b's back-off (up to 1 s) ended
     sim.slots_conserved()
+
+
+def test_issue32_8_retries_taken_without_contention_leave_the_share_kept_for_new_work() -> None:
+    patient = replace(POLICY, breaker=brk.BreakerConfig(failure_threshold=100, fast_failure_threshold=100,
+                                                        open_s=30.0, max_open_s=600.0))
+    sim = Sim(pool=10, quota=10, policy=patient)
+    sim.config(config("ep_a", tenant="t_a", max_in_flight=16))
+    sim.config(config("ep_b", tenant="t_b"))
+    sim.answer["ep_a"] = HttpResult(500)
+    for i in range(10):
+        sim.new(delivery(i, "ep_a", tenant="t_a"))
+    sim.answer_all("ep_a")
+    sim.now = T0 + 600_000  # every retry due at once, nobody else waiting
+    sim.run("ep_a")
+    assert len(sim.sends["ep_a"]) == 9  # was 10: the whole pool
+    sim.new(delivery(0, "ep_b", tenant="t_b", created=sim.now))
+    assert sim.requests["dlv_ep_b_0"] == 1  # new work finds the headroom
+    sim.slots_conserved()

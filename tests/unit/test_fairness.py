@@ -290,3 +290,10 @@ def test_a_grant_not_taken_within_the_pickup_interval_lapses_and_its_slot_goes_t
     assert s.grant(NOW + 11) == ["b/ep0"]  # lapsed: a's next step files its ticket again
     assert not s.has_grant("a/ep0") and s.take_grant("b/ep0") == 1
     assert s.in_flight_total() == 1
+
+
+def test_uncontended_retries_leave_the_headroom_for_new_work():
+    # issue 32 row 8
+    s = FairScheduler(pool_size=10, tenant_quota=10, retry_headroom=0.1)
+    assert s.acquire_uncontended("a", 10, "retry") == 9
+    assert s.acquire_uncontended("b", 1, "new") == 1
