@@ -485,7 +485,8 @@ class EndpointDriver:
             p = self.items[did]
             waited_until = p.manual[0].requested_at_ms + self.policy.manual_wait_ms
             if blocked == "deleted" or now_ms >= waited_until:
-                why = blocked or "no capacity for it within the wait"
+                why = blocked or ("circuit breaker open" if not brk.allow(self.breaker, now_ms)[0]
+                                  else "no capacity for it within the wait")
                 self.counts["manual_not_sent"] += 1
                 self._put(d.manual_not_sent(p, now_ms, f"manual attempt not sent: {why}"))
             elif blocked is not None:
@@ -530,6 +531,18 @@ class EndpointDriver:
 
     def _send(self, now_ms: int, blocked: str | None, dec: Decision) -> None:
         manual = sorted((self.items[did] for did in self._manual), key=lambda p: p.manual[0].requested_at_ms)
+        manual_ok = len(manual)
+        if manual and blocked is None and not brk.allow(self.breaker, now_ms)[0]:
+            # A replay checks the endpoint's state first (issue 32): an open breaker holds manual
+            # requests too -- a person's replay would otherwise hammer a receiver known to be
+            # down. They wait for the probe, within their own wait (_close_stale_manual), and
+            # one may be the probe itself once the breaker half-opens.
+            manual, manual_ok = [], 0
+            dec.wake_at(_probe_at(self.breaker), "breaker probe")
+            dec.wake_at(min(self.items[did].manual[0].requested_at_ms for did in self._manual)
+                        + self.policy.manual_wait_ms, "manual request wait")
+        elif self.breaker.state is not brk.CircuitState.CLOSED:
+            manual_ok = min(manual_ok, 1)  # half-open: one request is the probe
         auto_top = self._top(self._due)
         auto_due = auto_top is not None and auto_top.next_attempt_at_ms <= now_ms
         if auto_top is not None and not auto_due and blocked is None:
@@ -564,7 +577,7 @@ class EndpointDriver:
         elif self.bucket is not None:  # the limit was removed: stop taking from the old bucket
             self.bucket = None
             self.store.put_bucket(None)
-        want = min(free, tokens, len(manual) + auto_ok)
+        want = min(free, tokens, manual_ok + auto_ok)
         if want <= 0:
             self.scheduler.cancel(self.endpoint_id)
             return
@@ -585,8 +598,12 @@ class EndpointDriver:
         self._slot_waits = 0
         sent = 0
         breaker, bucket = self.breaker, self.bucket
-        queue = manual[:slots]
+        queue = manual[:min(slots, manual_ok)]
         for m in queue:
+            allowed, after = brk.allow(breaker, now_ms)
+            if not allowed:
+                break
+            breaker = after
             if bucket is not None:
                 _, bucket, _ = ratelimit.try_take(bucket, now_ms)
             self._start_send(m, dec)
@@ -642,7 +659,7 @@ class EndpointDriver:
         elif more_auto and not brk.allow(self.breaker, now_ms)[0]:
             more_auto = False  # what is left waits for the breaker, not for a slot
             dec.wake_at(_probe_at(self.breaker), "breaker probe")
-        if self._manual or more_auto:
+        if (self._manual and manual_ok) or more_auto:
             # More is due than this step could send: ask again after a short, growing wait.
             dec.wake_at(now_ms + self._slot_wait_ms(), "more due than slots granted")
         else:

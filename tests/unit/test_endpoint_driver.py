@@ -866,3 +866,23 @@ def test_issue32_8_retries_taken_without_contention_leave_the_share_kept_for_new
     sim.new(delivery(0, "ep_b", tenant="t_b", created=sim.now))
     assert sim.requests["dlv_ep_b_0"] == 1  # new work finds the headroom
     sim.slots_conserved()
+
+
+def test_issue32_14_a_manual_replay_waits_for_an_open_breaker_and_ends_not_sent_if_it_stays_open() -> None:
+    policy = replace(POLICY, breaker=brk.BreakerConfig(failure_threshold=5, fast_failure_threshold=2,
+                                                       open_s=120.0, max_open_s=600.0))
+    sim = Sim(policy=policy)
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(None, ErrorClass.TLS)  # fast failures: opens after two
+    for n in range(3):
+        sim.new(delivery(n))
+        sim.answer_all("ep_1")
+    drv = sim.driver("ep_1")
+    assert drv.breaker.state is brk.CircuitState.OPEN
+    sent = sum(sim.requests.values())
+    assert sim.replay(ReplayRequest("dlv_ep_1_0", "t_1", "ep_1", "alice", sim.now, "req-1")) == "queued"
+    assert sum(sim.requests.values()) == sent  # was: sent through the open breaker
+    sim.advance(sim.now + 61_000)  # the breaker stays open past the request's 60 s wait
+    assert sum(sim.requests.values()) == sent
+    assert sim.counts["manual_not_sent"] == 1
+    assert "not_sent" in sim.history["dlv_ep_1_0"].rows.values()
