@@ -183,6 +183,7 @@ class EndpointDriver:
         self._loads: dict[str, tuple[d.ManualRequest, ...]] = dict(store.replays())
         self._loading: set[str] = set()
         self._load_retry_at: dict[str, int] = {}
+        self._load_failures: dict[str, int] = {}
         self._signals: list[EndpointSignal] = []
         # Ordering keys (core.ordering): which held delivery of each key may be sent automatically,
         # and the heads an operator asked to skip.
@@ -724,15 +725,29 @@ class EndpointDriver:
                 detail=f"receiver answered 410 Gone for delivery {p.delivery_id}", at_ms=now_ms))
         self._put(p)
 
+    def _drop_load(self, did: str) -> None:
+        self._loads.pop(did, None)
+        self._load_retry_at.pop(did, None)
+        self._load_failures.pop(did, None)
+        self.store.remove_replay(did)
+
     def _finish_load(self, did: str, result: object, exc: BaseException | None, now_ms: int) -> None:
         self._loading.discard(did)
         requests = self._loads.get(did, ())
         if exc is not None:
-            self._load_retry_at[did] = now_ms + 1_000
+            # A load that keeps failing is bounded like the request it serves (issue 32): retried
+            # at 1, 2, 4... s, at most until the oldest request's manual wait ends, then dropped,
+            # counted. It cannot end with a not_sent attempt row like a held delivery's request:
+            # the delivery it would be written for is what could not be read; counted as not sent.
+            give_up_at = min((r.requested_at_ms for r in requests), default=now_ms) + self.policy.manual_wait_ms
+            if now_ms >= give_up_at:
+                self.counts["manual_not_sent"] += len(requests)
+                self._drop_load(did)
+                return
+            failures = self._load_failures[did] = self._load_failures.get(did, 0) + 1
+            self._load_retry_at[did] = min(give_up_at, now_ms + 1_000 * 2 ** min(failures - 1, 10))
             return
-        self._loads.pop(did, None)
-        self._load_retry_at.pop(did, None)
-        self.store.remove_replay(did)
+        self._drop_load(did)
         if result is None:
             self.counts["replays_unknown"] += 1
             return
