@@ -178,6 +178,8 @@ class EndpointDriver:
         self._deadlines: list[tuple[int, int, int, str]] = []
         self._readying: set[str] = set()  # restored deliveries being checked to be sent
         self._manual: set[str] = set()  # READY with a manual request waiting
+        # (oldest waiting request's time, delivery) over _manual; stale entries skipped when popped
+        self._manual_heap: list[tuple[int, str]] = []
         self._work: set[str] = set()  # storage stages whose I/O has not started
         self._seq = 0
         self._loads: dict[str, tuple[d.ManualRequest, ...]] = dict(store.replays())
@@ -482,16 +484,23 @@ class EndpointDriver:
     def _close_stale_manual(self, now_ms: int, blocked: str | None, dec: Decision) -> None:
         """A manual request waits at most manual_wait_ms, then ends with an attempt row that says
         why it was not sent. While blocked, wake when the oldest wait ends."""
-        for did in list(self._manual):
-            p = self.items[did]
-            waited_until = p.manual[0].requested_at_ms + self.policy.manual_wait_ms
-            if blocked == "deleted" or now_ms >= waited_until:
-                why = blocked or ("circuit breaker open" if not brk.allow(self.breaker, now_ms)[0]
-                                  else "no capacity for it within the wait")
-                self.counts["manual_not_sent"] += 1
-                self._put(d.manual_not_sent(p, now_ms, f"manual attempt not sent: {why}"))
-            elif blocked is not None:
-                dec.wake_at(waited_until, "manual request wait")
+        # Oldest first from the heap: a pass looks at the requests whose wait ended and one more,
+        # not at every waiting request (tens of thousands after a bulk replay).
+        while self._manual:
+            if blocked == "deleted":
+                did = next(iter(self._manual))
+            else:
+                top = self._oldest_manual(1)
+                waited_until = top[0].manual[0].requested_at_ms + self.policy.manual_wait_ms
+                if now_ms < waited_until:
+                    if blocked is not None:
+                        dec.wake_at(waited_until, "manual request wait")
+                    return
+                did = top[0].delivery_id
+            why = blocked or ("circuit breaker open" if not brk.allow(self.breaker, now_ms)[0]
+                              else "no capacity for it within the wait")
+            self.counts["manual_not_sent"] += 1
+            self._put(d.manual_not_sent(self.items[did], now_ms, f"manual attempt not sent: {why}"))
 
     def _storage(self, now_ms: int, budget: int, dec: Decision) -> None:
         for did in list(self._work):
@@ -531,24 +540,24 @@ class EndpointDriver:
             dec.actions.append(Load(did))
 
     def _send(self, now_ms: int, blocked: str | None, dec: Decision) -> None:
-        manual = sorted((self.items[did] for did in self._manual), key=lambda p: p.manual[0].requested_at_ms)
-        manual_ok = len(manual)
-        if manual and blocked is None and not brk.allow(self.breaker, now_ms)[0]:
+        oldest_manual = self._oldest_manual(1)
+        manual_ok = len(self._manual)
+        if manual_ok and blocked is None and not brk.allow(self.breaker, now_ms)[0]:
             # A replay checks the endpoint's state first (issue 32): an open breaker holds manual
             # requests too -- a person's replay would otherwise hammer a receiver known to be
             # down. They wait for the probe, within their own wait (_close_stale_manual), and
             # one may be the probe itself once the breaker half-opens.
-            manual, manual_ok = [], 0
+            manual_ok = 0
             dec.wake_at(_probe_at(self.breaker), "breaker probe")
-            dec.wake_at(min(self.items[did].manual[0].requested_at_ms for did in self._manual)
-                        + self.policy.manual_wait_ms, "manual request wait")
+            dec.wake_at(oldest_manual[0].manual[0].requested_at_ms + self.policy.manual_wait_ms,
+                        "manual request wait")
         elif self.breaker.state is not brk.CircuitState.CLOSED:
             manual_ok = min(manual_ok, 1)  # half-open: one request is the probe
         auto_top = self._top(self._due)
         auto_due = auto_top is not None and auto_top.next_attempt_at_ms <= now_ms
         if auto_top is not None and not auto_due and blocked is None:
             dec.wake_at(auto_top.next_attempt_at_ms, "next retry due")
-        if (not manual and not auto_due) or blocked is not None:
+        if (not manual_ok and not auto_due) or blocked is not None:
             self.scheduler.cancel(self.endpoint_id)
             return
         assert self.config is not None
@@ -583,8 +592,9 @@ class EndpointDriver:
             self.scheduler.cancel(self.endpoint_id)
             return
         kind: Literal["new", "retry"] = (
-            "new" if manual or (auto_top is not None and auto_top.attempt_count == 0) else "retry")
-        since = manual[0].manual[0].requested_at_ms if manual else (auto_top.next_attempt_at_ms if auto_top else now_ms)
+            "new" if manual_ok or (auto_top is not None and auto_top.attempt_count == 0) else "retry")
+        since = (oldest_manual[0].manual[0].requested_at_ms if manual_ok
+                 else auto_top.next_attempt_at_ms if auto_top else now_ms)
         slots = self._take_slots(want, kind, since, now_ms)
         if slots == 0:
             self.counts["throttled_slots"] += 1
@@ -599,7 +609,7 @@ class EndpointDriver:
         self._slot_waits = 0
         sent = 0
         breaker, bucket = self.breaker, self.bucket
-        queue = manual[:min(slots, manual_ok)]
+        queue = self._oldest_manual(min(slots, manual_ok))
         for m in queue:
             allowed, after = brk.allow(breaker, now_ms)
             if not allowed:
@@ -927,6 +937,7 @@ class EndpointDriver:
         prev = self.items.get(did)
         self.items[did] = p
         self._work.discard(did)
+        was_manual = did in self._manual
         self._manual.discard(did)
         if p.skip is not None:
             self._skips.add(did)
@@ -939,11 +950,29 @@ class EndpointDriver:
         elif p.stage in d.WAITING_STAGES:
             if p.manual:
                 self._manual.add(did)
+                at = p.manual[0].requested_at_ms
+                if not (was_manual and prev is not None and prev.manual and prev.manual[0].requested_at_ms == at):
+                    heapq.heappush(self._manual_heap, (at, did))
             elif p.auto_retry_active and not _indexed_same(prev, p):
                 self._seq += 1
                 if self._may_send_auto(did):  # else it waits for its key's head (_requeue)
                     self._push_due(p)
                 heapq.heappush(self._deadlines, (p.delivery.expires_at_ms, _rank(p), self._seq, did))
+
+    def _oldest_manual(self, n: int) -> list[Pending]:
+        """The ``n`` deliveries whose waiting manual request is oldest, oldest first (stale heap
+        entries are dropped on the way; the ones returned stay in the heap)."""
+        found: list[tuple[int, str]] = []
+        while self._manual_heap and len(found) < n:
+            entry = heapq.heappop(self._manual_heap)
+            at, did = entry
+            p = self.items.get(did)
+            if (did in self._manual and p is not None and p.manual[0].requested_at_ms == at
+                    and entry not in found):
+                found.append(entry)
+        for entry in found:
+            heapq.heappush(self._manual_heap, entry)
+        return [self.items[did] for _, did in found]
 
     def _push_due(self, p: Pending) -> None:
         heapq.heappush(self._due, (p.next_attempt_at_ms, _rank(p), self._seq, p.delivery_id))

@@ -909,3 +909,40 @@ def test_issue32_15_a_replay_whose_load_keeps_failing_is_retried_with_back_off_a
     assert loads <= 10, loads  # was 21,601 in 6 h: one a second for ever
     assert drv.idle and not drv.store.replays()
     assert sim.counts["manual_not_sent"] == 1
+
+
+class _CountingItems(dict[str, Any]):
+    """The driver's items, counting lookups: how much of the held work one pass touches."""
+
+    lookups = 0
+
+    def __getitem__(self, key: str) -> Any:
+        self.lookups += 1
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.lookups += 1
+        return super().get(key, default)
+
+
+def test_issue32_10_a_pass_touches_the_oldest_manual_requests_not_all_of_them() -> None:
+    sim = Sim()
+    sim.config(config(max_in_flight=1))
+    n = 2_000
+    for i in range(n):
+        sim.driver("ep_1").add_new(delivery(i), sim.now)
+    sim.run("ep_1")  # one request in flight (the cap), the rest wait
+    for i in range(n):
+        sim.driver("ep_1").add_replay(ReplayRequest(f"dlv_ep_1_{i}", "t_1", "ep_1", "alice", sim.now + i,
+                                                    f"req-{i}"), sim.now + i)
+    sim.run("ep_1")
+    drv = sim.driver("ep_1")
+    assert len(drv._manual) >= n - 1
+    drv.items = _CountingItems(drv.items)
+    sim.now += n
+    sim.run("ep_1")
+    assert drv.items.lookups < 100, drv.items.lookups  # was a lookup (and a sort) over every waiting request
+    (first,) = sim.requests  # the one automatic request in flight
+    sim.answer_all("ep_1")  # the slot frees: the oldest waiting manual request goes
+    oldest, nxt = [f"dlv_ep_1_{i}" for i in range(n) if f"dlv_ep_1_{i}" != first][:2]
+    assert sim.requests[oldest] == 1 and sim.requests[nxt] == 0
