@@ -55,6 +55,7 @@ from core.records import EndpointConfig, RedriveRequest, ReplayRequest, Unreadab
 from core.retry import RetrySchedule
 from core.secrets import redact
 from core.settings import Settings
+from core.write_shares import WriteShares
 from operators import task_resources
 from operators.async_runtime import AsyncRuntime
 from operators.endpoint_state import FlinkEndpointStore
@@ -143,6 +144,8 @@ class Dispatcher(KeyedProcessFunction):
         self._scheduler = FairScheduler(pool_size=s.dispatch.max_in_flight,
                                         tenant_quota=s.dispatch.tenant_max_in_flight)
         self._drivers: dict[str, EndpointDriver] = {}
+        # An endpoint that used all its write budget contends for longer than its longest back-off.
+        self._shares = WriteShares(s.cassandra.max_concurrent_writes, want_ttl_ms=2 * self._policy.slot_wait_max_ms)
         self._wakes = Wakes()
         self._io = IoTracker()
         # event id -> the completion of the persist that writes its event row (None until started)
@@ -266,10 +269,14 @@ class Dispatcher(KeyedProcessFunction):
     def _pass(self, endpoint_id: str, drv: EndpointDriver, ctx: Any, now: int):
         self._counts["passes"] += 1
         for f in self._io.finished(endpoint_id):
+            if f.kind != "send":
+                self._shares.finished(endpoint_id)
             self._finished(drv, f, now)
-        budget = self._settings.cassandra.max_concurrent_writes - self._io.storage_in_flight
+        budget = self._shares.budget(endpoint_id, drv.tenant_id, now)
         decision = drv.step(now, budget)
         self._start(endpoint_id, drv, decision, now)
+        used = sum(1 for a in decision.actions if not isinstance(a, (Send, Load)))  # what the budget bounds
+        self._shares.used(endpoint_id, drv.tenant_id, budget, used, now)
         for signal in decision.signals:
             yield signal.to_json().decode()
         wake = decision.wake.at_ms if decision.wake else None
@@ -419,7 +426,8 @@ class Dispatcher(KeyedProcessFunction):
                 log.error("endpoint %s held until %d: %s", endpoint_id, drv.held_until_ms, exc)
                 return
             sends.append((a.p.delivery_id, self._send(a.p, a.config, keys)))
-        elif isinstance(a, Persist):
+            return
+        if isinstance(a, Persist):
             p = a.p
             assert p.intent is not None
             payload = self._payload(p)
@@ -446,6 +454,7 @@ class Dispatcher(KeyedProcessFunction):
         elif isinstance(a, Load):
             self._io.add(endpoint_id, "load", a.delivery_id,
                          self._rt.submit(self._history.load_for_replay(a.delivery_id)), now)
+        self._shares.started(endpoint_id, drv.tenant_id)  # every action but a request is storage I/O
 
     def _contain(self, endpoint_id: str, ctx: Any, now: int, exc: BaseException) -> None:
         """An unexpected error in one endpoint's pass: hold that endpoint, keep the task."""

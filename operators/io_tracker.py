@@ -31,7 +31,6 @@ class IoTracker:
     def __init__(self) -> None:
         # endpoint -> (kind, delivery) -> (completion, started at, tag, whether it calls back)
         self._by_endpoint: dict[str, dict[tuple[IoKind, str], tuple[Completion, int, Any, bool]]] = {}
-        self.storage_in_flight = 0  # everything but HTTP requests: bounded operator-wide
         # Endpoints a done-callback reported, written from I/O threads. A set's add and discard
         # are each one atomic operation under the GIL; the task thread discards an endpoint
         # *before* scanning its futures, so a completion racing the scan is reported again.
@@ -40,8 +39,6 @@ class IoTracker:
     def add(self, endpoint_id: str, kind: IoKind, key: str, fut: Completion, now_ms: int, tag: Any = None) -> None:
         calls_back = hasattr(fut, "add_done_callback")
         self._by_endpoint.setdefault(endpoint_id, {})[(kind, key)] = (fut, now_ms, tag, calls_back)
-        if kind != "send":
-            self.storage_in_flight += 1
         if calls_back:
             # (Runs at once, on this thread, if the future is done already.)
             fut.add_done_callback(functools.partial(_mark_ready, self._ready, endpoint_id))  # type: ignore[attr-defined]
@@ -64,8 +61,6 @@ class IoTracker:
             if not fut.done():
                 continue
             del io[(kind, key)]
-            if kind != "send":
-                self.storage_in_flight -= 1
             exc = fut.exception()
             out.append(Finished(kind, key, None if exc is not None else fut.result(), exc, tag))
         if not io:

@@ -42,6 +42,18 @@ class FakeStore(InMemoryEndpointStore):
         self.payloads.pop(delivery_id, None)
 
 
+class KeyedStore:
+    """Keyed state: one FakeStore per endpoint, the one of the key in context (set by the test
+    before each element or timer, as Flink does)."""
+
+    def __init__(self) -> None:
+        self.stores: dict[str, FakeStore] = {}
+        self.key = ""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stores.setdefault(self.key, FakeStore()), name)
+
+
 class FakeRuntime:
     """The background I/O loop: coroutines wait until the test runs them."""
 
@@ -110,11 +122,22 @@ class FakeHistory:
         self.fail_persist: BaseException | None = None  # the next persist raises, once
         self.fail_payload_reads: BaseException | None = None  # every payload read raises this
         self.records: list[dispatch.AttemptRecord] = []
+        self.slow = False  # writes stay in flight until complete_writes()
+        self.in_flight: list[BatchCompletion] = []
+        self.persisted: list[str] = []  # delivery ids, in the order their creation writes started
 
     def _done(self, *_: Any) -> BatchCompletion:
         c = BatchCompletion()
-        c.succeed()
+        if self.slow:
+            self.in_flight.append(c)
+        else:
+            c.succeed()
         return c
+
+    def complete_writes(self) -> None:
+        for c in self.in_flight:
+            c.succeed()
+        self.in_flight = []
 
     reserve = report_backlog = _done
 
@@ -122,10 +145,11 @@ class FakeHistory:
         self.records.append(r)
         return self._done()
 
-    def persist(self, *_: Any) -> BatchCompletion:
+    def persist(self, d: NewDelivery, *_: Any) -> BatchCompletion:
         if self.fail_persist is not None:
             exc, self.fail_persist = self.fail_persist, None
             raise exc
+        self.persisted.append(d.delivery_id)
         return self._done()
 
     async def check(self, delivery_id: str) -> dispatch.DurableRecord:
@@ -180,23 +204,25 @@ class FakeRuntimeContext:
 
 
 class Timers:
+    """Processing time and the timers set, each (time, key)."""
+
     def __init__(self) -> None:
         self.now = T0
-        self.set: set[int] = set()
-
-    def current_processing_time(self) -> int:
-        return self.now
-
-    def register_processing_time_timer(self, at_ms: int) -> None:
-        self.set.add(at_ms)
+        self.set: set[tuple[int, str]] = set()
 
 
 class Ctx:
     def __init__(self, timers: Timers, key: str) -> None:
         self._timers, self._key = timers, key
 
-    def timer_service(self) -> Timers:
-        return self._timers
+    def timer_service(self) -> Ctx:
+        return self
+
+    def current_processing_time(self) -> int:
+        return self._timers.now
+
+    def register_processing_time_timer(self, at_ms: int) -> None:
+        self._timers.set.add((at_ms, self._key))
 
     def get_current_key(self) -> str:
         return self._key
@@ -205,8 +231,9 @@ class Ctx:
 class World:
     """One Dispatcher opened on fakes, one endpoint ``ep_1``, and its clock and timers."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, **dispatch_settings: Any) -> None:
-        for name, fake in (("FlinkEndpointStore", lambda _ctx: FakeStore()), ("AsyncRuntime", FakeRuntime),
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, max_concurrent_writes: int = 1024,
+                 **dispatch_settings: Any) -> None:
+        for name, fake in (("FlinkEndpointStore", lambda _ctx: KeyedStore()), ("AsyncRuntime", FakeRuntime),
                            ("Sender", FakeSender), ("CassandraHistory", FakeHistory),
                            ("SnapshotWriter", lambda *_a, **_k: None)):
             monkeypatch.setattr(dispatcher_module, name, fake)
@@ -214,16 +241,20 @@ class World:
         monkeypatch.setattr(dispatcher_module.gc, "freeze", lambda: None)
         s = Settings()
         s = s.model_copy(update={"dispatch": s.dispatch.model_copy(update={
-            "max_in_flight": POOL, "tenant_max_in_flight": POOL, "default_max_in_flight": POOL, **dispatch_settings})})
+            "max_in_flight": POOL, "tenant_max_in_flight": POOL, "default_max_in_flight": POOL, **dispatch_settings}),
+            "cassandra": s.cassandra.model_copy(update={"max_concurrent_writes": max_concurrent_writes})})
         self.d = Dispatcher(s)
         self.d.open(FakeRuntimeContext())  # type: ignore[arg-type]
         self.timers = Timers()
         self.ep = "ep_1"
+        self.configure(self.ep, "t_1")
+
+    def configure(self, ep: str, tenant: str) -> None:
         cfg = EndpointConfig(
-            endpoint_id=self.ep, tenant_id="t_1", url="https://example.com/ep_1", status=EndpointStatus.ACTIVE,
+            endpoint_id=ep, tenant_id=tenant, url=f"https://example.com/{ep}", status=EndpointStatus.ACTIVE,
             event_types=("*",), config_version=1, published_at_ms=T0,
             signing_keys=(SigningKey(version=1, ciphertext_b64="x", not_after_ms=None),))
-        self.element(CONFIG, cfg)
+        self.element(CONFIG, cfg, ep)
 
     @property
     def rt(self) -> FakeRuntime:
@@ -237,27 +268,33 @@ class World:
     def sender(self) -> FakeSender:
         return self.d._sender  # type: ignore[return-value]
 
-    def element(self, kind: str, item: Any) -> list[str]:
-        return list(self.d.process_element((self.ep, (kind, item)), Ctx(self.timers, self.ep)))
+    def element(self, kind: str, item: Any, ep: str | None = None) -> list[str]:
+        ep = ep or self.ep
+        self.d._store.key = ep  # type: ignore[attr-defined]
+        return list(self.d.process_element((ep, (kind, item)), Ctx(self.timers, ep)))
 
-    def new(self, n: int, payload: bytes = b"{}") -> None:
-        e = EventRecord(event_id=f"evt_{n}", tenant_id="t_1", event_type="invoice.paid", schema_version="1",
+    def new(self, n: int, payload: bytes = b"{}", ep: str | None = None, tenant: str = "t_1") -> None:
+        ep = ep or self.ep
+        e = EventRecord(event_id=f"evt_{n}", tenant_id=tenant, event_type="invoice.paid", schema_version="1",
                         object_id="", object_version=0, occurred_at_ms=self.timers.now, payload=payload)
         self.element(NEW, NewDelivery(
-            delivery_id=f"dlv_{n}", event=e, endpoint_id=self.ep, tenant_id="t_1", endpoint_config_version=1,
-            created_at_ms=self.timers.now, expires_at_ms=self.timers.now + 24 * 3600 * 1000))
+            delivery_id=f"dlv_{n}", event=e, endpoint_id=ep, tenant_id=tenant, endpoint_config_version=1,
+            created_at_ms=self.timers.now, expires_at_ms=self.timers.now + 24 * 3600 * 1000), ep)
 
-    def fire_timers_until(self, until_ms: int) -> None:
+    def fire_timers_until(self, until_ms: int, before_each: Any = None) -> None:
         """Fire every timer due up to ``until_ms``, in order, running the I/O loop between them."""
         while True:
             self.rt.run_all()
-            due = sorted(t for t in self.timers.set if t <= until_ms)
+            if before_each is not None:
+                before_each()
+            due = sorted(t for t in self.timers.set if t[0] <= until_ms)
             if not due:
                 break
-            t = due[0]
-            self.timers.set.discard(t)
+            t, key = due[0]
+            self.timers.set.discard((t, key))
             self.timers.now = max(self.timers.now, t)
-            list(self.d.on_timer(t, Ctx(self.timers, self.ep)))
+            self.d._store.key = key  # type: ignore[attr-defined]
+            list(self.d.on_timer(t, Ctx(self.timers, key)))
         self.timers.now = until_ms
 
     def free_pool_slots(self) -> int:
@@ -329,3 +366,26 @@ def test_a_failed_payload_read_is_not_a_sent_attempt_and_spends_no_retry_budget(
     w.fire_timers_until(T0 + 3 * 3_600_000)
     assert w.sender.sent == ["dlv_1"]
     assert [(r.sent, r.outcome) for r in w.history.records] == [(True, "succeeded")]
+
+
+def test_one_endpoints_storage_backlog_leaves_another_tenants_writes_their_share(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch, max_concurrent_writes=8)
+    w.history.slow = True  # every write takes one 10 ms round of the loop below
+    w.configure("ep_big", "t_big")
+    for n in range(1000):
+        w.new(n, ep="ep_big", tenant="t_big")
+    w.timers.now += 1
+    w.configure("ep_small", "t_small")
+    w.new(5000, ep="ep_small", tenant="t_small")
+    while "dlv_5000" not in w.history.persisted and w.timers.now < T0 + 5_000:
+        w.history.complete_writes()
+        w.fire_timers_until(w.timers.now + 10)
+    waited, big_done = w.timers.now - T0, len(w.history.persisted) - 1
+    assert waited <= 100, f"the small tenant's first write waited {waited} ms, behind {big_done} others"
+    assert big_done < 1000  # it did not just wait for the big backlog to end
+    while w.timers.set:
+        w.history.complete_writes()
+        w.fire_timers_until(w.timers.now + 10)
+    assert len(w.history.persisted) == 1001 and len(w.sender.sent) == 1001
+    assert w.d._shares.in_flight == 0  # every storage operation started was counted finished
