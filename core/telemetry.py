@@ -100,9 +100,41 @@ def _older(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-def dispatcher_gauges(endpoints: Iterable[EndpointView], tenants_at_quota: int) -> DispatcherGauges:
-    """Aggregate one dispatcher instance's endpoints. Ages run from the event's arrival on the
-    events topic (the delivery's created_at)."""
+@dataclass(frozen=True)
+class EndpointSummary:
+    """One endpoint's part of the gauges: its deliveries reduced to counts and oldest arrivals,
+    so the operator can keep it until a pass changes the endpoint instead of walking every held
+    delivery at each refresh (issue 32)."""
+
+    new: int = 0  # not yet attempted, the overflow queue's included
+    retry: int = 0
+    oldest_new_ms: int | None = None
+    oldest_retry_ms: int | None = None
+    breaker: CircuitState = CircuitState.CLOSED
+    parked: bool = False
+    consecutive_failures: int = 0
+    held: int = 0  # in memory and in the overflow queue
+
+
+def summarize(ep: EndpointView) -> EndpointSummary:
+    new, retry = ep.spilled, 0
+    oldest_new = ep.spilled_oldest_ms if ep.spilled else None
+    oldest_retry: int | None = None
+    for p in ep.pending:
+        if p.attempted:
+            retry += 1
+            oldest_retry = _older(oldest_retry, p.created_at_ms)
+        else:
+            new += 1
+            oldest_new = _older(oldest_new, p.created_at_ms)
+    return EndpointSummary(new=new, retry=retry, oldest_new_ms=oldest_new, oldest_retry_ms=oldest_retry,
+                           breaker=ep.breaker, parked=ep.parked, consecutive_failures=ep.consecutive_failures,
+                           held=len(ep.pending) + ep.spilled)
+
+
+def aggregate(endpoints: Iterable[EndpointSummary], tenants_at_quota: int) -> DispatcherGauges:
+    """One dispatcher instance's gauges from its endpoints' summaries. Ages run from the event's
+    arrival on the events topic (the delivery's created_at)."""
     new = retry = n = opened = half = parked = 0
     oldest_new: int | None = None
     oldest_parked: int | None = None
@@ -112,19 +144,13 @@ def dispatcher_gauges(endpoints: Iterable[EndpointView], tenants_at_quota: int) 
         opened += ep.breaker is CircuitState.OPEN
         half += ep.breaker is CircuitState.HALF_OPEN
         parked += ep.parked
-        new += ep.spilled
-        oldest_ep_new = ep.spilled_oldest_ms if ep.spilled else None
-        for p in ep.pending:
-            if p.attempted:
-                retry += 1
-                oldest_retry = _older(oldest_retry, p.created_at_ms)
-            else:
-                new += 1
-                oldest_ep_new = _older(oldest_ep_new, p.created_at_ms)
+        new += ep.new
+        retry += ep.retry
+        oldest_retry = _older(oldest_retry, ep.oldest_retry_ms)
         if ep.parked:
-            oldest_parked = _older(oldest_parked, oldest_ep_new)
+            oldest_parked = _older(oldest_parked, ep.oldest_new_ms)
         else:
-            oldest_new = _older(oldest_new, oldest_ep_new)
+            oldest_new = _older(oldest_new, ep.oldest_new_ms)
     return DispatcherGauges(
         pending_new=new, pending_retry=retry, oldest_new_ms=oldest_new, oldest_parked_new_ms=oldest_parked,
         oldest_retry_ms=oldest_retry, endpoints=n, breakers_open=opened, breakers_half_open=half,

@@ -12,6 +12,7 @@ import pytest
 from cassandra import OperationTimedOut
 
 from core import dispatch
+from core.endpoint_driver import EndpointDriver
 from core.endpoint_store import InMemoryEndpointStore
 from core.fanout import NewDelivery
 from core.outcomes import HttpResult
@@ -249,9 +250,9 @@ class World:
         self.ep = "ep_1"
         self.configure(self.ep, "t_1")
 
-    def configure(self, ep: str, tenant: str) -> None:
+    def configure(self, ep: str, tenant: str, status: EndpointStatus = EndpointStatus.ACTIVE) -> None:
         cfg = EndpointConfig(
-            endpoint_id=ep, tenant_id=tenant, url=f"https://example.com/{ep}", status=EndpointStatus.ACTIVE,
+            endpoint_id=ep, tenant_id=tenant, url=f"https://example.com/{ep}", status=status,
             event_types=("*",), config_version=1, published_at_ms=T0,
             signing_keys=(SigningKey(version=1, ciphertext_b64="x", not_after_ms=None),))
         self.element(CONFIG, cfg, ep)
@@ -389,3 +390,28 @@ def test_one_endpoints_storage_backlog_leaves_another_tenants_writes_their_share
         w.fire_timers_until(w.timers.now + 10)
     assert len(w.history.persisted) == 1001 and len(w.sender.sent) == 1001
     assert w.d._shares.in_flight == 0  # every storage operation started was counted finished
+
+
+def test_the_gauge_refresh_rebuilds_only_the_endpoints_a_pass_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    viewed: list[str] = []
+    view = EndpointDriver.view
+
+    def counting_view(drv: EndpointDriver, now_ms: int, window_ms: int) -> Any:
+        viewed.append(drv.endpoint_id)
+        return view(drv, now_ms, window_ms)
+
+    monkeypatch.setattr(EndpointDriver, "view", counting_view)
+    w = World(monkeypatch)
+    w.configure("ep_parked", "t_2", EndpointStatus.DISABLED)
+    for n in range(100):  # held in memory, untouched while disabled
+        w.new(1000 + n, ep="ep_parked", tenant="t_2")
+    w.fire_timers_until(T0 + 1_000)
+    viewed.clear()
+    for n in range(10):  # ep_1 keeps passing: a gauge refresh every second
+        w.new(n)
+        w.fire_timers_until(w.timers.now + 1_000)
+    assert viewed.count("ep_parked") == 0, f"{viewed.count('ep_parked')} views of an endpoint no pass changed"
+    assert w.d._gauges.pending_new == 100 and w.d._gauges.endpoints_parked == 1
+    w.new(2000, ep="ep_parked", tenant="t_2")  # a pass: its next refresh sees it
+    w.fire_timers_until(w.timers.now + 1_000)
+    assert w.d._gauges.pending_new == 101

@@ -11,9 +11,10 @@ from core.telemetry import (
     DispatcherGauges,
     EndpointView,
     PendingView,
+    aggregate,
     bucket_labels,
-    dispatcher_gauges,
     status_class,
+    summarize,
 )
 
 CLASSES = [
@@ -70,6 +71,10 @@ def ep(*pending: tuple[int, bool], parked: bool = False, breaker: CircuitState =
     return EndpointView(tuple(PendingView(c, a) for c, a in pending), spilled, spilled_oldest_ms, breaker, parked)
 
 
+def dispatcher_gauges(endpoints: list[EndpointView], tenants_at_quota: int) -> DispatcherGauges:
+    return aggregate((summarize(e) for e in endpoints), tenants_at_quota)
+
+
 def test_gauges_split_new_retry_and_parked() -> None:
     g = dispatcher_gauges([
         ep((1_000, False), (500, True)),                                   # healthy: one new, one retry
@@ -84,6 +89,11 @@ def test_gauges_split_new_retry_and_parked() -> None:
     assert (g.endpoints, g.breakers_open, g.breakers_half_open, g.endpoints_parked, g.tenants_at_quota) == (
         4, 1, 1, 1, 2)
     assert (g.age_ms(g.oldest_new_ms, 10_800), g.age_ms(None, 10_800), g.age_ms(20_000, 10_000)) == (10_000, 0, 0)
+
+
+def test_a_summary_keeps_what_the_gauges_and_the_per_endpoint_series_need() -> None:
+    s = summarize(ep((1_000, False), (500, True), (700, True), spilled=2, spilled_oldest_ms=1_200))
+    assert (s.new, s.retry, s.oldest_new_ms, s.oldest_retry_ms, s.held) == (3, 2, 1_000, 500, 5)
 
 
 def test_no_endpoints_no_ages() -> None:
