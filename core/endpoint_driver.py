@@ -137,9 +137,12 @@ class DriverPolicy:
     # Storage work that did not fit the operator's write budget is retried this much later,
     # doubling while it keeps waiting (up to slot_wait_max_ms).
     write_budget_wait_ms: int = 10
-    # Deliveries one endpoint keeps in memory; fresh waiting ones beyond it go to the overflow
-    # queue in keyed state (core.endpoint_store) and come back a page at a time, so a backlog of
-    # millions behind a failing endpoint costs memory for the window only (issue 18).
+    # Fresh deliveries (never attempted) one endpoint keeps in memory; fresh waiting ones beyond it
+    # go to the overflow queue in keyed state (core.endpoint_store) and come back a page at a
+    # time, so a backlog of millions behind a failing endpoint costs memory for the window only
+    # (issue 18). Retries do not count against it, or a window of retries the receiver keeps
+    # refusing would hold every fresh delivery in the queue for a day (issue 32); memory as a
+    # whole is bounded at twice the window, past which fresh work waits in the queue again.
     memory_window: int = 20_000
     page_size: int = 1_000
 
@@ -181,6 +184,7 @@ class EndpointDriver:
         # (oldest waiting request's time, delivery) over _manual; stale entries skipped when popped
         self._manual_heap: list[tuple[int, str]] = []
         self._work: set[str] = set()  # storage stages whose I/O has not started
+        self._fresh: set[str] = set()  # never attempted: what the memory window counts
         self._seq = 0
         self._loads: dict[str, tuple[d.ManualRequest, ...]] = dict(store.replays())
         self._loading: set[str] = set()
@@ -797,7 +801,8 @@ class EndpointDriver:
         """A fresh delivery now waiting goes behind the queue once there is one (arrival order),
         or starts it when memory holds a window's worth."""
         return (p.stage is Stage.READY and not p.manual and p.auto_retry_active and p.attempt_count == 0
-                and (self.spilled > 0 or len(self.items) > self.policy.memory_window)
+                and (self.spilled > 0 or len(self._fresh) > self.policy.memory_window
+                     or len(self.items) > 2 * self.policy.memory_window)
                 # a copy of a delivery that may be queued already stays in memory: two queued
                 # copies could both come back as sendable
                 and p.delivery_id not in self._superseded)
@@ -808,6 +813,7 @@ class EndpointDriver:
         # normally behind the versions held now; one that arrived late goes after them).
         self._leave_key(did)
         self.items.pop(did, None)
+        self._fresh.discard(did)
         self._work.discard(did)
         self._manual.discard(did)
         self._readying.discard(did)
@@ -826,7 +832,7 @@ class EndpointDriver:
         window, n = self.policy.memory_window, 0
         page = min(self.policy.page_size, max(1, window // 2), self.spilled)
         expired = self._spill_head_expires is not None and self._spill_head_expires <= now_ms
-        if window - len(self.items) >= page:
+        if min(window - len(self._fresh), 2 * window - len(self.items)) >= page:
             n = page
         elif expired and len(self.items) < 2 * window:
             n = min(self.policy.max_expiries_per_step, self.spilled)
@@ -936,6 +942,10 @@ class EndpointDriver:
         did = p.delivery_id
         prev = self.items.get(did)
         self.items[did] = p
+        if p.attempt_count == 0:
+            self._fresh.add(did)
+        else:
+            self._fresh.discard(did)
         self._work.discard(did)
         was_manual = did in self._manual
         self._manual.discard(did)
@@ -982,6 +992,7 @@ class EndpointDriver:
         self._skips.discard(did)
         self._readying.discard(did)
         self.items.pop(did, None)
+        self._fresh.discard(did)
         self._work.discard(did)
         self._manual.discard(did)
         self.store.remove(did)

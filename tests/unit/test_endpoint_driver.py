@@ -81,6 +81,7 @@ class Sim:
         self.wakes: dict[str, tuple[int, str] | None] = {}
         self.passes: Counter[str] = Counter()
         self.answer: dict[str, HttpResult] = {}  # endpoint -> what its receiver answers
+        self.answer_for: dict[str, HttpResult] = {}  # delivery -> what the receiver answers it
         self.hold_storage = False
         self.held: list[tuple[str, Any]] = []
         self.sent_numbers: dict[str, list[int]] = {}
@@ -160,7 +161,7 @@ class Sim:
         drv = self.driver(ep)
         sends, self.sends[ep] = self.sends.get(ep, []), []
         for s in sends:
-            res = result or self.answer.get(ep, HttpResult(200))
+            res = result or self.answer_for.get(s.p.delivery_id) or self.answer.get(ep, HttpResult(200))
             drv.io_done("send", s.p.delivery_id, dsp.SendReport(res, self.now, self.now, s.config.url,
                                                                    s.config.config_version), None, self.now)
         self.run(ep)
@@ -670,7 +671,8 @@ WINDOW = replace(POLICY, memory_window=50, page_size=10)
 def test_a_backlog_beyond_the_window_leaves_memory_and_the_pending_map() -> None:
     sim = backlog_behind_open_breaker(1_000, WINDOW)
     drv, store = sim.driver("ep_1"), sim.stores["ep_1"]
-    assert len(drv.items) <= WINDOW.memory_window + 1
+    # the window bounds fresh work (issue 32): the two attempts that opened the breaker are retries
+    assert len(drv._fresh) <= WINDOW.memory_window + 1 and len(drv.items) <= 2 * WINDOW.memory_window
     assert set(store.pending) == set(drv.items)  # a restore reads the window back, not the backlog
     assert drv.spilled == len(store.spilled) == 1_000 - len(drv.items)
     assert sim.counts["spilled"] == drv.spilled
@@ -707,7 +709,7 @@ def test_a_restored_queue_is_read_back_a_page_at_a_time_and_checked_before_sendi
     checks = sim.watch(Check)
     sim.run("ep_1")
     drv = sim.driver("ep_1")
-    assert drv.spilled == spilled_before and len(drv.items) <= WINDOW.memory_window + 1
+    assert drv.spilled == spilled_before and len(drv._fresh) <= WINDOW.memory_window + 1
     sim.answer["ep_1"] = HttpResult(200)
     for _ in range(2_000):
         while sim.answer_all("ep_1"):
@@ -759,7 +761,7 @@ def test_after_a_long_consumer_lag_new_deliveries_still_wait_in_the_queue() -> N
         drv.add_new(delivery(i, created=late), sim.now)
         sim.run("ep_1")
     assert drv.spilled == queued + 300
-    assert len(drv.items) <= WINDOW.memory_window + 1 and not drv._superseded
+    assert len(drv._fresh) <= WINDOW.memory_window + 1 and not drv._superseded
 
 
 def test_a_restored_backlog_is_read_ahead_of_the_sends_while_the_breaker_is_closed() -> None:
@@ -946,3 +948,23 @@ def test_issue32_10_a_pass_touches_the_oldest_manual_requests_not_all_of_them() 
     sim.answer_all("ep_1")  # the slot frees: the oldest waiting manual request goes
     oldest, nxt = [f"dlv_ep_1_{i}" for i in range(n) if f"dlv_ep_1_{i}" != first][:2]
     assert sim.requests[oldest] == 1 and sim.requests[nxt] == 0
+
+
+def test_issue32_2_fresh_deliveries_are_not_starved_by_a_memory_full_of_retries() -> None:
+    patient = replace(WINDOW, breaker=brk.BreakerConfig(failure_threshold=1000, fast_failure_threshold=1000,
+                                                        open_s=30.0, max_open_s=600.0))
+    sim = Sim(policy=patient)
+    sim.config(config())
+    for i in range(50):  # deliveries the receiver keeps refusing, a window of them: retried for a day
+        sim.answer_for[f"dlv_ep_1_{i}"] = HttpResult(500)
+        sim.new(delivery(i))
+        sim.answer_all("ep_1")
+    drv = sim.driver("ep_1")
+    assert len(drv.items) == 50
+    for i in range(100, 120):  # fresh work the receiver accepts, arriving behind them
+        sim.new(delivery(i, created=sim.now))
+        sim.answer_all("ep_1")
+    sim.advance(sim.now + 60_000)
+    fresh = [f"dlv_ep_1_{i}" for i in range(100, 120)]
+    assert all(sim.requests[did] == 1 for did in fresh), [sim.requests[did] for did in fresh]  # was: queued 23 h
+    assert len(drv.items) <= 2 * patient.memory_window
