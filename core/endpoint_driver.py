@@ -183,6 +183,8 @@ class EndpointDriver:
         self._manual: set[str] = set()  # READY with a manual request waiting
         # (oldest waiting request's time, delivery) over _manual; stale entries skipped when popped
         self._manual_heap: list[tuple[int, str]] = []
+        # delivery -> (its oldest request's time, when that request reached the front of the queue)
+        self._front_since: dict[str, tuple[int, int]] = {}
         self._work: set[str] = set()  # storage stages whose I/O has not started
         self._fresh: set[str] = set()  # never attempted: what the memory window counts
         self._seq = 0
@@ -495,7 +497,18 @@ class EndpointDriver:
                 did = next(iter(self._manual))
             else:
                 top = self._oldest_manual(1)
-                waited_until = top[0].manual[0].requested_at_ms + self.policy.manual_wait_ms
+                start = top[0].manual[0].requested_at_ms
+                if blocked is None and brk.allow(self.breaker, now_ms)[0]:
+                    # The endpoint may send: the wait counts from when the request reached the
+                    # front of the manual queue, not from its arrival -- a bulk replay larger
+                    # than a minute of the endpoint's capacity is served, not timed out while
+                    # it queues behind itself (issue 32). Blocked or behind an open breaker, the
+                    # endpoint's state is why it waits, and the wait counts from arrival.
+                    front = self._front_since.get(top[0].delivery_id)
+                    if front is None or front[0] != start:
+                        return  # not at the front yet: the requests ahead of it go first
+                    start = front[1]
+                waited_until = start + self.policy.manual_wait_ms
                 if now_ms < waited_until:
                     if blocked is not None:
                         dec.wake_at(waited_until, "manual request wait")
@@ -566,6 +579,11 @@ class EndpointDriver:
             return
         assert self.config is not None
         cap = self.config.max_in_flight or self.policy.default_max_in_flight
+        if manual_ok:
+            for m in self._oldest_manual(cap):  # the front of the manual queue: its wait starts
+                at = m.manual[0].requested_at_ms
+                if self._front_since.get(m.delivery_id, (None,))[0] != at:
+                    self._front_since[m.delivery_id] = (at, now_ms)
         free = cap - self.in_flight
         if free <= 0:
             # Its own cap is full: a finished request drives the endpoint again.
@@ -814,6 +832,7 @@ class EndpointDriver:
         self._leave_key(did)
         self.items.pop(did, None)
         self._fresh.discard(did)
+        self._front_since.pop(did, None)
         self._work.discard(did)
         self._manual.discard(did)
         self._readying.discard(did)
@@ -951,6 +970,8 @@ class EndpointDriver:
         self._manual.discard(did)
         if p.skip is not None:
             self._skips.add(did)
+        if not p.manual:
+            self._front_since.pop(did, None)
         if p.stage not in (Stage.CHECK, Stage.RESERVE, Stage.PERSIST):
             self._readying.discard(did)
         if p.busy:
@@ -993,6 +1014,7 @@ class EndpointDriver:
         self._readying.discard(did)
         self.items.pop(did, None)
         self._fresh.discard(did)
+        self._front_since.pop(did, None)
         self._work.discard(did)
         self._manual.discard(did)
         self.store.remove(did)

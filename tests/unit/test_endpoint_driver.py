@@ -968,3 +968,25 @@ def test_issue32_2_fresh_deliveries_are_not_starved_by_a_memory_full_of_retries(
     fresh = [f"dlv_ep_1_{i}" for i in range(100, 120)]
     assert all(sim.requests[did] == 1 for did in fresh), [sim.requests[did] for did in fresh]  # was: queued 23 h
     assert len(drv.items) <= 2 * patient.memory_window
+
+
+def test_issue32_6_a_bulk_replay_beyond_a_minute_of_capacity_is_sent_not_timed_out() -> None:
+    patient = replace(POLICY, breaker=brk.BreakerConfig(failure_threshold=10_000, fast_failure_threshold=10_000,
+                                                        open_s=30.0, max_open_s=600.0))
+    sim = Sim(policy=patient)
+    sim.config(config(max_in_flight=300))
+    sim.answer["ep_1"] = HttpResult(500)
+    n = 300
+    for i in range(n):
+        sim.driver("ep_1").add_new(delivery(i), sim.now)
+    sim.run("ep_1")
+    sim.answer_all("ep_1")  # every delivery retries later
+    sim.config(config(version=2, max_in_flight=2))  # two requests a second: 150 s for the lot
+    for i in range(n):
+        sim.driver("ep_1").add_replay(ReplayRequest(f"dlv_ep_1_{i}", "t_1", "ep_1", "ops", sim.now, f"r{i}"), sim.now)
+    sim.run("ep_1")
+    for _ in range(200):
+        sim.advance(sim.now + 1_000, answer=False)
+        sim.answer_all("ep_1")
+    assert sim.counts["manual_not_sent"] == 0  # was: most of them, each 60 s wait counted from arrival
+    assert all(not p.manual for p in sim.driver("ep_1").items.values())
