@@ -59,6 +59,8 @@ def test_bad_records_are_dead_lettered_and_the_job_keeps_delivering(settings, gr
     too_big["payload"] = "x" * (settings.ingest.max_payload_bytes + 1)
     future = _valid_fields(tenant_id)
     future["schema"] = "webhooks.event/v2"
+    past_bigint = _valid_fields(tenant_id)
+    past_bigint["object_version"] = 2**63  # the history's bigint cannot hold it
     cases: dict[bytes, str] = {
         b"\x80\x81\xfe garbage \xc3\x28 " + marker.encode() + b" \xff": "not_utf8",
         _enc(_valid_fields(tenant_id))[:-25] + marker.encode(): "malformed_json",
@@ -66,8 +68,9 @@ def test_bad_records_are_dead_lettered_and_the_job_keeps_delivering(settings, gr
         _enc({**wrong_type, "marker": marker}): "wrong_type",
         _enc({**too_big, "marker": marker}): "payload_too_large",
         _enc({**future, "marker": marker}): "unknown_schema",
+        _enc({**past_bigint, "marker": marker}): "out_of_range",
     }
-    assert len(cases) == 6
+    assert len(cases) == 7
     produce(settings, list(cases))
 
     # A valid event produced after every bad one is still delivered: the job did not stop.
@@ -83,6 +86,7 @@ def test_bad_records_are_dead_lettered_and_the_job_keeps_delivering(settings, gr
         assert base64.b64decode(letter["original_base64"]) == raw  # exact bytes, garbage included
         assert letter["source_topic"] == settings.kafka.events_topic
         assert letter["detail"]
+    assert "object_version" in letters[_enc({**past_bigint, "marker": marker})]["detail"]
 
     (rec,) = receiver.wait_for(path, 1, timeout=90)
     assert rec.body == body
