@@ -810,7 +810,11 @@ class EndpointDriver:
                         issued=durable.max_attempt_number, auto_retry_active=auto,
                         next_attempt_at_ms=durable.next_attempt_at_ms or delivery.created_at_ms, manual=requests)
         self.store.put(p)
-        self._join_key(p, started=p.attempt_count > 0)
+        if auto:
+            self._join_key(p, started=p.attempt_count > 0)
+        # else final (or automatic retries stopped): only the person's request is owed, which no
+        # key holds back -- and it must not join its key as a started member, which would make it
+        # the head in place of the delivery really retrying there (issue 32).
         self._put(p)
 
     # -- the overflow queue ------------------------------------------------------------------------

@@ -990,3 +990,31 @@ def test_issue32_6_a_bulk_replay_beyond_a_minute_of_capacity_is_sent_not_timed_o
         sim.answer_all("ep_1")
     assert sim.counts["manual_not_sent"] == 0  # was: most of them, each 60 s wait counted from arrival
     assert all(not p.manual for p in sim.driver("ep_1").items.values())
+
+
+def _versioned(n: int, version: int, created: int) -> NewDelivery:
+    d = delivery(n, created=created)
+    return replace(d, event=replace(d.event, object_id="inv_1", object_version=version), ordering_key="inv_1")
+
+
+def test_issue32_12_a_replayed_older_delivery_does_not_become_the_head_of_its_key() -> None:
+    patient = replace(POLICY, breaker=brk.BreakerConfig(failure_threshold=100, fast_failure_threshold=100,
+                                                        open_s=30.0, max_open_s=600.0))
+    sim = Sim(policy=patient)
+    sim.config(config(ordering_key="object_id"))
+    v1, v2 = _versioned(1, 1, T0), _versioned(2, 2, T0)
+    sim.new(v1)
+    sim.answer_all("ep_1")  # v1 succeeded: final, gone from memory
+    sim.answer_for[v2.delivery_id] = HttpResult(500)
+    sim.new(v2)
+    sim.answer_all("ep_1")  # v2 is the head now, and retries
+    drv = sim.driver("ep_1")
+    assert drv._order.is_head(v2.delivery_id)
+    assert drv.add_replay(ReplayRequest(v1.delivery_id, "t_1", "ep_1", "ops", sim.now, "r1"), sim.now) == "loading"
+    drv.io_done("load", v1.delivery_id, (v1, dsp.DurableRecord("succeeded", 1, None, False, 1)), None, sim.now)
+    sim.run("ep_1")
+    assert drv._order.is_head(v2.delivery_id)  # was: the replayed v1 displaced it
+    sim.answer_all("ep_1")  # v1's manual attempt
+    v0 = _versioned(0, 0, sim.now)  # a late lower version waits behind the head that retries
+    sim.new(v0)
+    assert sim.requests[v0.delivery_id] == 0
