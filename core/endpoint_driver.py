@@ -224,7 +224,12 @@ class EndpointDriver:
             delivery = self._keyed_now(delivery)  # a redrive, rebuilt from history
         self._tenant = self._tenant or delivery.tenant_id
         self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
-        p = Pending(delivery=light(delivery), stage=Stage.PERSIST, next_attempt_at_ms=delivery.created_at_ms)
+        # The first attempt is due by this TaskManager's clock, which schedules everything the
+        # driver does: a delivery is due when it arrives, or at its Kafka time if that is earlier.
+        # A broker clock ahead of ours must not delay it by the skew (issue 32); the deadline
+        # stays counted from the Kafka time (a skew moves it by that much, either way).
+        p = Pending(delivery=light(delivery), stage=Stage.PERSIST,
+                    next_attempt_at_ms=min(delivery.created_at_ms, now_ms))
         if (recheck or delivery.created_at_ms < self.policy.check_created_before_ms
                 or now_ms - delivery.created_at_ms > self.policy.fresh_window_ms
                 or now_ms - delivery.event.occurred_at_ms > self.policy.dedupe_window_ms):

@@ -1018,3 +1018,10 @@ def test_issue32_12_a_replayed_older_delivery_does_not_become_the_head_of_its_ke
     v0 = _versioned(0, 0, sim.now)  # a late lower version waits behind the head that retries
     sim.new(v0)
     assert sim.requests[v0.delivery_id] == 0
+
+
+def test_issue32_13_a_broker_clock_ahead_of_the_task_manager_does_not_delay_the_first_attempt() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.new(delivery(0, created=sim.now + 7_000))  # Kafka's timestamp is 7 s ahead of this clock
+    assert sim.requests["dlv_ep_1_0"] == 1  # was: sent 7 s later, at the broker's "now"
