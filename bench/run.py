@@ -47,7 +47,7 @@ where the time and the CPU went:
   the run's control plane) with no traffic; ``nan`` with ``--idle-seconds 0``.
 
 (The raw HTTP rate and the ratio stay for comparison with earlier runs; the yardstick is now the
-CPU per delivery and the latency of what users would pick instead: README, Performance.)
+CPU per delivery and the latency of what users would pick instead: docs/performance.md.)
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class CassandraSettings(BaseModel):
     # (bounded by linger_ms). Sent whenever the last one has come back, batches hold one or two
     # deliveries' writes at full speed (~200 requests/s); 10-20 ms cut requests per delivery
     # ~3-6x in `make bench-history --rate 300`, but Cassandra's CPU moved within this machine's
-    # noise (its cost at a steady write rate is mostly per unit of time, README), so the default
+    # noise (its cost at a steady write rate is mostly per unit of time, docs/performance.md), so the default
     # keeps the lowest light-load latency: 0 sends at once.
     history_batch_min_interval_ms: int = Field(default=0, ge=0)
     history_batch_inline_payload_bytes: int = Field(default=8 * 1024, ge=0)
