@@ -11,8 +11,8 @@ import logging
 
 from pyflink.common import Configuration, WatermarkStrategy
 from pyflink.common.serialization import SimpleStringSchema
-from pyflink.common.typeinfo import Types
-from pyflink.datastream import DataStream, StreamExecutionEnvironment
+from pyflink.common.typeinfo import TypeInformation, Types
+from pyflink.datastream import DataStream, KeyedStream, StreamExecutionEnvironment
 from pyflink.datastream.checkpointing_mode import CheckpointingMode
 from pyflink.datastream.connectors.base import DeliveryGuarantee
 from pyflink.datastream.connectors.kafka import (
@@ -22,11 +22,12 @@ from pyflink.datastream.connectors.kafka import (
     KafkaSink,
     KafkaSource,
 )
+from pyflink.java_gateway import get_gateway
 from pyflink.table import StreamTableEnvironment
 
 from core.settings import Settings, for_taskmanagers, load_settings_or_exit
 from jobs import uids
-from operators.dispatcher import Dispatcher, key_config
+from operators.dispatcher import DISPATCH_INPUT, Dispatcher, key_config
 from operators.endpoint_configs import ENDPOINT_CONFIGS, ParseEndpointRecord
 from operators.fanout import FanOut
 from operators.parse_events import DEAD_LETTERS, ParseEvents
@@ -90,6 +91,22 @@ def _string_sink(settings: Settings, topic: str) -> KafkaSink:
             .build())
 
 
+def keyed_by_first_field(stream: DataStream, key_type: TypeInformation, value_type: TypeInformation) -> KeyedStream:
+    """Key a stream of Row(key, value) by its first field, in Java.
+
+    PyFlink's ``key_by`` runs every record through a Python operator of its own that builds
+    exactly this Row, then keys it in Java by field 0. After a three-way union that operator
+    cannot chain, so every delivery took an extra task, exchange and pickling. The dispatcher's
+    producers emit the Row themselves (operators/dispatcher.py ``for_dispatch``), and this keys
+    them the way ``key_by`` does after its operator: same selector, same key type, so keyed state
+    and savepoints are unchanged (a savepoint's empty state of the dropped operator is skipped on
+    restore). The dispatcher receives each Row's value, as after ``key_by``.
+    """
+    j_keyed = stream._j_data_stream.keyBy(get_gateway().jvm.KeyByKeySelector(),
+                                          Types.ROW([key_type]).get_java_type_info())
+    return KeyedStream(j_keyed, value_type, stream)
+
+
 def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
     k = settings.kafka
     no_wm = WatermarkStrategy.no_watermarks()
@@ -104,7 +121,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                         .uid(uids.PARSE_ENDPOINTS).name("parse endpoint configs"))
     replays = (env.from_source(_source(settings, k.replays_topic, "replays", False), no_wm, "replays")
                .uid(uids.REPLAYS_SOURCE).name("Kafka: " + k.replays_topic)
-               .flat_map(ParseReplays(), Types.PICKLED_BYTE_ARRAY())
+               .flat_map(ParseReplays(), DISPATCH_INPUT)
                .uid(uids.PARSE_REPLAYS).name("parse replay requests"))
 
     parsed = (events.process(ParseEvents(for_taskmanagers(settings), k.events_topic),
@@ -116,7 +133,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                                   settings.control_plane.config_clock_interval_ms,
                                   settings.control_plane.config_clock_skew_ms,
                                   settings.control_plane.config_clock_stale_after_ms, k.events_topic),
-                           Types.PICKLED_BYTE_ARRAY())
+                           DISPATCH_INPUT)
                   .uid(uids.FAN_OUT).name("dedupe + fan-out"))
     # Refused records: unreadable or untrusted ones from parsing, event-id conflicts from fan-out.
     (parsed.get_side_output(DEAD_LETTERS).union(deliveries.get_side_output(DEAD_LETTERS))
@@ -124,11 +141,11 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
 
     # Configs reach the dispatcher keyed by endpoint, in its one keyed input: a config change
     # drives its endpoint at once (a re-enable drains the held backlog, a new URL is used).
-    keyed_configs = (endpoint_records.flat_map(key_config, Types.PICKLED_BYTE_ARRAY())
+    keyed_configs = (endpoint_records.flat_map(key_config, DISPATCH_INPUT)
                      .set_parallelism(1)  # chained: one endpoint's configs stay in order
                      .uid(uids.DISPATCH_CONFIGS).name("endpoint configs for dispatch"))
-    signals = (deliveries.union(replays, keyed_configs)
-               .key_by(lambda r: r[0], Types.STRING())
+    to_dispatch = deliveries.union(replays, keyed_configs)
+    signals = (keyed_by_first_field(to_dispatch, Types.STRING(), Types.PICKLED_BYTE_ARRAY())
                .process(Dispatcher(for_taskmanagers(settings)), Types.STRING())
                .uid(uids.DISPATCH).name("dispatch (per endpoint)"))
     signals.sink_to(_string_sink(settings, k.signals_topic)).uid(uids.SIGNALS_SINK).name("Kafka: " + k.signals_topic)

@@ -35,7 +35,7 @@ from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
 from core import fanout
 from core.bucket_tally import BucketTally
 from core.records import CLOCK_KEY, ConfigClock, DeadLetter, EndpointConfig, EventRecord
-from operators.dispatcher import NEW, SNAPSHOT
+from operators.dispatcher import NEW, SNAPSHOT, for_dispatch
 from operators.endpoint_configs import ENDPOINT_CONFIGS
 from operators.parse_events import DEAD_LETTERS
 from operators.snapshot_writer import snapshot_key
@@ -212,9 +212,10 @@ class FanOut(KeyedBroadcastProcessFunction):
             self._unmatched.inc()
         # The durable record of this decision (reconciliation's "expected"), written by the
         # dispatcher; emitted first, so a snapshot exists wherever its deliveries do.
-        yield snapshot_key(event.event_id), (SNAPSHOT, fanout.snapshot_for(event, chosen, arrived_ms, degraded))
+        yield for_dispatch(snapshot_key(event.event_id), SNAPSHOT,
+                           fanout.snapshot_for(event, chosen, arrived_ms, degraded))
         for d in fanout.deliveries_for(event, chosen, arrived_ms, self._deadline_ms):
-            yield d.endpoint_id, (NEW, d)
+            yield for_dispatch(d.endpoint_id, NEW, d)
 
 
 class _JavaDefault:

@@ -8,7 +8,7 @@ import logging
 from pyflink.datastream.functions import FlatMapFunction
 
 from core.records import REDRIVE_SCHEMA_V1, RedriveRequest, ReplayRequest, record_schema
-from operators.dispatcher import REDRIVE, REPLAY
+from operators.dispatcher import REDRIVE, REPLAY, for_dispatch
 
 log = logging.getLogger(__name__)
 
@@ -19,10 +19,10 @@ class ParseReplays(FlatMapFunction):
         try:
             if record_schema(raw) == REDRIVE_SCHEMA_V1:
                 d = RedriveRequest.from_json(raw)
-                yield d.endpoint_id, (REDRIVE, d)
+                yield for_dispatch(d.endpoint_id, REDRIVE, d)
                 return
             r = ReplayRequest.from_json(raw)
         except (ValueError, KeyError, TypeError) as exc:
             log.error("unreadable replay request skipped: %s", exc)
             return
-        yield r.endpoint_id, (REPLAY, r)
+        yield for_dispatch(r.endpoint_id, REPLAY, r)
