@@ -137,6 +137,8 @@ class DriverPolicy:
     # Storage work that did not fit the operator's write budget is retried this much later,
     # doubling while it keeps waiting (up to slot_wait_max_ms).
     write_budget_wait_ms: int = 10
+    # A replay's load that failed is retried after 1 s, doubling up to this.
+    load_retry_max_ms: int = 300_000
     # Fresh deliveries (never attempted) one endpoint keeps in memory; fresh waiting ones beyond it
     # go to the overflow queue in keyed state (core.endpoint_store) and come back a page at a
     # time, so a backlog of millions behind a failing endpoint costs memory for the window only
@@ -772,17 +774,12 @@ class EndpointDriver:
         self._loading.discard(did)
         requests = self._loads.get(did, ())
         if exc is not None:
-            # A load that keeps failing is bounded like the request it serves (issue 32): retried
-            # at 1, 2, 4... s, at most until the oldest request's manual wait ends, then dropped,
-            # counted. It cannot end with a not_sent attempt row like a held delivery's request:
-            # the delivery it would be written for is what could not be read; counted as not sent.
-            give_up_at = min((r.requested_at_ms for r in requests), default=now_ms) + self.policy.manual_wait_ms
-            if now_ms >= give_up_at:
-                self.counts["manual_not_sent"] += len(requests)
-                self._drop_load(did)
-                return
+            # A load that keeps failing backs off -- 1, 2, 4... s, then every load_retry_max_ms --
+            # instead of trying every second for ever (issue 32). The person's request is kept:
+            # it can only end with its own attempt row (sent or not_sent), and that row is
+            # written for the delivery this load could not read.
             failures = self._load_failures[did] = self._load_failures.get(did, 0) + 1
-            self._load_retry_at[did] = min(give_up_at, now_ms + 1_000 * 2 ** min(failures - 1, 10))
+            self._load_retry_at[did] = now_ms + min(self.policy.load_retry_max_ms, 1_000 * 2 ** min(failures - 1, 20))
             return
         self._drop_load(did)
         if result is None:

@@ -890,14 +890,14 @@ def test_issue32_14_a_manual_replay_waits_for_an_open_breaker_and_ends_not_sent_
     assert "not_sent" in sim.history["dlv_ep_1_0"].rows.values()
 
 
-def test_issue32_15_a_replay_whose_load_keeps_failing_is_retried_with_back_off_and_given_up() -> None:
+def test_issue32_15_a_replay_whose_load_keeps_failing_backs_off_and_is_kept() -> None:
     sim = Sim()
     sim.config(config())
     drv = sim.driver("ep_1")
-    assert drv.add_replay(ReplayRequest("dlv_gone", "t_1", "ep_1", "alice", sim.now, "req-1"), sim.now) == "loading"
+    assert drv.add_replay(ReplayRequest("dlv_ep_1_0", "t_1", "ep_1", "alice", sim.now, "req-1"), sim.now) == "loading"
     loads = 0
     end = sim.now + 6 * 3600 * 1000
-    while sim.now < end:
+    while True:
         dec = drv.step(sim.now, 1024)
         for a in dec.actions:
             assert isinstance(a, Load)
@@ -905,12 +905,19 @@ def test_issue32_15_a_replay_whose_load_keeps_failing_is_retried_with_back_off_a
             drv.io_done("load", a.delivery_id, None, RuntimeError("history unavailable"), sim.now)
         if dec.actions:
             continue  # the finished load drives the next pass
-        if dec.wake is None:
+        assert dec.wake is not None
+        if dec.wake.at_ms > end:
             break
         sim.now = dec.wake.at_ms
-    assert loads <= 10, loads  # was 21,601 in 6 h: one a second for ever
-    assert drv.idle and not drv.store.replays()
-    assert sim.counts["manual_not_sent"] == 1
+    assert loads <= 6 * 12 + 10, loads  # was 21,601 in 6 h: one a second
+    assert drv.store.replays()  # the person's request is kept: it ends with its own attempt row
+    sim.now = dec.wake.at_ms  # history answers again
+    dec = drv.step(sim.now, 1024)
+    (load,) = dec.actions
+    drv.io_done("load", "dlv_ep_1_0", (delivery(0), dsp.DurableRecord("succeeded", 1, None, False, 1)), None, sim.now)
+    sim.run("ep_1")
+    assert sim.requests["dlv_ep_1_0"] == 1  # the manual attempt
+
 
 
 class _CountingItems(dict[str, Any]):
