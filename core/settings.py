@@ -156,12 +156,16 @@ class FlinkSettings(BaseModel):
     checkpoint_dir: str | None = None
     # thread: Python runs inside the TaskManager JVM (measured ~2-10x faster here, see DESIGN.md).
     python_execution_mode: str = "thread"
-    # Longest a network buffer between operators waits to fill before it is sent. Flink's
-    # default (100 ms) is paid at each of the job's two exchanges when traffic is light, which
-    # was most of the first-attempt latency; a few ms more flushing per channel is cheap. An event
-    # crosses three exchanges (parse -> fan-out -> dispatch) and a clock tick three more before
-    # it releases a held event: at light load each waits up to this long.
+    # Longest a network buffer between operators waits to fill before it is sent, on the event
+    # path (parse -> fan-out -> dispatch). Flink's default (100 ms) is paid at each exchange when
+    # traffic is light, which was most of the first-attempt latency.
     buffer_timeout_ms: int = Field(default=2, ge=0)
+    # The same for every other exchange (endpoint configs and clock ticks, replay requests, dead
+    # letters, the table planner's): each task's output flusher wakes at this period whatever the
+    # traffic, and eight at 2 ms were ~3 % of a core of an idle TaskManager. Ticks promise a lease of a second, so 100 ms
+    # more on their way costs no event a wait (core/fanout.py), and a replay or a config change
+    # is not measured in milliseconds.
+    control_buffer_timeout_ms: int = Field(default=100, ge=1)
 
 
 DEV_ADMIN_TOKEN = "dev-admin-token"

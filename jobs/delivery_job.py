@@ -126,6 +126,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
 
     parsed = (events.process(ParseEvents(for_taskmanagers(settings), k.events_topic),
                              Types.PICKLED_BYTE_ARRAY())
+              .set_buffer_timeout(settings.flink.buffer_timeout_ms)  # the event path (make_env)
               .uid(uids.PARSE_EVENTS).name("parse events"))
     deliveries = (parsed.key_by(lambda r: r[0], Types.STRING())
                   .connect(endpoint_records.broadcast(ENDPOINT_CONFIGS))
@@ -134,6 +135,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                                   settings.control_plane.config_clock_skew_ms,
                                   settings.control_plane.config_clock_stale_after_ms, k.events_topic),
                            DISPATCH_INPUT)
+                  .set_buffer_timeout(settings.flink.buffer_timeout_ms)
                   .uid(uids.FAN_OUT).name("dedupe + fan-out"))
     # Refused records: unreadable or untrusted ones from parsing, event-id conflicts from fan-out.
     (parsed.get_side_output(DEAD_LETTERS).union(deliveries.get_side_output(DEAD_LETTERS))
@@ -161,7 +163,9 @@ def make_env(settings: Settings) -> StreamExecutionEnvironment:
         conf.set_string("pipeline.jars", ";".join(settings.flink.pipeline_jars))
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     env.set_parallelism(settings.flink.parallelism)
-    env.set_buffer_timeout(settings.flink.buffer_timeout_ms)
+    # Every exchange but the event path's two (set on their streams in build_pipeline): configs,
+    # ticks, replays, dead letters, and the table planner's own.
+    env.set_buffer_timeout(settings.flink.control_buffer_timeout_ms)
     env.enable_checkpointing(settings.flink.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
     return env
 
