@@ -161,8 +161,11 @@ class Dispatcher(KeyedProcessFunction):
             check_created_before_ms=int(time.time() * 1000) + s.dispatch.restore_check_skew_ms,
             manual_wait_ms=int(s.dispatch.manual_wait_s * 1000), dedupe_window_ms=s.flink.dedupe_ttl_s * 1000,
             memory_window=s.dispatch.memory_window, page_size=s.dispatch.page_size)
+        # A granted slot lapses after one harvest interval: the grantee, next in line, looks again
+        # that often (no endpoint can set another's timer).
         self._scheduler = FairScheduler(pool_size=s.dispatch.max_in_flight,
-                                        tenant_quota=s.dispatch.tenant_max_in_flight)
+                                        tenant_quota=s.dispatch.tenant_max_in_flight,
+                                        grant_pickup_ms=s.dispatch.harvest_interval_ms)
         self._drivers: dict[str, EndpointDriver] = {}
         # An endpoint that used all its write budget contends for longer than its longest back-off.
         self._shares = WriteShares(s.cassandra.max_concurrent_writes, want_ttl_ms=2 * self._policy.slot_wait_max_ms)
