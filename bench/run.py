@@ -64,6 +64,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -90,6 +91,8 @@ RUN = REPO_ROOT / ".run"
 CERTS = RUN / "certs"
 PY = str(REPO_ROOT / ".venv/bin/python")
 EVENT_TYPE = "bench.event"
+# Endpoint creations in flight at once (the control plane serves 16 requests at a time).
+CREATE_CONCURRENCY = 12
 # A phase gives up when no delivery arrived for this long (--stall-timeout).
 STALL_S = 30.0
 
@@ -249,13 +252,18 @@ def create_tenant(channel: grpc.Channel, settings: Settings, base_url: str, n_en
     admin.CreateTenant(pb.CreateTenantRequest(tenant_id=tenant_id, name=f"bench {label}"), metadata=md)
     key = admin.CreateApiKey(pb.CreateApiKeyRequest(tenant_id=tenant_id, description="bench"), metadata=md)
     cp = rpc.ControlPlaneStub(channel)
-    endpoints = []
-    for i in range(n_endpoints):
+
+    def create(i: int) -> tuple[str, str]:
         path = f"/bench/{tenant_id}/{i}"
         created = cp.CreateEndpoint(
             pb.CreateEndpointRequest(url=base_url + path, description=f"bench {i}", event_types=["bench.*"]),
             metadata=_auth(key.api_key))
-        endpoints.append((created.endpoint.endpoint_id, path))
+        return created.endpoint.endpoint_id, path
+
+    # Concurrently: the API answers a config change one config lease (1 s) after Kafka confirmed
+    # it, so a thousand endpoints created one after another would take a thousand seconds.
+    with ThreadPoolExecutor(max_workers=CREATE_CONCURRENCY) as pool:
+        endpoints = list(pool.map(create, range(n_endpoints)))
     return Tenant(tenant_id, endpoints)
 
 

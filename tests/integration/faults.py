@@ -29,11 +29,18 @@ from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import PreparedStatement
 from confluent_kafka import Producer
 
-from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from stack.flink_jobs import rest, wait_all_running
-from tests.integration.helpers import auth, event, eventually, eventually_tolerant, new_tenant, produce, reconcile
+from tests.integration.helpers import (
+    create_endpoints,
+    event,
+    eventually,
+    eventually_tolerant,
+    new_tenant,
+    produce,
+    reconcile,
+)
 from tests.support.behaviours import Ok, Slow, Status
 from tests.support.receiver import Receiver, Recording
 
@@ -49,16 +56,11 @@ def endpoints(grpc_channel, settings: Settings, receiver: Receiver, n: int, pref
               behaviour: str | None = None) -> tuple[str, list[str]]:
     """A new tenant with ``n`` endpoints for `order.*` at /ep/<prefix>-<tenant>-<i>."""
     tenant_id, api_key = new_tenant(grpc_channel, settings)
-    cp = rpc.ControlPlaneStub(grpc_channel)
-    ids = []
-    for i in range(n):
-        path = f"/ep/{prefix}-{tenant_id}-{i}"
-        if behaviour is not None:
+    paths = [f"/ep/{prefix}-{tenant_id}-{i}" for i in range(n)]
+    if behaviour is not None:
+        for path in paths:
             receiver.set_behaviour(path, behaviour)
-        r = cp.CreateEndpoint(pb.CreateEndpointRequest(url=f"{receiver.base_url}{path}", event_types=["order.*"]),
-                              metadata=auth(api_key))
-        ids.append(r.endpoint.endpoint_id)
-    return tenant_id, ids
+    return tenant_id, create_endpoints(grpc_channel, api_key, [f"{receiver.base_url}{p}" for p in paths], ["order.*"])
 
 
 def in_flight_limit(settings: Settings, n_endpoints: int, default_max_in_flight: int | None = None) -> int:

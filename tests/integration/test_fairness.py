@@ -10,7 +10,7 @@ import time
 import pytest
 
 from control_plane.api import pb, rpc
-from tests.integration.helpers import auth, event, new_tenant, produce
+from tests.integration.helpers import auth, create_endpoints, event, new_tenant, produce
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +49,10 @@ def test_hanging_tenant_does_not_starve_a_healthy_tenant(settings, grpc_channel,
     baseline = _latencies_ms(settings, receiver, b_id, b_paths, 10)
 
     a_id, a_key = new_tenant(grpc_channel, settings)
-    for i in range(HANGING_ENDPOINTS):
-        path = f"/ep/fair-a-{a_id}-{i}"
+    a_paths = [f"/ep/fair-a-{a_id}-{i}" for i in range(HANGING_ENDPOINTS)]
+    for path in a_paths:
         receiver.set_behaviour(path, "hang")
-        cp.CreateEndpoint(pb.CreateEndpointRequest(url=receiver.base_url + path, event_types=["payment.*"]),
-                          metadata=auth(a_key))
+    create_endpoints(grpc_channel, a_key, [receiver.base_url + p for p in a_paths], ["payment.*"])
     flood = [event(a_id, "payment.settled", b'{"flood":true}') for _ in range(5)]
     produce(settings, [e.to_json() for e in flood], keys=[e.event_id for e in flood])
     # Let A's 1,000 deliveries occupy the dispatcher (each hangs until the total timeout).
