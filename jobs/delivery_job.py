@@ -30,6 +30,7 @@ from jobs import uids
 from operators.dispatcher import DISPATCH_INPUT, Dispatcher, key_config
 from operators.endpoint_configs import ENDPOINT_CONFIGS, ParseEndpointRecord
 from operators.fanout import FanOut
+from operators.keyed import KEYED_RECORD
 from operators.parse_events import DEAD_LETTERS, ParseEvents
 from operators.replays import ParseReplays
 
@@ -92,15 +93,13 @@ def _string_sink(settings: Settings, topic: str) -> KafkaSink:
 
 
 def keyed_by_first_field(stream: DataStream, key_type: TypeInformation, value_type: TypeInformation) -> KeyedStream:
-    """Key a stream of Row(key, value) by its first field, in Java.
+    """Key a stream of keyed records (operators/keyed.py) by their first field, in Java.
 
-    PyFlink's ``key_by`` runs every record through a Python operator of its own that builds
-    exactly this Row, then keys it in Java by field 0. After a three-way union that operator
-    cannot chain, so every delivery took an extra task, exchange and pickling. The dispatcher's
-    producers emit the Row themselves (operators/dispatcher.py ``for_dispatch``), and this keys
-    them the way ``key_by`` does after its operator: same selector, same key type, so keyed state
-    and savepoints are unchanged (a savepoint's empty state of the dropped operator is skipped on
-    restore). The dispatcher receives each Row's value, as after ``key_by``.
+    This is what ``key_by`` does after its Python operator: same selector, same key type, so keyed
+    state and savepoints are unchanged (a savepoint's empty state of a dropped operator is skipped
+    on restore). Used for fan-out's input (the parse output) and the dispatcher's (the union of
+    fan-out, replays and configs, after which ``key_by``'s operator could not even chain). It also
+    lets the event path's buffer timeout sit on the operator the exchange leaves from.
     """
     j_keyed = stream._j_data_stream.keyBy(get_gateway().jvm.KeyByKeySelector(),
                                           Types.ROW([key_type]).get_java_type_info())
@@ -124,11 +123,10 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                .flat_map(ParseReplays(), DISPATCH_INPUT)
                .uid(uids.PARSE_REPLAYS).name("parse replay requests"))
 
-    parsed = (events.process(ParseEvents(for_taskmanagers(settings), k.events_topic),
-                             Types.PICKLED_BYTE_ARRAY())
+    parsed = (events.process(ParseEvents(for_taskmanagers(settings), k.events_topic), KEYED_RECORD)
               .set_buffer_timeout(settings.flink.buffer_timeout_ms)  # the event path (make_env)
               .uid(uids.PARSE_EVENTS).name("parse events"))
-    deliveries = (parsed.key_by(lambda r: r[0], Types.STRING())
+    deliveries = (keyed_by_first_field(parsed, Types.STRING(), Types.PICKLED_BYTE_ARRAY())
                   .connect(endpoint_records.broadcast(ENDPOINT_CONFIGS))
                   .process(FanOut(settings.flink.dedupe_ttl_s, settings.dispatch.retry_deadline_s,
                                   settings.control_plane.config_clock_interval_ms,

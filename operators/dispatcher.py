@@ -32,7 +32,6 @@ from dataclasses import replace
 from typing import Any
 
 from pyflink.common import Row
-from pyflink.common.typeinfo import Types
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
 from core import breaker as brk
@@ -63,6 +62,7 @@ from operators.async_runtime import AsyncRuntime
 from operators.endpoint_state import FlinkEndpointStore
 from operators.history_store import CassandraHistory, PayloadUnavailable
 from operators.io_tracker import Finished, IoTracker
+from operators.keyed import KEYED_RECORD, keyed
 from operators.payload_cache import PayloadCache
 from operators.sender import Sender, SigningKeys, SigningKeyUnavailable
 from operators.snapshot_writer import SNAPSHOT_KEY_PREFIX, SnapshotWriter
@@ -78,17 +78,14 @@ CONFIG = "config"
 SNAPSHOT = "fanout-snapshot"
 REDRIVE = "redrive"
 
-# What every input of the dispatcher emits: Row(key, value), the shape PyFlink's key_by makes with
-# a Python operator of its own (AddKey) before keying in Java by the first field. The producers
-# (fan-out, replay parsing, config keying) emit it themselves, so the job keys their union in Java
-# with no extra Python operator: one task, one pickling and one exchange fewer per delivery
-# (jobs/delivery_job.py, keyed_by_first_field). The value is what the dispatcher's
-# process_element receives: (key, (kind, item)).
-DISPATCH_INPUT = Types.ROW([Types.STRING(), Types.PICKLED_BYTE_ARRAY()])
+# What every input of the dispatcher emits (fan-out, replay parsing, config keying): a keyed
+# record (operators/keyed.py), so the job keys their union with no extra Python operator. The
+# value is what process_element receives: (key, (kind, item)).
+DISPATCH_INPUT = KEYED_RECORD
 
 
 def for_dispatch(key: str, kind: str, item: Any) -> Row:
-    return Row(key, (key, (kind, item)))
+    return keyed(key, (key, (kind, item)))
 
 # How often the endpoints this operator holds deliveries for are reported (endpoint_backlogs).
 BACKLOG_REPORT_MS = 30_000

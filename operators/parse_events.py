@@ -14,6 +14,7 @@ from core import target_proof
 from core.ingest import IngestError, check_target, parse_event
 from core.records import DeadLetter
 from core.settings import Settings
+from operators.keyed import keyed
 
 DEAD_LETTERS = OutputTag("dead-letters", Types.STRING())
 
@@ -49,4 +50,5 @@ class ParseEvents(ProcessFunction):
             yield DEAD_LETTERS, letter.to_json().decode()
             return
         self._parsed.inc()
-        yield event.event_id, (event, arrived_ms)
+        # Keyed by event id for fan-out (operators/keyed.py); fan-out receives (id, (event, arrival)).
+        yield keyed(event.event_id, (event.event_id, (event, arrived_ms)))
