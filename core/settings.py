@@ -162,9 +162,9 @@ class FlinkSettings(BaseModel):
     buffer_timeout_ms: int = Field(default=2, ge=0)
     # The same for every other exchange (endpoint configs and clock ticks, replay requests, dead
     # letters, the table planner's): each task's output flusher wakes at this period whatever the
-    # traffic, and eight at 2 ms were ~3 % of a core of an idle TaskManager. Ticks promise a lease of a second, so 100 ms
-    # more on their way costs no event a wait (core/fanout.py), and a replay or a config change
-    # is not measured in milliseconds.
+    # traffic, and eight at 2 ms were ~3 % of a core of an idle TaskManager. Ticks promise a lease
+    # of a second, so 100 ms more on their way costs no event a wait (core/fanout.py), and a
+    # replay or a config change is not measured in milliseconds.
     control_buffer_timeout_ms: int = Field(default=100, ge=1)
 
 
