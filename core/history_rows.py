@@ -55,9 +55,7 @@ def split(rows: Iterable[Any]) -> tuple[Row | None, list[Row]]:
         if delivery is None and any(r.get(c) is not None for c in DELIVERY_COLUMNS if c != "delivery_id"):
             delivery = {c: r.get(c) for c in DELIVERY_COLUMNS}
         if r.get("attempt_number") is not None:
-            a = {c: r.get(_RENAMED.get(c, c)) for c in ATTEMPT_COLUMNS}
-            a["endpoint_id"] = r.get("endpoint_id")
-            attempts.append(a)
+            attempts.append({c: r.get(_RENAMED.get(c, c)) for c in ATTEMPT_COLUMNS})
     attempts.reverse()  # the partition is read highest number first
     return delivery, attempts
 
