@@ -4,7 +4,7 @@ PY := .venv/bin/python
 
 .PHONY: run test setup up down job bench lint proto clean status
 
-run: setup up job ## install, start the local stack, submit the delivery job, say where things are
+run: setup up job ## install, start the local stack, submit the delivery job, say where things are (LOCAL_RECEIVERS=1: deliveries to 127.0.0.1 allowed, for `webhookctl listen`; stack/local_receivers.sh)
 	@bash stack/status.sh
 
 test: setup ## bring up what is missing, run the whole suite, stop what this target started

@@ -30,7 +30,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from control_plane import stats
+from control_plane import listen, stats
 from control_plane.api import pb, rpc
 from core.settings import load_settings
 from outbox.producer import OutboxError, write_event
@@ -525,6 +525,8 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus base URL")
     st.add_argument("--job", help="only this delivery job (its Flink job name)")
 
+    listen.add_arguments(groups.add_parser("listen", help="a local HTTPS receiver: verifies and prints each delivery"))
+
     ev = groups.add_parser("events", help="emit events through the transactional outbox (PostgreSQL)")
     evs = ev.add_subparsers(dest="command", required=True)
     pub = evs.add_parser("publish", help="write one event to the outbox in one transaction; prints its event_id")
@@ -634,6 +636,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     channel = grpc.intercept_channel(raw_channel, _Auth(token), _Timeout(args.timeout))
     try:
+        if args.group == "listen":
+            return listen.run(args, rpc.ControlPlaneStub(channel))
         run(
             args,
             rpc.ControlPlaneStub(channel),

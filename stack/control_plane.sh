@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Start/stop the gRPC control plane (health + reflection on) on 127.0.0.1.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/local_receivers.sh"
 DIR="$RUN/control-plane"; LOG="$DIR/control-plane.log"
 PORT="${WEBHOOKS_CONTROL_PLANE__PORT:-50051}"
 
 start() {
-  if running control-plane; then say "control plane already running (pid $(cat "$DIR/pid"))"; return; fi
+  if running control-plane; then
+    say "control plane already running (pid $(cat "$DIR/pid"))"; local_receivers_check "control plane" "$DIR"; return
+  fi
   mkdir -p "$DIR"
+  local_receivers_apply "control plane" "$DIR"
   say "starting control plane on 127.0.0.1:$PORT"
   start_bg control-plane "$LOG" "$PY" -m control_plane.server
 }

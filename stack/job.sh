@@ -3,6 +3,7 @@
 # submit resumes from the newest savepoint or retained checkpoint, so `make down` + `make run`
 # keeps pending deliveries and retry timers (they live in Flink state).
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/local_receivers.sh"
 eval "$("$REPO/stack/flink.sh" env)"
 export PATH="$VENV/bin:$PATH"
 REST="http://127.0.0.1:${WEBHOOKS_FLINK_REST_PORT:-8081}"
@@ -26,7 +27,8 @@ restore_point() {
 
 submit() {
   local jid; jid="$(running_job_id)"
-  if [ -n "$jid" ]; then say "job $JOB_NAME already running ($jid)"; return; fi
+  if [ -n "$jid" ]; then say "job $JOB_NAME already running ($jid)"; local_receivers_check "job $JOB_NAME" "$STATE"; return; fi
+  local_receivers_apply "job $JOB_NAME" "$STATE"
   local from; from="$(restore_point)"
   local args=(run -d -py "$REPO/jobs/delivery_job.py" -pyfs "$REPO/core,$REPO/operators,$REPO/jobs")
   if [ -n "$from" ]; then say "resuming $JOB_NAME from $from"; args+=(-s "$from"); fi

@@ -9,6 +9,9 @@ for part in kafka cassandra flink-jm flink-tm $extra control-plane postgres conn
   if running "$part"; then state="running (pid $(cat "$RUN/$part/pid"))"; else state="stopped"; fi
   printf '  %-14s %s\n' "$part" "$state"
 done
+if running control-plane && [ -f "$RUN/control-plane/local-receivers" ]; then  # stack/local_receivers.sh
+  printf '  \033[33m%-14s %s\033[0m\n' "egress" "LOCAL_RECEIVERS on: 127.0.0.1 reachable despite the SSRF policy (development only)"
+fi
 cat <<TXT
   Flink dashboard  http://127.0.0.1:${WEBHOOKS_FLINK_REST_PORT:-8081}
   gRPC API         127.0.0.1:${WEBHOOKS_CONTROL_PLANE__PORT:-50051}   (webhookctl --help; grpcurl -plaintext 127.0.0.1:50051 list)
