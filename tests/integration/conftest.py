@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -68,14 +69,21 @@ def receiver(certs: Path) -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="session")
-def job_env(receiver: Receiver, certs: Path) -> dict[str, str]:
+def listen_port() -> int:
+    """A port the session's job may deliver to besides the receiver's: `webhookctl listen`'s in
+    test_readme_tour (the stack's LOCAL_RECEIVERS allows 8443, which a developer's listener may hold)."""
+    return _free_port()
+
+
+@pytest.fixture(scope="session")
+def job_env(receiver: Receiver, certs: Path, listen_port: int) -> dict[str, str]:
     """Environment (WEBHOOKS_*) of this session's delivery job and control plane."""
     port = int(receiver.base_url.rsplit(":", 1)[1])
     return {
         **isolated_env(f"test-t{RUN_ID}", own_keyspace=True),
         "WEBHOOKS_KAFKA__PARTITIONS": "2",
         "WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS": '["127.0.0.1/32"]',
-        "WEBHOOKS_EGRESS__ALLOWED_PORTS": json.dumps([443, port]),
+        "WEBHOOKS_EGRESS__ALLOWED_PORTS": json.dumps([443, port, listen_port]),
         "WEBHOOKS_DISPATCH__CA_BUNDLE": str(certs / "ca.pem"),
         # Short schedules so retries, the breaker and timeouts are observable within a test.
         "WEBHOOKS_DISPATCH__RETRY_BASE_S": "0.5",
@@ -114,14 +122,19 @@ def cassandra_session(settings: Settings) -> Iterator[Session]:
 
 
 @pytest.fixture(scope="session")
-def control_plane(settings: Settings, cassandra_session: Session, kafka_bootstrap: str) -> Iterator[str]:
+def control_plane_server(settings: Settings, cassandra_session: Session, kafka_bootstrap: str) -> Iterator[Any]:
     """The real gRPC control plane, in process, publishing to this session's topics."""
     from control_plane.server import build
 
     server = build(settings, cassandra_session, port=0)
     server.start()
-    yield f"127.0.0.1:{server.port}"
+    yield server
     server.stop(grace_s=2)
+
+
+@pytest.fixture(scope="session")
+def control_plane(control_plane_server: Any) -> str:
+    return f"127.0.0.1:{control_plane_server.port}"
 
 
 @pytest.fixture(scope="session")
