@@ -30,7 +30,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from control_plane import listen, stats
+from control_plane import catalog_cli, listen, stats
 from control_plane.api import pb, rpc
 from core.settings import load_settings
 from outbox.producer import OutboxError, write_event
@@ -527,6 +527,8 @@ def parser() -> argparse.ArgumentParser:
 
     listen.add_arguments(groups.add_parser("listen", help="a local HTTPS receiver: verifies and prints each delivery"))
 
+    catalog_cli.add_arguments(groups.add_parser("event-types", help="the event-type catalog: schemas, exports"))
+
     ev = groups.add_parser("events", help="emit events through the transactional outbox (PostgreSQL)")
     evs = ev.add_subparsers(dest="command", required=True)
     pub = evs.add_parser("publish", help="write one event to the outbox in one transaction; prints its event_id")
@@ -615,6 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.group == "events":
         return publish_event(args)
+    if args.group == "event-types":
+        return catalog_cli.main(args)
     if args.group == "stats":
         try:
             jobs, alerts = stats.collect(args.prometheus, args.job)

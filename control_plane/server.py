@@ -27,6 +27,8 @@ from control_plane import faults, metrics
 from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.auth import Authenticator
+from control_plane.catalog_servicer import SERVICE_NAME as CATALOG_SERVICE
+from control_plane.catalog_servicer import add_to_server as add_catalog
 from control_plane.cursor import Cursors
 from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.errors import Unavailable
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     pb.DESCRIPTOR.services_by_name["ControlPlane"].full_name,
     pb.DESCRIPTOR.services_by_name["Admin"].full_name,
+    CATALOG_SERVICE,
 )
 
 
@@ -173,6 +176,7 @@ def build(
     rpc.add_AdminServicer_to_server(
         AdminServicer(auth, AdminService(store, now_ms, os.urandom, settings.mode == "production"), reconciler,
                       endpoints), server)
+    add_catalog(server, auth, session, store, cursors, settings.cassandra.consistency, now_ms)  # event-type catalog
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -1,0 +1,129 @@
+"""The catalog's Cassandra tables (cassandra/schema/014_event_catalog.cql); statements prepared once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cassandra import ConsistencyLevel
+from cassandra.cluster import Session
+from cassandra.query import PreparedStatement
+
+from control_plane.catalog import EventTypeEntry, VersionEntry
+from control_plane.store import _dt, _ms, _rows, _unavailable_on_driver_error
+
+_TYPE_COLUMNS = ("tenant_id, name, description, type_group, status, sunset_at, enforcement, created_at, updated_at, "
+                 "updated_by, revision, versions")
+_READS_AT_ONCE = 128
+
+
+class CassandraCatalogStore:
+    def __init__(self, session: Session, consistency: str = "LOCAL_QUORUM") -> None:
+        self._session = session
+        level = ConsistencyLevel.name_to_value[consistency]
+        cql = {
+            "type_get": f"SELECT {_TYPE_COLUMNS} FROM event_types WHERE tenant_id = ? AND name = ?",
+            "type_list": f"SELECT {_TYPE_COLUMNS} FROM event_types WHERE tenant_id = ? AND name > ?",
+            "type_list_limit": f"SELECT {_TYPE_COLUMNS} FROM event_types WHERE tenant_id = ? AND name > ? LIMIT ?",
+            "type_insert": f"INSERT INTO event_types ({_TYPE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                           "IF NOT EXISTS",
+            "type_replace": "UPDATE event_types SET description = ?, type_group = ?, status = ?, sunset_at = ?, "
+                            "enforcement = ?, updated_at = ?, updated_by = ?, revision = ?, versions = ? "
+                            "WHERE tenant_id = ? AND name = ? IF revision = ?",
+            "settings_get": "SELECT unknown_types FROM event_catalog_settings WHERE tenant_id = ?",
+            "settings_put": "INSERT INTO event_catalog_settings (tenant_id, unknown_types, updated_at, updated_by) "
+                            "VALUES (?, ?, ?, ?)",
+            "meta_get": "SELECT introduced_at FROM event_catalog_meta WHERE id = 'catalog'",
+            "writer_get": "SELECT key_id FROM event_catalog_writers WHERE tenant_id = ? AND key_id = ?",
+            "writer_put": "INSERT INTO event_catalog_writers (tenant_id, key_id, granted_at) VALUES (?, ?, ?)",
+            "writer_delete": "DELETE FROM event_catalog_writers WHERE tenant_id = ? AND key_id = ?",
+            "event_version": "SELECT schema_version FROM events WHERE event_id = ?",
+        }
+        self._p: dict[str, PreparedStatement] = {}
+        for name, text in cql.items():
+            stmt = session.prepare(text)
+            stmt.consistency_level = level
+            self._p[name] = stmt
+
+    def _rows(self, name: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        return list(_rows(self._session.execute(self._p[name].bind(params))))
+
+    @_unavailable_on_driver_error
+    def get_type(self, tenant_id: str, name: str) -> EventTypeEntry | None:
+        rows = self._rows("type_get", (tenant_id, name))
+        return _entry(rows[0]) if rows else None
+
+    @_unavailable_on_driver_error
+    def list_types(self, tenant_id: str, after_name: str, limit: int | None) -> list[EventTypeEntry]:
+        if limit is None:
+            return [_entry(r) for r in self._rows("type_list", (tenant_id, after_name))]
+        return [_entry(r) for r in self._rows("type_list_limit", (tenant_id, after_name, limit))]
+
+    @_unavailable_on_driver_error
+    def insert_type(self, entry: EventTypeEntry) -> bool:
+        rows = self._rows("type_insert", (
+            entry.tenant_id, entry.name, entry.description, entry.group, entry.status, _dt(entry.sunset_at_ms),
+            entry.enforcement, _dt(entry.created_at_ms), _dt(entry.updated_at_ms), entry.updated_by, entry.revision,
+            _versions(entry)))
+        return bool(rows and rows[0]["[applied]"])
+
+    @_unavailable_on_driver_error
+    def replace_type(self, entry: EventTypeEntry, expected_revision: int) -> bool:
+        rows = self._rows("type_replace", (
+            entry.description, entry.group, entry.status, _dt(entry.sunset_at_ms), entry.enforcement,
+            _dt(entry.updated_at_ms), entry.updated_by, entry.revision, _versions(entry),
+            entry.tenant_id, entry.name, expected_revision))
+        return bool(rows and rows[0]["[applied]"])
+
+    @_unavailable_on_driver_error
+    def get_unknown_types(self, tenant_id: str) -> str | None:
+        rows = self._rows("settings_get", (tenant_id,))
+        return rows[0]["unknown_types"] if rows else None
+
+    @_unavailable_on_driver_error
+    def put_unknown_types(self, tenant_id: str, policy: str, at_ms: int, by: str) -> None:
+        self._rows("settings_put", (tenant_id, policy, _dt(at_ms), by))
+
+    @_unavailable_on_driver_error
+    def introduced_at_ms(self) -> int | None:
+        rows = self._rows("meta_get", ())
+        return _ms(rows[0]["introduced_at"]) if rows else None
+
+    @_unavailable_on_driver_error
+    def is_writer(self, tenant_id: str, key_id: str) -> bool:
+        return bool(self._rows("writer_get", (tenant_id, key_id)))
+
+    @_unavailable_on_driver_error
+    def set_writer(self, tenant_id: str, key_id: str, allowed: bool, at_ms: int) -> None:
+        if allowed:
+            self._rows("writer_put", (tenant_id, key_id, _dt(at_ms)))
+        else:
+            self._rows("writer_delete", (tenant_id, key_id))
+
+    @_unavailable_on_driver_error
+    def schema_versions_of(self, event_ids: Sequence[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        unique = list(dict.fromkeys(event_ids))
+        for i in range(0, len(unique), _READS_AT_ONCE):
+            chunk = unique[i:i + _READS_AT_ONCE]
+            futures = [self._session.execute_async(self._p["event_version"].bind((eid,))) for eid in chunk]
+            for eid, future in zip(chunk, futures, strict=True):
+                for row in _rows(future.result()):
+                    if row["schema_version"] is not None:
+                        found[eid] = row["schema_version"]
+        return found
+
+
+def _versions(entry: EventTypeEntry) -> dict[str, str]:
+    return {str(v.version): v.stored() for v in entry.versions}
+
+
+def _entry(row: dict[str, Any]) -> EventTypeEntry:
+    versions = sorted((VersionEntry.from_stored(k, v) for k, v in (row["versions"] or {}).items()),
+                      key=lambda v: v.version)
+    return EventTypeEntry(
+        tenant_id=row["tenant_id"], name=row["name"], description=row["description"] or "",
+        group=row["type_group"] or "", status=row["status"] or "active", sunset_at_ms=_ms(row["sunset_at"]),
+        enforcement=row["enforcement"] or "reject", created_at_ms=_ms(row["created_at"]) or 0,
+        updated_at_ms=_ms(row["updated_at"]) or 0, updated_by=row["updated_by"] or "",
+        revision=row["revision"] or 0, versions=tuple(versions))

@@ -1,0 +1,62 @@
+"""webhookctl event-types: what each command sends (a recording stub stands in for the API)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from control_plane import cli
+from control_plane.catalog_api import cpb
+from control_plane.catalog_cli import run
+
+
+class RecordingStub:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def __getattr__(self, method: str) -> Any:
+        def call(request: Any) -> Any:
+            self.calls.append((method, request))
+            return cpb.CatalogEventType(name=getattr(request, "name", ""))
+        return call
+
+
+def parse(*argv: str) -> Any:
+    return cli.parser().parse_args(["event-types", *argv])
+
+
+def test_add_version_loads_the_schema_file_and_takes_its_examples(tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"id": {"type": "string"}}, "examples": [{"id": "a"}, {"id": "b"}]}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    stub = RecordingStub()
+    run(parse("--tenant", "acme", "add-version", "invoice.paid", "2.1", "--schema-file", str(tmp_path / "s.json")),
+        stub)
+    [(method, request)] = stub.calls
+    assert method == "AddSchemaVersion"
+    assert (request.tenant_id, request.name, request.version) == ("acme", "invoice.paid", "2.1")
+    assert json.loads(request.schema_json) == schema
+    assert [json.loads(e) for e in request.examples_json] == [{"id": "a"}, {"id": "b"}]
+
+
+def test_example_files_replace_the_schemas_examples(tmp_path: Path) -> None:
+    (tmp_path / "s.json").write_text(json.dumps({"type": "object", "examples": [{"id": "a"}]}))
+    (tmp_path / "e.json").write_text('{"id": "z"}')
+    stub = RecordingStub()
+    run(parse("add-version", "invoice.paid", "1", "--schema-file", str(tmp_path / "s.json"),
+              "--example-file", str(tmp_path / "e.json")), stub)
+    assert [json.loads(e) for e in stub.calls[0][1].examples_json] == [{"id": "z"}]
+
+
+def test_update_sends_only_the_fields_given() -> None:
+    stub = RecordingStub()
+    run(parse("update", "invoice.paid", "--enforcement", "warn"), stub)
+    request = stub.calls[0][1]
+    assert list(request.update_fields) == ["enforcement"] and request.enforcement == "warn"
+
+
+def test_deprecate_sends_the_sunset_and_version() -> None:
+    stub = RecordingStub()
+    run(parse("deprecate", "invoice.paid", "--version", "1", "--sunset", "2027-01-01T00:00:00Z"), stub)
+    request = stub.calls[0][1]
+    assert request.version == "1" and request.sunset_at.ToJsonString() == "2027-01-01T00:00:00Z"
