@@ -15,6 +15,8 @@ connection, where the row would be committed on its own.
 
 Everything the delivery job would refuse is refused here first, with :class:`OutboxError` naming
 the field, so a bad event fails the producer's request instead of reaching the dead-letter topic.
+With ``schemas`` (an :class:`outbox.schemas.SchemaGuard`) that includes a payload that does not
+match its type's schema version in the tenant's event-type catalog.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import psycopg
 
 from core import identifiers
+from outbox.schemas import SchemaGuard, SchemaRefused
 
 # The delivery job's default limit (ingest.max_payload_bytes); pass the deployment's own if it differs.
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
@@ -100,12 +103,14 @@ def write_event(
     event_id: str | None = None,
     occurred_at: datetime | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    schemas: SchemaGuard | None = None,
 ) -> str:
     """Insert one outbox row in ``conn``'s open transaction and return its event_id.
 
     Does not commit. Raises :class:`OutboxError` for invalid input (nothing is written), and
     psycopg's ``UniqueViolation`` if ``event_id`` was already written: the caller's transaction is
-    then aborted, as for any failed statement."""
+    then aborted, as for any failed statement. ``schemas`` checks the payload against the tenant's
+    catalog first (the job checks again at fan-out either way)."""
     if conn.autocommit:
         raise OutboxError("write_event needs a transaction: the connection is in autocommit mode")
     _check("tenant_id", tenant_id, identifiers.TENANT_ID)
@@ -122,6 +127,11 @@ def write_event(
     elif not isinstance(occurred_at, datetime) or occurred_at.tzinfo is None:
         raise OutboxError("occurred_at must be a datetime with a time zone")
     body = canonical_payload(payload, max_payload_bytes)
+    if schemas is not None:
+        try:
+            schemas.check(tenant_id, event_type, schema_version, body)
+        except SchemaRefused as exc:
+            raise OutboxError(str(exc)) from None
     conn.execute(
         "INSERT INTO webhook_outbox (event_id, tenant_id, event_type, schema_version, object_id,"
         " object_version, occurred_at, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",

@@ -13,11 +13,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from cassandra.cluster import Session
 from google.protobuf.timestamp_pb2 import Timestamp
 from jsonschema.validators import Draft202012Validator  # type: ignore[import-untyped]
 from openapi_spec_validator import validate as validate_openapi
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from control_plane.api import pb, rpc
 from control_plane.catalog_api import cpb, crpc
@@ -25,6 +28,10 @@ from control_plane.server import ControlPlaneServer, build
 from core.history_buckets import bucket_of
 from core.records import delivery_id_for
 from core.settings import Settings
+from outbox.catalog_client import GrpcCatalog
+from outbox.migrate import apply_migrations, ensure_database
+from outbox.producer import OutboxError, write_event
+from outbox.schemas import SchemaGuard
 from stack.isolation import keyspace_session
 
 pytestmark = pytest.mark.integration
@@ -366,3 +373,44 @@ def test_the_catalog_service_is_healthy_and_reflected(stack: Stack) -> None:
     [answer] = list(reflection_pb2_grpc.ServerReflectionStub(stack.channel).ServerReflectionInfo(
         iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
     assert "webhooks.v1.EventCatalog" in {s.name for s in answer.list_services_response.service}
+
+
+@pytest.fixture(scope="module")
+def outbox_dsn(settings: Settings) -> Iterator[str]:
+    """An outbox table in a database of its own (no replication slot: nothing streams it)."""
+    name = f"it_catalog_{uuid.uuid4().hex[:8]}"
+    dsn = make_conninfo(settings.outbox.dsn, dbname=name)
+    ensure_database(dsn)
+    with psycopg.connect(dsn) as conn:
+        apply_migrations(conn)
+    yield dsn
+    with psycopg.connect(make_conninfo(dsn, dbname="postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_the_producer_refuses_an_invalid_payload_before_commit(stack: Stack, outbox_dsn: str) -> None:
+    t = new_tenant(stack)
+    create_type(stack, t, "invoice.paid")
+    add_version(stack, t, "invoice.paid", "1", V1, [EXAMPLE])
+    source = GrpcCatalog(f"127.0.0.1:{stack.server.port}", t.key, insecure=True)
+    schemas = SchemaGuard(source)
+    try:
+        with psycopg.connect(outbox_dsn) as conn:
+            good = write_event(conn, t.tenant_id, "invoice.paid", EXAMPLE, schema_version="1", schemas=schemas)
+            with pytest.raises(OutboxError, match="/total/amount"):
+                write_event(conn, t.tenant_id, "invoice.paid", {**EXAMPLE, "total": {"amount": "x", "currency": "E"}},
+                            schema_version="1", schemas=schemas)
+            with pytest.raises(OutboxError, match="not in the catalog"):  # a new tenant rejects unknown types
+                write_event(conn, t.tenant_id, "invoice.sent", EXAMPLE, schema_version="1", schemas=schemas)
+            # A version added after the producer cached the catalog is usable by the next event
+            # (misses refetch at most once a second, and the invoice.sent miss just did).
+            time.sleep(1.1)
+            add_version(stack, t, "invoice.paid", "2", {**V1, "required": ["id"]}, [{"id": "inv_2"}])
+            newer = write_event(conn, t.tenant_id, "invoice.paid", {"id": "inv_2"}, schema_version="2",
+                                schemas=schemas)
+        with psycopg.connect(outbox_dsn) as conn:
+            rows = conn.execute("SELECT event_id, schema_version FROM webhook_outbox WHERE tenant_id = %s "
+                                "ORDER BY event_id", (t.tenant_id,)).fetchall()
+    finally:
+        source.close()
+    assert rows == sorted([(good, "1"), (newer, "2")])
