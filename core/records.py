@@ -18,6 +18,11 @@ Topics and their records (all JSON, UTF-8):
 * ``webhooks.endpoints`` (key: endpoint_id, compacted) -- :class:`EndpointConfig`, the latest
   config of each endpoint, plus :class:`ConfigClock` heartbeats under the key ``__clock__``.
   Deletion is a config with status ``deleted`` (see :class:`EndpointStatus`).
+  The event-type catalog rides the same topic, so fan-out reads it in order with configs and
+  ticks: :class:`CatalogTypeRecord` (key ``__catalog__/TENANT/TYPE``: the type's enforcement
+  and every version's schema), :class:`CatalogSettingsRecord` (key ``__catalog__/TENANT``: what
+  an uncatalogued type or version gets) and :class:`SchemaPinsRecord` (key
+  ``__schema_pins__/ENDPOINT``: the majors an endpoint accepts).
 * ``webhooks.replays`` (key: delivery_id) -- :class:`ReplayRequest`, a manual re-send.
 * ``webhooks.events.dlq`` -- :class:`DeadLetter`, a record the job refused (value only: the job
   reads values, so the original key is not carried).
@@ -42,6 +47,9 @@ DLQ_SCHEMA_V1 = "webhooks.dlq/v1"
 SIGNAL_SCHEMA_V1 = "webhooks.endpoint-signal/v1"
 REDRIVE_SCHEMA_V1 = "webhooks.redrive/v1"
 CLOCK_KEY = "__clock__"
+CATALOG_TYPE_SCHEMA_V1 = "webhooks.catalog-type/v1"
+CATALOG_SETTINGS_SCHEMA_V1 = "webhooks.catalog-settings/v1"
+SCHEMA_PINS_SCHEMA_V1 = "webhooks.schema-pins/v1"
 
 
 def delivery_id_for(event_id: str, endpoint_id: str) -> str:
@@ -244,7 +252,106 @@ def _json_object(raw: bytes | str) -> dict[str, Any]:
     return d
 
 
-def parse_endpoint_topic_value(raw: bytes | str) -> EndpointConfig | ConfigClock:
+@dataclass(frozen=True)
+class CatalogTypeRecord:
+    """One catalogued event type of a tenant, schema ``webhooks.catalog-type/v1``::
+
+        {"schema": "webhooks.catalog-type/v1", "tenant_id": "acme", "event_type": "invoice.paid",
+         "enforcement": "reject", "revision": 4, "published_at_ms": 1767225600000,
+         "versions": {"1.0": {<JSON Schema>}, "2.0": {<JSON Schema>}}}
+
+    ``versions`` holds every version the catalog has, deprecated ones included (events of a
+    deprecated version are still validated and sent until its producers stop). ``enforcement``:
+    what a payload failing its schema gets -- dead-lettered (``reject``) or sent and counted
+    (``warn``)."""
+
+    tenant_id: str
+    event_type: str
+    enforcement: str
+    revision: int
+    versions: dict[str, dict[str, Any]]
+    published_at_ms: int
+
+    @property
+    def key(self) -> str:
+        return catalog_type_key(self.tenant_id, self.event_type)
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["schema"] = CATALOG_TYPE_SCHEMA_V1
+        return json.dumps(d, separators=(",", ":"), sort_keys=True).encode()
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> CatalogTypeRecord:
+        versions = d["versions"]
+        if not isinstance(versions, dict) or not all(isinstance(v, dict) for v in versions.values()):
+            raise ValueError("catalog versions must map version ids to schema objects")
+        return CatalogTypeRecord(str(d["tenant_id"]), str(d["event_type"]), str(d["enforcement"]),
+                                 int(d["revision"]), {str(k): v for k, v in versions.items()},
+                                 int(d["published_at_ms"]))
+
+
+@dataclass(frozen=True)
+class CatalogSettingsRecord:
+    """A tenant's catalog settings, schema ``webhooks.catalog-settings/v1``: ``unknown_types``
+    (``reject`` | ``warn``) for an event whose type or version is not in its catalog."""
+
+    tenant_id: str
+    unknown_types: str
+    published_at_ms: int
+
+    @property
+    def key(self) -> str:
+        return catalog_settings_key(self.tenant_id)
+
+    def to_json(self) -> bytes:
+        return json.dumps({**asdict(self), "schema": CATALOG_SETTINGS_SCHEMA_V1}, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> CatalogSettingsRecord:
+        return CatalogSettingsRecord(str(d["tenant_id"]), str(d["unknown_types"]), int(d["published_at_ms"]))
+
+
+@dataclass(frozen=True)
+class SchemaPinsRecord:
+    """The schema majors an endpoint accepts, schema ``webhooks.schema-pins/v1``; empty: all.
+    Events of other majors are not sent to it (fan-out counts them as skipped_schema_major)."""
+
+    tenant_id: str
+    endpoint_id: str
+    schema_majors: tuple[int, ...]
+    published_at_ms: int
+
+    @property
+    def key(self) -> str:
+        return schema_pins_key(self.endpoint_id)
+
+    def to_json(self) -> bytes:
+        return json.dumps({**asdict(self), "schema_majors": list(self.schema_majors),
+                           "schema": SCHEMA_PINS_SCHEMA_V1}, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> SchemaPinsRecord:
+        return SchemaPinsRecord(str(d["tenant_id"]), str(d["endpoint_id"]),
+                                tuple(sorted(int(m) for m in d["schema_majors"])), int(d["published_at_ms"]))
+
+
+CatalogRecord = CatalogTypeRecord | CatalogSettingsRecord | SchemaPinsRecord
+
+
+def catalog_type_key(tenant_id: str, event_type: str) -> str:
+    return f"__catalog__/{tenant_id}/{event_type}"
+
+
+def catalog_settings_key(tenant_id: str) -> str:
+    return f"__catalog__/{tenant_id}"
+
+
+def schema_pins_key(endpoint_id: str) -> str:
+    return f"__schema_pins__/{endpoint_id}"
+
+
+def parse_endpoint_topic_value(raw: bytes | str) -> EndpointConfig | ConfigClock | CatalogRecord:
     """Parse a value from the endpoints topic. Raises ValueError on anything unknown."""
     d = _json_object(raw)
     schema = d.get("schema")
@@ -252,6 +359,12 @@ def parse_endpoint_topic_value(raw: bytes | str) -> EndpointConfig | ConfigClock
         return ConfigClock.from_dict(d)
     if schema == ENDPOINT_SCHEMA_V1:
         return EndpointConfig.from_dict(d)
+    if schema == CATALOG_TYPE_SCHEMA_V1:
+        return CatalogTypeRecord.from_dict(d)
+    if schema == CATALOG_SETTINGS_SCHEMA_V1:
+        return CatalogSettingsRecord.from_dict(d)
+    if schema == SCHEMA_PINS_SCHEMA_V1:
+        return SchemaPinsRecord.from_dict(d)
     raise ValueError(f"unknown endpoints-topic schema {schema!r}")
 
 

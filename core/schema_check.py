@@ -1,0 +1,119 @@
+"""What fan-out does with an event given its tenant's event-type catalog: pure decisions.
+
+The catalog reaches the job on the endpoints topic (core.records: CatalogTypeRecord,
+CatalogSettingsRecord, SchemaPinsRecord), so it is read in order with configs and clock ticks.
+
+=============================================  ============================================
+event                                           decision
+=============================================  ============================================
+``webhook.*`` (the platform's ping, challenge)  sent, never checked
+tenant without a catalog on the topic           sent unchecked, as before the catalog
+type or version not in the catalog              tenant's ``unknown_types``: ``reject`` ->
+                                                dead letter ``schema_unknown``; ``warn`` ->
+                                                sent, counted
+payload fails its version's schema              type's ``enforcement``: ``reject`` -> dead
+                                                letter ``schema_invalid`` with the JSON
+                                                Pointer and version; ``warn`` -> sent, counted
+payload matches                                 sent
+=============================================  ============================================
+
+A dead-lettered event reaches no receiver; fan-out keeps running. Per endpoint, schema pins
+(``schema_majors``) leave out the endpoints that do not accept the event's major
+(:func:`accepts_major`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from core.event_schemas import SchemaVersion, SchemaVersionError, ValidatorCache
+from core.records import CatalogSettingsRecord, CatalogTypeRecord, EventRecord
+
+PLATFORM_PREFIX = "webhook."
+REJECT, WARN = "reject", "warn"
+SCHEMA_INVALID = "schema_invalid"
+SCHEMA_UNKNOWN = "schema_unknown"
+
+
+@dataclass(frozen=True)
+class Send:
+    """Fan the event out; ``warning`` (schema_invalid / schema_unknown) says it was let through
+    by a ``warn`` setting, and is what gets counted."""
+
+    warning: str = ""
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Dead-letter the event instead of fanning it out."""
+
+    reason: str  # schema_invalid | schema_unknown
+    detail: str
+    pointer: str  # into the payload ("" for the whole document, or for schema_unknown)
+    schema_version: str
+
+
+SEND = Send()
+
+
+@dataclass
+class TenantCatalog:
+    """A tenant's catalog as fan-out has read it from the topic."""
+
+    types: dict[str, CatalogTypeRecord]
+    settings: CatalogSettingsRecord | None = None
+
+    @property
+    def unknown_types(self) -> str:
+        # Settings are published with the first type; a type seen before them is let through
+        # (warn): dropping events for want of a record that is on its way would lose them.
+        return self.settings.unknown_types if self.settings is not None else WARN
+
+
+def _version(text: str) -> SchemaVersion | None:
+    try:
+        return SchemaVersion.parse(text)
+    except SchemaVersionError:
+        return None
+
+
+def check_event(event: EventRecord, catalog: TenantCatalog | None, validators: ValidatorCache) -> Send | Refuse:
+    if event.event_type.startswith(PLATFORM_PREFIX) or catalog is None:
+        return SEND
+    kind = catalog.types.get(event.event_type)
+    version = _version(event.schema_version)
+    schema: Mapping[str, object] | None = None
+    if kind is not None and version is not None:
+        schema = kind.versions.get(str(version))
+    if kind is None or version is None or schema is None:
+        what = (f"event type {event.event_type!r}" if kind is None
+                else f"schema version {event.schema_version!r} of {event.event_type}")
+        if catalog.unknown_types == WARN:
+            return Send(SCHEMA_UNKNOWN)
+        return Refuse(SCHEMA_UNKNOWN, f"{what} is not in the event-type catalog of tenant {event.tenant_id}",
+                      "", event.schema_version)
+    try:
+        doc = json.loads(event.payload)
+    except ValueError:
+        invalid_pointer, message = "", "the payload is not JSON"
+    else:
+        invalid = validators.get((event.tenant_id, event.event_type, version), schema)(doc)
+        if invalid is None:
+            return SEND
+        invalid_pointer, message = invalid.pointer, invalid.message
+    if kind.enforcement == WARN:
+        return Send(SCHEMA_INVALID)
+    return Refuse(SCHEMA_INVALID, f"payload does not match {event.event_type} {version} at "
+                                  f"{invalid_pointer or '/'}: {message}", invalid_pointer, str(version))
+
+
+def accepts_major(schema_majors: tuple[int, ...], event: EventRecord) -> bool:
+    """Whether an endpoint pinned to ``schema_majors`` (empty: any) is sent this event. The
+    platform's own events always go; an event whose version is not MAJOR[.MINOR] cannot be shown
+    to be of an accepted major, so a pinned endpoint is not sent it."""
+    if not schema_majors or event.event_type.startswith(PLATFORM_PREFIX):
+        return True
+    version = _version(event.schema_version)
+    return version is not None and version.major in schema_majors

@@ -1,0 +1,102 @@
+"""core/schema_check.py: fan-out's decision per event given the tenant's catalog, rule by rule;
+and the catalog's records on the endpoints topic (core/records.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.event_schemas import ValidatorCache
+from core.records import (
+    CatalogSettingsRecord,
+    CatalogTypeRecord,
+    EventRecord,
+    SchemaPinsRecord,
+    parse_endpoint_topic_value,
+)
+from core.schema_check import SEND, Refuse, Send, TenantCatalog, accepts_major, check_event
+
+SCHEMA = {"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}
+
+
+def event(event_type: str = "invoice.paid", version: str = "1", payload: object = None) -> EventRecord:
+    body = json.dumps({"amount": 1} if payload is None else payload).encode()
+    return EventRecord("evt_1", "acme", event_type, version, "", 0, 0, body)
+
+
+def catalog(enforcement: str = "reject", unknown: str | None = "reject") -> TenantCatalog:
+    kind = CatalogTypeRecord("acme", "invoice.paid", enforcement, 1, {"1.0": SCHEMA, "2.0": SCHEMA}, 0)
+    settings = CatalogSettingsRecord("acme", unknown, 0) if unknown else None
+    return TenantCatalog({"invoice.paid": kind}, settings)
+
+
+@pytest.mark.parametrize(("case", "ev", "cat", "expected"), [
+    ("valid", event(), catalog(), SEND),
+    ("valid, version without minor", event(version="2"), catalog(), SEND),
+    ("tenant without a catalog: unchecked", event(payload={}), None, SEND),
+    ("platform event: unchecked", event("webhook.ping", "2026-01-01", {}), catalog(), SEND),
+    ("invalid, reject", event(payload={"amount": "1"}), catalog(),
+     Refuse("schema_invalid", "payload does not match invoice.paid 1.0 at /amount: '1' is not of type 'integer'",
+            "/amount", "1.0")),
+    ("invalid at the root, reject", event(payload={}), catalog(),
+     Refuse("schema_invalid", "payload does not match invoice.paid 1.0 at /: 'amount' is a required property",
+            "", "1.0")),
+    ("invalid, warn", event(payload={"amount": "1"}), catalog("warn"), Send("schema_invalid")),
+    ("unknown type, reject", event("invoice.sent"), catalog(),
+     Refuse("schema_unknown", "event type 'invoice.sent' is not in the event-type catalog of tenant acme", "", "1")),
+    ("unknown version, reject", event(version="3"), catalog(),
+     Refuse("schema_unknown", "schema version '3' of invoice.paid is not in the event-type catalog of tenant acme",
+            "", "3")),
+    ("version that does not parse, reject", event(version="2026-01-01"), catalog(),
+     Refuse("schema_unknown", "schema version '2026-01-01' of invoice.paid is not in the event-type catalog of "
+            "tenant acme", "", "2026-01-01")),
+    ("unknown type, warn", event("invoice.sent"), catalog(unknown="warn"), Send("schema_unknown")),
+    ("unknown type before the settings arrived: warn", event("invoice.sent"), catalog(unknown=None),
+     Send("schema_unknown")),
+])
+def test_fan_out_decision(case: str, ev: EventRecord, cat: TenantCatalog | None, expected: object) -> None:
+    assert check_event(ev, cat, ValidatorCache()) == expected
+
+
+def test_validators_are_compiled_once_per_tenant_type_and_version() -> None:
+    cache = ValidatorCache()
+    for _ in range(3):
+        check_event(event(), catalog(), cache)
+        check_event(event(version="2.0"), catalog(), cache)
+    assert len(cache) == 2
+
+
+@pytest.mark.parametrize(("pins", "event_type", "version", "sent"), [
+    ((), "invoice.paid", "1", True),
+    ((2,), "invoice.paid", "2.3", True),
+    ((2,), "invoice.paid", "1.0", False),
+    ((1, 2), "invoice.paid", "1", True),
+    ((2,), "invoice.paid", "2026-01-01", False),
+    ((2,), "webhook.ping", "2026-01-01", True),
+])
+def test_schema_pins(pins: tuple[int, ...], event_type: str, version: str, sent: bool) -> None:
+    assert accepts_major(pins, event(event_type, version)) is sent
+
+
+@pytest.mark.parametrize("record", [
+    CatalogTypeRecord("acme", "invoice.paid", "warn", 3, {"1.0": SCHEMA}, 1767225600000),
+    CatalogSettingsRecord("acme", "reject", 1767225600000),
+    SchemaPinsRecord("acme", "ep_1", (1, 2), 1767225600000),
+])
+def test_catalog_records_round_trip_on_the_endpoints_topic(record: object) -> None:
+    assert parse_endpoint_topic_value(record.to_json()) == record  # type: ignore[attr-defined]
+
+
+def test_record_keys_cannot_collide_with_endpoint_ids() -> None:
+    # Endpoint ids are [A-Za-z0-9_-]: a key with '/' is never one.
+    assert CatalogTypeRecord("acme", "a.b", "reject", 1, {}, 0).key == "__catalog__/acme/a.b"
+    assert CatalogSettingsRecord("acme", "warn", 0).key == "__catalog__/acme"
+    assert SchemaPinsRecord("acme", "ep_1", (), 0).key == "__schema_pins__/ep_1"
+
+
+def test_a_catalog_record_with_versions_that_are_not_schemas_is_refused() -> None:
+    bad = json.dumps({"schema": "webhooks.catalog-type/v1", "tenant_id": "a", "event_type": "x", "enforcement": "warn",
+                      "revision": 1, "versions": {"1.0": 3}, "published_at_ms": 0})
+    with pytest.raises(ValueError):
+        parse_endpoint_topic_value(bad)
