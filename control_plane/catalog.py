@@ -40,7 +40,7 @@ from core.event_schemas import (
     compile_validator,
 )
 from core.fanout import filter_accepts
-from core.records import EndpointStatus
+from core.records import CatalogRecord, CatalogSettingsRecord, CatalogTypeRecord, EndpointStatus, SchemaPinsRecord
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ RECENT_WINDOW_MS = 7 * 24 * 3600 * 1000
 # report says it was cut short instead of scanning a busy endpoint's whole week.
 SCAN_LIMIT_PER_ENDPOINT = 20_000
 CONFLICT_RETRIES = 3
+MAX_PINNED_MAJORS = 10
 _CURSOR_KIND = "event-types"
 
 
@@ -160,9 +161,13 @@ class CatalogStore(Protocol):
         """The schema_version each stored event was emitted with (the job's events table)."""
         ...
 
+    def put_schema_pins(self, tenant_id: str, endpoint_id: str, majors: tuple[int, ...], at_ms: int,
+                        by: str) -> None: ...
+
 
 class TenantsAndEndpoints(Protocol):
     def get_tenant(self, tenant_id: str) -> Tenant | None: ...
+    def get_endpoint(self, tenant_id: str, endpoint_id: str) -> Endpoint | None: ...
     def list_endpoints(self, tenant_id: str, after_id: str, limit: int) -> list[Endpoint]: ...
 
 
@@ -173,6 +178,8 @@ class CatalogDeps:
     history: HistoryStore
     cursors: Cursors
     now_ms: Callable[[], int]
+    # Sends records to the delivery job and returns once they count (catalog_publisher).
+    publish: Callable[[Sequence[CatalogRecord]], None]
 
 
 def caller_for(principal: Principal | None, tenant_id: str, catalog: CatalogStore, tenants: TenantsAndEndpoints,
@@ -289,9 +296,11 @@ class CatalogService:
             existing = self._d.catalog.get_type(caller.tenant_id, name)
             if existing is not None and (existing.description, existing.group, existing.enforcement) == (
                     entry.description, entry.group, entry.enforcement):
-                return existing  # a retried create
+                self._publish(existing)  # a retried create: its publish may have failed
+                return existing
             raise FailedPrecondition(f"event type {name} already exists; update it instead")
         log.info("catalog %s: type %s created by %s", caller.tenant_id, name, caller.actor)
+        self._publish(entry)
         return entry
 
     def update_type(self, caller: Caller, name: str, values: Mapping[str, str]) -> EventTypeEntry:
@@ -367,9 +376,29 @@ class CatalogService:
         return Deprecated(entry, tuple(receivers), truncated)
 
     def set_unknown_types(self, caller: Caller, policy: str) -> CatalogSettings:
+        if not caller.may_write:
+            raise PermissionDenied("this call needs catalog write permission")
         self._d.catalog.put_unknown_types(caller.tenant_id, _policy("unknown_types", policy), self._d.now_ms(),
                                           caller.actor)
-        return self.settings(caller.tenant_id)
+        settings = self.settings(caller.tenant_id)
+        self._d.publish([CatalogSettingsRecord(caller.tenant_id, settings.unknown_types, self._d.now_ms())])
+        return settings
+
+    def set_schema_majors(self, principal: Principal, endpoint_id: str, majors: Sequence[int]) -> tuple[int, ...]:
+        """Pin an endpoint to schema majors (empty: all), for its tenant's read-write key."""
+        if principal.read_only:
+            raise PermissionDenied("this API key is read-only; use a read-write key to make changes")
+        endpoint = self._d.tenants.get_endpoint(principal.tenant_id, endpoint_id) if identifiers.ID.fullmatch(
+            endpoint_id or "") else None
+        if endpoint is None or endpoint.status is EndpointStatus.DELETED:
+            raise NotFound(f"endpoint {endpoint_id} not found")
+        pinned = tuple(sorted(set(majors)))
+        if len(pinned) > MAX_PINNED_MAJORS or any(not 1 <= m <= 999_999 for m in pinned):
+            raise InvalidArgument(f"schema_majors must hold at most {MAX_PINNED_MAJORS} majors from 1 to 999999")
+        now = self._d.now_ms()
+        self._d.catalog.put_schema_pins(principal.tenant_id, endpoint_id, pinned, now, principal.key_id)
+        self._d.publish([SchemaPinsRecord(principal.tenant_id, endpoint_id, pinned, now)])
+        return pinned
 
     def set_writer(self, tenant_id: str, key_id: str, allowed: bool) -> None:
         if self._d.tenants.get_tenant(tenant_id) is None:
@@ -450,12 +479,28 @@ class CatalogService:
                 raise NotFound(f"event type {name} not found")
             changed = apply(current)
             if changed == current:
+                self._publish(current)  # a retry: the first call's publish may have failed
                 return current
             changed = replace(changed, updated_at_ms=self._d.now_ms(), updated_by=caller.actor,
                               revision=current.revision + 1)
             if self._d.catalog.replace_type(changed, current.revision):
+                self._publish(changed)
                 return changed
         raise Aborted(f"event type {name} kept changing concurrently; retry")
+
+
+    def _publish(self, entry: EventTypeEntry) -> None:
+        """The type and the tenant's settings (so fan-out has both once the tenant has a catalog)."""
+        now = self._d.now_ms()
+        self._d.publish([type_record(entry, now),
+                         CatalogSettingsRecord(entry.tenant_id, self.settings(entry.tenant_id).unknown_types, now)])
+
+
+def type_record(entry: EventTypeEntry, now_ms: int) -> CatalogTypeRecord:
+    """What fan-out needs of a type: its enforcement and every version's schema (deprecated
+    versions too: their events are still checked until producers stop emitting them)."""
+    return CatalogTypeRecord(entry.tenant_id, entry.name, entry.enforcement, entry.revision,
+                             {str(v.version): dict(v.schema) for v in entry.versions}, now_ms)
 
 
 _CUT = object()

@@ -55,6 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e = cmds.add_parser("export", help="documentation for receivers")
     e.add_argument("--format", choices=("openapi", "asyncapi"), required=True)
     e.add_argument("--out", type=Path, help="write to this file (default: stdout)")
+    pin = cmds.add_parser("pin", help="the schema majors an endpoint accepts (events of others are not sent to it)")
+    pin.add_argument("endpoint_id")
+    pin.add_argument("--major", type=int, action="append", default=[], help="an accepted major (repeatable)")
+    pin.add_argument("--clear", action="store_true", help="accept every major again")
     w = cmds.add_parser("grant-writer", help="(admin) allow an API key to change its tenant's catalog")
     w.add_argument("key_id")
     w.add_argument("--revoke", action="store_true", help="take the permission away")
@@ -126,6 +130,11 @@ def run(args: argparse.Namespace, stub: Any) -> str | Any:
             args.out.write_text(doc + "\n")
             return f"{args.format} document written to {args.out}"
         return str(doc)
+    if cmd == "pin":
+        if bool(args.major) == args.clear:
+            raise SystemExit("webhookctl: give --major (one or more) or --clear")
+        return stub.SetEndpointSchemaMajors(cpb.SetEndpointSchemaMajorsRequest(endpoint_id=args.endpoint_id,
+                                                                               schema_majors=args.major))
     stub.SetCatalogWriter(cpb.SetCatalogWriterRequest(tenant_id=tenant, key_id=args.key_id, allowed=not args.revoke))
     return f"key {args.key_id} {'may no longer' if args.revoke else 'may now'} change the catalog of {tenant}"
 
@@ -146,6 +155,9 @@ def render(message: Any) -> str:
                if message.recent_receivers else "no endpoint received it in the last 7 days")
         return (_type_text(message.event_type) + "\n\nendpoints that received it in the last 7 days:\n" + who
                 + ("\n(some endpoints' history was only partly read)" if message.scan_truncated else ""))
+    if isinstance(message, cpb.EndpointSchemaMajors):
+        return (f"endpoint {message.endpoint_id} accepts schema majors "
+                + (", ".join(map(str, message.schema_majors)) or "(all)"))
     if isinstance(message, cpb.CatalogSettings):
         return (f"tenant {message.tenant_id}: uncatalogued types or versions -> {message.unknown_types}"
                 + (" (default)" if message.is_default else ""))

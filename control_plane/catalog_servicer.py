@@ -22,11 +22,13 @@ from control_plane.catalog import (
     caller_for,
 )
 from control_plane.catalog_api import cpb, crpc
+from control_plane.catalog_publisher import CatalogPublisher
 from control_plane.catalog_store import CassandraCatalogStore
 from control_plane.cursor import Cursors
 from control_plane.errors import PermissionDenied
 from control_plane.servicer import mapped, ms_of, ts
 from control_plane.store import CassandraStore
+from core.settings import Settings
 
 SERVICE_NAME = cpb.DESCRIPTOR.services_by_name["EventCatalog"].full_name
 
@@ -122,6 +124,12 @@ class CatalogServicer(crpc.EventCatalogServicer):  # type: ignore[misc]
         return cpb.ExportCatalogResponse(document_json=self._service.export(caller, request.format))
 
     @mapped
+    def SetEndpointSchemaMajors(self, request: Any, context: grpc.ServicerContext) -> Any:
+        principal = self._auth.tenant(context.invocation_metadata())
+        pinned = self._service.set_schema_majors(principal, request.endpoint_id, list(request.schema_majors))
+        return cpb.EndpointSchemaMajors(endpoint_id=request.endpoint_id, schema_majors=list(pinned))
+
+    @mapped
     def SetCatalogWriter(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._auth.admin(context.invocation_metadata())
         self._service.set_writer(request.tenant_id, request.key_id, request.allowed)
@@ -129,9 +137,10 @@ class CatalogServicer(crpc.EventCatalogServicer):  # type: ignore[misc]
 
 
 def add_to_server(server: grpc.Server, auth: Authenticator, session: Session, tenants: CassandraStore,
-                  cursors: Cursors, consistency: str, now_ms: Callable[[], int]) -> None:
+                  cursors: Cursors, settings: Settings, now_ms: Callable[[], int]) -> None:
     """Wire the catalog into the control plane's server (control_plane/server.py calls this)."""
-    store = CassandraCatalogStore(session, consistency)
+    store = CassandraCatalogStore(session, settings.cassandra.consistency)
+    publisher = CatalogPublisher(settings.kafka, settings.control_plane.config_lease_ms)
     service = CatalogService(CatalogDeps(catalog=store, tenants=tenants, history=tenants, cursors=cursors,
-                                         now_ms=now_ms))
+                                         now_ms=now_ms, publish=publisher.publish_records))
     crpc.add_EventCatalogServicer_to_server(CatalogServicer(auth, service, store, tenants), server)

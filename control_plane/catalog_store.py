@@ -38,6 +38,8 @@ class CassandraCatalogStore:
             "writer_put": "INSERT INTO event_catalog_writers (tenant_id, key_id, granted_at) VALUES (?, ?, ?)",
             "writer_delete": "DELETE FROM event_catalog_writers WHERE tenant_id = ? AND key_id = ?",
             "event_version": "SELECT schema_version FROM events WHERE event_id = ?",
+            "pins_put": "INSERT INTO endpoint_schema_pins (tenant_id, endpoint_id, schema_majors, updated_at, "
+                        "updated_by) VALUES (?, ?, ?, ?, ?)",
         }
         self._p: dict[str, PreparedStatement] = {}
         for name, text in cql.items():
@@ -112,6 +114,12 @@ class CassandraCatalogStore:
                     if row["schema_version"] is not None:
                         found[eid] = row["schema_version"]
         return found
+
+
+    @_unavailable_on_driver_error
+    def put_schema_pins(self, tenant_id: str, endpoint_id: str, majors: tuple[int, ...], at_ms: int,
+                        by: str) -> None:
+        self._rows("pins_put", (tenant_id, endpoint_id, list(majors), _dt(at_ms), by))
 
 
 def _versions(entry: EventTypeEntry) -> dict[str, str]:

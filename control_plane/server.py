@@ -176,7 +176,7 @@ def build(
     rpc.add_AdminServicer_to_server(
         AdminServicer(auth, AdminService(store, now_ms, os.urandom, settings.mode == "production"), reconciler,
                       endpoints), server)
-    add_catalog(server, auth, session, store, cursors, settings.cassandra.consistency, now_ms)  # event-type catalog
+    add_catalog(server, auth, session, store, cursors, settings, now_ms)  # the event-type catalog
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -26,13 +26,23 @@ from control_plane.api import pb, rpc
 from control_plane.catalog_api import cpb, crpc
 from control_plane.server import ControlPlaneServer, build
 from core.history_buckets import bucket_of
-from core.records import delivery_id_for
+from core.records import (
+    CatalogSettingsRecord,
+    CatalogTypeRecord,
+    SchemaPinsRecord,
+    catalog_settings_key,
+    catalog_type_key,
+    delivery_id_for,
+    parse_endpoint_topic_value,
+    schema_pins_key,
+)
 from core.settings import Settings
 from outbox.catalog_client import GrpcCatalog
 from outbox.migrate import apply_migrations, ensure_database
 from outbox.producer import OutboxError, write_event
 from outbox.schemas import SchemaGuard
 from stack.isolation import keyspace_session
+from tests.integration.test_control_plane import consume
 
 pytestmark = pytest.mark.integration
 
@@ -414,3 +424,36 @@ def test_the_producer_refuses_an_invalid_payload_before_commit(stack: Stack, out
     finally:
         source.close()
     assert rows == sorted([(good, "1"), (newer, "2")])
+
+
+def test_catalog_changes_and_pins_reach_the_endpoints_topic(stack: Stack) -> None:
+    t = new_tenant(stack)
+    create_type(stack, t, "invoice.paid", enforcement="warn")
+    add_version(stack, t, "invoice.paid", "1", V1, [EXAMPLE])
+    topic = stack.settings.kafka.endpoints_topic
+
+    def latest(key: str, count: int = 1) -> object:
+        found = consume(stack, topic, lambda k, _v: k == key.encode(), count=count)  # type: ignore[arg-type]
+        return parse_endpoint_topic_value(found[-1][1])
+
+    kind = latest(catalog_type_key(t.tenant_id, "invoice.paid"), count=2)  # created, then the version
+    assert isinstance(kind, CatalogTypeRecord)
+    assert (kind.enforcement, list(kind.versions), kind.versions["1.0"]) == ("warn", ["1.0"], V1)
+    settings = latest(catalog_settings_key(t.tenant_id))
+    assert isinstance(settings, CatalogSettingsRecord) and settings.unknown_types == "reject"
+
+    api = rpc.ControlPlaneStub(stack.channel)
+    endpoint_id = api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=["invoice.*"]),
+                                     metadata=t.md).endpoint.endpoint_id
+    pinned = stack.catalog.SetEndpointSchemaMajors(cpb.SetEndpointSchemaMajorsRequest(
+        endpoint_id=endpoint_id, schema_majors=[2, 2]), metadata=t.md)
+    assert list(pinned.schema_majors) == [2]
+    pins = latest(schema_pins_key(endpoint_id))
+    assert isinstance(pins, SchemaPinsRecord) and (pins.tenant_id, pins.schema_majors) == (t.tenant_id, (2,))
+    other = new_tenant(stack)
+    assert rpc_error(lambda: stack.catalog.SetEndpointSchemaMajors(cpb.SetEndpointSchemaMajorsRequest(
+        endpoint_id=endpoint_id, schema_majors=[1]), metadata=other.md)).code() == grpc.StatusCode.NOT_FOUND
+    reader = new_tenant(stack, writer=False, read_only=True)
+    assert rpc_error(lambda: stack.catalog.SetEndpointSchemaMajors(cpb.SetEndpointSchemaMajorsRequest(
+        endpoint_id=endpoint_id, schema_majors=[1]), metadata=reader.md)).code() \
+        == grpc.StatusCode.PERMISSION_DENIED

@@ -60,3 +60,9 @@ def test_deprecate_sends_the_sunset_and_version() -> None:
     run(parse("deprecate", "invoice.paid", "--version", "1", "--sunset", "2027-01-01T00:00:00Z"), stub)
     request = stub.calls[0][1]
     assert request.version == "1" and request.sunset_at.ToJsonString() == "2027-01-01T00:00:00Z"
+
+
+def test_pin_sends_the_majors() -> None:
+    stub = RecordingStub()
+    run(parse("pin", "ep_1", "--major", "2", "--major", "3"), stub)
+    assert stub.calls[0][0] == "SetEndpointSchemaMajors" and list(stub.calls[0][1].schema_majors) == [2, 3]
