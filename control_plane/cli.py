@@ -32,6 +32,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from control_plane import catalog_cli, listen, stats
 from control_plane.api import pb, rpc
+from control_plane.console import portal_cli
 from core.settings import load_settings
 from outbox.producer import OutboxError, write_event
 
@@ -527,6 +528,8 @@ def parser() -> argparse.ArgumentParser:
 
     listen.add_arguments(groups.add_parser("listen", help="a local HTTPS receiver: verifies and prints each delivery"))
 
+    portal_cli.add_arguments(groups.add_parser("portal", help="(admin) one-time links into the web console"))
+
     catalog_cli.add_arguments(groups.add_parser("event-types", help="the event-type catalog: schemas, exports"))
 
     ev = groups.add_parser("events", help="emit events through the transactional outbox (PostgreSQL)")
@@ -627,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(stats.render(jobs, alerts))
         return 0
-    admin_group = args.group in ("tenants", "keys", "reconcile", "master-key")
+    admin_group = args.group in ("tenants", "keys", "reconcile", "master-key", "portal")
     env = "WEBHOOKCTL_ADMIN_TOKEN" if admin_group else "WEBHOOKCTL_API_KEY"
     token = os.environ.get(env, "")
     if not token:
@@ -640,6 +643,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     channel = grpc.intercept_channel(raw_channel, _Auth(token), _Timeout(args.timeout))
     try:
+        if args.group == "portal":
+            return portal_cli.run(args, channel)
         if args.group == "listen":
             return listen.run(args, rpc.ControlPlaneStub(channel))
         run(

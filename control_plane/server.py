@@ -23,7 +23,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionP
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from control_plane import faults, metrics
+from control_plane import console, faults, metrics
 from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.auth import Authenticator
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     pb.DESCRIPTOR.services_by_name["ControlPlane"].full_name,
     pb.DESCRIPTOR.services_by_name["Admin"].full_name,
+    console.SERVICE_NAME,
     CATALOG_SERVICE,
 )
 
@@ -104,6 +105,7 @@ class ControlPlaneServer:
     loops: tuple[Loop, ...]
     health: health.HealthServicer
     signals: SignalConsumer
+    console: console.ConsoleServices  # the same services, for the web console (control_plane.console)
 
     def start(self) -> None:
         self.server.start()
@@ -177,6 +179,8 @@ def build(
         AdminServicer(auth, AdminService(store, now_ms, os.urandom, settings.mode == "production"), reconciler,
                       endpoints), server)
     add_catalog(server, auth, session, store, cursors, settings, now_ms)  # the event-type catalog
+    console_services = console.wire(settings, session, server, store, auth, endpoints, deliveries, ordering,
+                                    reconciler, now_ms)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -204,7 +208,8 @@ def build(
         *([Loop("reconciler", cp.reconcile_interval_s, lambda: _reconcile_and_export(reconciler))]
           if cp.reconcile_interval_s else []),
     )
-    return ControlPlaneServer(server, bound, publication, publisher, loops, health_servicer, signals)
+    return ControlPlaneServer(server, bound, publication, publisher, loops, health_servicer, signals,
+                              console_services)
 
 
 def _reconcile_and_export(reconciler: Reconciler) -> None:
@@ -258,7 +263,10 @@ def main() -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
+    web = console.serve(settings, server.console) if settings.control_plane.console_port else None
     stopped.wait()
+    if web is not None:
+        web.stop()
     server.stop()
     cluster.shutdown()
 

@@ -117,6 +117,10 @@ class DispatchSettings(BaseModel):
     # How long a manual replay may wait for its endpoint (disabled, no slot) before it ends
     # visibly as "not sent" with an attempt row saying why.
     manual_wait_s: float = Field(default=60.0, gt=0)
+    # How long past its deadline a delivery whose history write or read keeps failing stays in
+    # the dispatcher's memory; then it is let go (counter expired_unrecorded), still pending in
+    # history, and reconciliation's sweeper redrives it (checked first).
+    storage_give_up_s: float = Field(default=3600.0, gt=0)
     # Payload bytes the dispatcher keeps in memory (by event) for requests; keyed state drops a
     # payload once its event row is durable, and an evicted one is read back from Cassandra.
     payload_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
@@ -220,6 +224,14 @@ class ControlPlaneSettings(BaseModel):
     metrics_port: int = Field(default=9464, ge=0)
     # Crash tests only: a point at which the server SIGKILLs itself (control_plane.faults).
     kill_at: str = ""
+    # The web console (control_plane.console), HTTP on `host`; 0: off. console_url: the address
+    # browsers use (portal links start with it; https:// makes its cookies Secure); "" =
+    # http://host:console_port. console_frame_ancestors: origins that may frame it (the portal).
+    console_port: int = Field(default=8090, ge=0)
+    console_url: str = ""
+    console_frame_ancestors: list[str] = []
+    # Where the console reads the jobs' health and the breaker gauges ("": it does not).
+    prometheus_url: str = "http://127.0.0.1:9090"
 
     @model_validator(mode="after")
     def _ticks_fit_in_the_lease(self) -> ControlPlaneSettings:

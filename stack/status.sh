@@ -15,6 +15,7 @@ fi
 cat <<TXT
   Flink dashboard  http://127.0.0.1:${WEBHOOKS_FLINK_REST_PORT:-8081}
   gRPC API         127.0.0.1:${WEBHOOKS_CONTROL_PLANE__PORT:-50051}   (webhookctl --help; grpcurl -plaintext 127.0.0.1:50051 list)
+  Console          http://127.0.0.1:${WEBHOOKS_CONTROL_PLANE__CONSOLE_PORT:-8090}   (web console: log in with a tenant API key or the admin token; webhookctl portal link)
   Kafka            127.0.0.1:${WEBHOOKS_KAFKA_PORT:-9092}   topics webhooks.events, webhooks.endpoints, webhooks.replays, webhooks.events.dlq
   Cassandra        127.0.0.1:${WEBHOOKS_CASSANDRA_PORT:-9042}   keyspace webhooks
   PostgreSQL       127.0.0.1:${WEBHOOKS_POSTGRES_PORT:-55432}   database webhooks, table webhook_outbox (webhookctl events publish)

@@ -1,0 +1,268 @@
+"""The console's HTTP server: aiohttp on 127.0.0.1, pages rendered on the server by jinja2.
+
+The console is another front end of the service layer, like the gRPC servicers: its handlers
+(control_plane.console.views) call the same EndpointService, DeliveryService and OrderingService
+methods with the same Principal, so tenancy, validation, audit rows and config publication are
+the services' and nothing here repeats them.
+
+Every response passes the middlewares below, in this order:
+
+* ``security_headers``: a CSP with no script at all (``default-src 'none'``; styles from our own
+  /static only), no framing but by ourselves and the configured portal hosts, no referrer, no caching.
+* ``sessions``: the signed session cookie (control_plane.console.sessions), HttpOnly,
+  SameSite=Strict, Secure when the console is served over TLS; an anonymous session for visitors.
+* ``csrf``: every POST carries the session's CSRF token or is refused (403) before its handler.
+* ``errors``: domain errors become pages with the domain's message and status (NotFound -> 404:
+  another tenant's id answers exactly like one that does not exist).
+
+The server runs on its own thread and event loop; the services are blocking (Cassandra, Kafka), so
+handlers call them on worker threads (``blocking``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import jinja2
+from aiohttp import web
+from multidict import MultiDictProxy
+
+from control_plane import errors
+from control_plane.auth import Authenticator
+from control_plane.console.portal import PortalService
+from control_plane.console.sessions import (
+    ANONYMOUS_TTL_MS,
+    COOKIE_NAME,
+    SID_BYTES,
+    Kind,
+    Session,
+    SessionCodec,
+    new_sid,
+)
+from control_plane.deliveries import DeliveryService
+from control_plane.domain import Principal
+from control_plane.ordering import OrderingService
+from control_plane.reconcile import Reconciler
+from control_plane.service import EndpointService
+from control_plane.store import EndpointStore
+from core.secrets import redact
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_STATUS = {
+    errors.InvalidArgument: 400, errors.FailedPrecondition: 409, errors.AlreadyExists: 409, errors.Aborted: 409,
+    errors.NotFound: 404, errors.Unauthenticated: 401, errors.PermissionDenied: 403, errors.Unavailable: 503,
+}
+
+
+@dataclass(frozen=True)
+class ConsoleServices:
+    """What the console calls: the process's own service objects (server.build wires them)."""
+
+    auth: Authenticator
+    store: EndpointStore  # tenants and API keys: who a session is, and the operator's tenant list
+    endpoints: EndpointService
+    deliveries: DeliveryService
+    ordering: OrderingService
+    portal: PortalService
+    reconciler: Reconciler
+    now_ms: Callable[[], int]
+    random_bytes: Callable[[int], bytes] = os.urandom
+    # Operator view links: Prometheus' health page and the Flink dashboard.
+    links: dict[str, str] = field(default_factory=dict)
+    # Where the health strip reads breaker gauges and the operator view the jobs' health ("": nowhere).
+    prometheus_url: str = ""
+
+
+async def blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """A blocking service call, off the event loop."""
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+class Console:
+    """The app's shared state: services, the session codec and the templates."""
+
+    def __init__(self, services: ConsoleServices, codec: SessionCodec, secure_cookies: bool,
+                 frame_ancestors: tuple[str, ...] = ()) -> None:
+        self.services = services
+        self.codec = codec
+        self.secure_cookies = secure_cookies
+        self.frame_ancestors = frame_ancestors
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,  # every value, in every template: response bodies are hostile input
+            undefined=jinja2.StrictUndefined,
+        )
+        self.templates.filters["ms_time"] = _ms_time
+        self.templates.filters["num"] = _num
+
+    def render(self, request: web.Request, name: str, status: int = 200, **values: Any) -> web.Response:
+        session: Session = request[SESSION]
+        html = self.templates.get_template(name).render(
+            session=session, csrf=self.codec.csrf_token(session), **values)
+        return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
+
+    def login(self, request: web.Request, session: Session) -> None:
+        """Replace the request's session (a new sid: no fixation); the cookie follows the response."""
+        request[SESSION] = session
+        request[CHANGED] = True
+
+    def new_session(self, kind: Kind, ttl_ms: int, **fields: Any) -> Session:
+        return Session(sid=new_sid(self.services.random_bytes(SID_BYTES)), kind=kind,
+                       expires_at_ms=self.services.now_ms() + ttl_ms, **fields)
+
+    def principal(self, request: web.Request) -> Principal:
+        """The tenant principal of the request's session; Unauthenticated for any other."""
+        session: Session = request[SESSION]
+        if not session.is_tenant:
+            raise errors.Unauthenticated("log in with a tenant API key")
+        return Principal(session.tenant_id, session.key_id, session.read_only)
+
+
+CONSOLE = web.AppKey("console", Console)
+SESSION = web.RequestKey("session", Session)
+CHANGED = web.RequestKey("session_changed", bool)
+FORM = web.RequestKey("form", MultiDictProxy)
+
+
+def _ms_time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _num(value: object) -> str:
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _csp(frame_ancestors: tuple[str, ...]) -> str:
+    ancestors = " ".join(["'self'", *frame_ancestors])
+    return ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'; "
+            f"frame-ancestors {ancestors}")
+
+
+def build_app(console: Console) -> web.Application:
+    from control_plane.console import views
+
+    csp = _csp(console.frame_ancestors)
+
+    @web.middleware
+    async def security_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            response = exc
+        response.headers["Content-Security-Policy"] = csp
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        if not request.path.startswith("/static/"):
+            response.headers["Cache-Control"] = "no-store"
+        if isinstance(response, web.HTTPException):
+            raise response
+        return response
+
+    @web.middleware
+    async def sessions(request: web.Request, handler: Handler) -> web.StreamResponse:
+        now = console.services.now_ms()
+        raw = request.cookies.get(COOKIE_NAME, "")
+        session = console.codec.decode(raw, now) if raw else None
+        if session is not None and session.kind is Kind.TENANT and not await blocking(_key_live, console, session):
+            session = None  # the API key was revoked since: the session ends with it
+        request[CHANGED] = session is None
+        request[SESSION] = session or console.new_session(Kind.ANONYMOUS, ANONYMOUS_TTL_MS)
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            response = exc
+        if request[CHANGED]:
+            fresh: Session = request[SESSION]
+            response.set_cookie(COOKIE_NAME, console.codec.encode(fresh), httponly=True, samesite="Strict",
+                                secure=console.secure_cookies, path="/",
+                                max_age=max(1, (fresh.expires_at_ms - now) // 1000))
+        if isinstance(response, web.HTTPException):
+            raise response
+        return response
+
+    @web.middleware
+    async def csrf(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD"):
+            form = await request.post()
+            request[FORM] = form
+            if not console.codec.csrf_ok(request[SESSION], str(form.get("csrf_token", ""))):
+                log.warning("console: %s %s refused: missing or wrong CSRF token", request.method, request.path)
+                return console.render(request, "error.html", status=403, title="Refused",
+                                      message="This form has expired or did not come from this console. "
+                                              "Reload the page and try again.")
+        return await handler(request)
+
+    @web.middleware
+    async def errors_as_pages(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except errors.Unauthenticated:
+            if request.method == "GET":
+                raise web.HTTPSeeOther("/login") from None
+            return console.render(request, "error.html", status=401, title="Not logged in",
+                                  message="Your session has ended; log in again.")
+        except errors.ControlPlaneError as exc:
+            status = _STATUS.get(type(exc), 400)
+            return console.render(request, "error.html", status=status, title=_TITLES.get(status, "Refused"),
+                                  message=redact(exc.message))
+
+    app = web.Application(middlewares=[security_headers, sessions, csrf, errors_as_pages],
+                          client_max_size=256 * 1024)
+    app[CONSOLE] = console
+    views.add_routes(app)
+    app.router.add_static("/static/", HERE / "static", follow_symlinks=False)
+    return app
+
+
+_TITLES = {400: "Not accepted", 404: "Not found", 409: "Not possible now", 403: "Not allowed",
+           503: "Unavailable, retry"}
+
+
+def _key_live(console: Console, session: Session) -> bool:
+    key = console.services.store.get_api_key_by_id(session.tenant_id, session.key_id)
+    return key is not None and key.revoked_at_ms is None
+
+
+class ConsoleServer:
+    """The console on its own thread and event loop (the gRPC server keeps its thread pool)."""
+
+    def __init__(self, app: web.Application, host: str, port: int) -> None:
+        self._app = app
+        self._host = host
+        self._port = port
+        self._loop = asyncio.new_event_loop()
+        self._runner = web.AppRunner(app, access_log=None)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="console", daemon=True)
+        self.port = port
+
+    def start(self) -> int:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        log.info("console serving on http://%s:%d", self._host, self.port)
+        return self.port
+
+    async def _start(self) -> None:
+        await self._runner.setup()
+        # Bound here so that port 0 (tests) reports the port the OS chose.
+        sock = socket.create_server((self._host, self._port), reuse_port=False)
+        self.port = int(sock.getsockname()[1])
+        await web.SockSite(self._runner, sock).start()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

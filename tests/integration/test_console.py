@@ -1,0 +1,221 @@
+"""The web console in a real headless Chromium (Debian's /usr/bin/chromium driven by Playwright)
+on the real stack: this session's in-process control plane serves it (port 0), its own delivery
+job sends to the session's recording receiver, and events enter through the session's outbox.
+
+The tour: log in with a tenant key, create an endpoint, publish events through the outbox, find
+them in the log, replay one with a reason (the receiver gets a second verified request and the
+log shows the new attempt marked manual), rotate the secret (both signatures verify during the
+overlap), and open a one-time portal link (once only). Security: another tenant's delivery id
+answers 404, a POST without the CSRF token is refused, a receiver's `<script>` body renders as
+text and runs nothing, a portal session cannot reach the operator view. Screenshots of the main
+pages land in .run/console/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from control_plane.api import pb, rpc
+from control_plane.console import serve
+from control_plane.console.portal_api import portal_pb, portal_rpc
+from core.records import delivery_id_for
+from core.settings import REPO_ROOT
+from outbox.producer import write_event
+from tests.integration.faults import wait_all_reached
+from tests.integration.helpers import auth, eventually, new_tenant
+from tests.support.behaviours import status
+from tests.support.receiver import verify_signature
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = REPO_ROOT / ".run" / "console"
+HOSTILE = b"<script>window.__pwned = 1; alert('pwned')</script><img src=x onerror=\"window.__pwned = 2\">"
+
+
+@pytest.fixture(scope="module")
+def console(settings, control_plane_server) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    web = serve(settings, control_plane_server.console, port=0)
+    yield f"http://127.0.0.1:{web.port}"
+    web.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _page(browser: Browser) -> Page:
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.set_default_timeout(15_000)
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.dialogs = dialogs  # type: ignore[attr-defined]
+    return page
+
+
+def _login(page: Page, console: str, credential: str) -> None:
+    page.goto(f"{console}/login")
+    page.fill("input[name=credential]", credential)
+    page.click("form[action='/login'] button")
+
+
+def _create_endpoint(page: Page, console: str, url: str, event_types: str) -> tuple[str, str]:
+    page.goto(f"{console}/endpoints")
+    page.fill("#create-endpoint input[name=url]", url)
+    page.fill("#create-endpoint input[name=event_types]", event_types)
+    page.click("#create-endpoint button")
+    secret = page.inner_text("#signing-secret").strip()
+    return page.inner_text("#endpoint-link").strip(), secret
+
+
+def _shot(page: Page, name: str) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _here(url: str, console: str) -> str:
+    """A portal link made for the configured console address, pointed at this test's console."""
+    return f"{console}/portal/{url.split('/portal/', 1)[1]}"
+
+
+def _until_text(page: Page, url: str, selector: str, text: str, timeout: float = 60) -> None:
+    """Reload ``url`` until ``selector`` shows ``text`` (history rows are written by the job)."""
+    def shown() -> bool | None:
+        page.goto(url)
+        return text in (page.text_content(selector) or "") or None
+    eventually(shown, timeout=timeout, interval=1, what=f"{text!r} in {selector} of {url}")
+
+
+def test_tenant_tour_replay_rotate_and_portal(console, browser, relay, grpc_channel, settings, receiver,  # type: ignore[no-untyped-def]
+                                              control_plane):
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    page = _page(browser)
+    _login(page, console, api_key)
+    assert page.url.endswith("/endpoints") and tenant_id in page.inner_text("header")
+
+    path = f"/console/{tenant_id}"
+    endpoint_id, secret = _create_endpoint(page, console, f"{receiver.base_url}{path}", "console.*")
+    assert secret.startswith("whsec_")
+    _shot(page, "endpoint-created")
+
+    # Events the way an application emits them: rows in the outbox, in one transaction.
+    with relay.connect() as conn:
+        events = [write_event(conn, tenant_id, "console.invoice_paid", {"n": i}) for i in range(3)]
+    deliveries = [delivery_id_for(e, endpoint_id) for e in events]
+    wait_all_reached(receiver, set(deliveries), timeout=90)
+
+    log_url = f"{console}/deliveries?endpoint={endpoint_id}"
+    for d in deliveries:
+        _until_text(page, log_url, f"tr[data-delivery='{d}']", "succeeded")
+    _shot(page, "delivery-log")
+
+    # Replay one with a reason: a second request, same webhook-id, verified; marked manual.
+    target = deliveries[0]
+    page.goto(f"{console}/deliveries/{target}")
+    page.fill("#replay input[name=reason]", "receiver fixed")
+    page.click("#replay button")
+    assert "queued" in page.inner_text("#flash")
+    second = eventually(lambda: [r for r in receiver.requests(path) if r.webhook_id == target][1:] or None,
+                        timeout=60, what="the replay at the receiver")[0]
+    assert verify_signature(second, [secret]) == [secret]
+    _until_text(page, f"{console}/deliveries/{target}", "#attempts", "manual")
+    assert page.locator("#attempts tr.is-manual").count() == 1
+    assert "receiver fixed" in page.inner_text("#replays")
+    _shot(page, "delivery-detail")
+    _until_text(page, log_url, f"tr[data-delivery='{target}']", "manual")
+
+    # Rotate with an overlap: both secrets verify the next request.
+    page.goto(f"{console}/endpoints/{endpoint_id}")
+    page.fill("#rotate input[name=overlap_s]", "3600")
+    page.click("#rotate button")
+    new_secret = page.inner_text("#signing-secret").strip()
+    assert new_secret.startswith("whsec_") and new_secret != secret
+    assert page.locator("#live-keys tbody tr").count() == 2 and "overlap" in page.inner_text("#live-keys")
+    _shot(page, "rotated")
+    page.goto(f"{console}/endpoints/{endpoint_id}")
+    before = len(receiver.requests(path))
+    page.click("#send-test")
+    ping = eventually(lambda: receiver.requests(path)[before:] or None, timeout=60, what="the test event")[0]
+    assert verify_signature(ping, [secret, new_secret]) == [secret, new_secret]
+    _shot(page, "endpoint")
+
+    # The portal: a one-time link from the CLI, scoped to this tenant.
+    admin_token = settings.control_plane.admin_token.get_secret_value()
+    out = subprocess.run([str(REPO_ROOT / ".venv/bin/webhookctl"), "--target", control_plane, "--json", "portal",
+                          "link", "--tenant", tenant_id, "--ttl", "15m"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "WEBHOOKCTL_ADMIN_TOKEN": admin_token})
+    assert out.returncode == 0, out.stderr
+    url = _here(json.loads(out.stdout)["url"], console)
+    portal = _page(browser)
+    portal.goto(url)
+    portal.wait_for_url(f"{console}/endpoints")
+    assert endpoint_id in portal.inner_text("#endpoints") and "(portal)" in portal.inner_text("header")
+    _shot(portal, "portal")
+    again = _page(browser)
+    response = again.goto(url)
+    assert response is not None and response.status == 404 and "not valid" in again.inner_text("h1")
+
+
+def test_security(console, browser, grpc_channel, settings, receiver):  # type: ignore[no-untyped-def]
+    tenant_a, key_a = new_tenant(grpc_channel, settings)
+    tenant_b, key_b = new_tenant(grpc_channel, settings)
+    path = f"/console-hostile/{tenant_a}"
+    receiver.set_behaviour(path, status(200, HOSTILE))
+    stub = rpc.ControlPlaneStub(grpc_channel)
+    ep = stub.CreateEndpoint(pb.CreateEndpointRequest(url=f"{receiver.base_url}{path}", event_types=["x.*"]),
+                             metadata=auth(key_a)).endpoint.endpoint_id
+    sent = stub.SendTestEvent(pb.GetEndpointRequest(endpoint_id=ep), metadata=auth(key_a))
+    receiver.wait_for(path, 1, timeout=60)
+
+    # A hostile response body is shown as text, and nothing in it runs.
+    page = _page(browser)
+    _login(page, console, key_a)
+    _until_text(page, f"{console}/deliveries/{sent.delivery_id}", "#attempts", "<script>")
+    assert page.evaluate("window.__pwned") is None and not page.dialogs  # type: ignore[attr-defined]
+    assert page.locator("#attempts script, #attempts img").count() == 0
+    _shot(page, "hostile-response")
+
+    # A POST without the CSRF token is refused, and changes nothing.
+    refused = page.request.post(f"{console}/endpoints/{ep}/disable", form={"x": "1"}, max_redirects=0)
+    assert refused.status == 403
+    got = stub.GetEndpoint(pb.GetEndpointRequest(endpoint_id=ep), metadata=auth(key_a))
+    assert got.status == pb.ENDPOINT_STATUS_ACTIVE
+
+    # Another tenant's delivery (and endpoint) by id: 404, as if it did not exist.
+    other = _page(browser)
+    _login(other, console, key_b)
+    for url in (f"{console}/deliveries/{sent.delivery_id}", f"{console}/endpoints/{ep}"):
+        response = other.goto(url)
+        assert response is not None and response.status == 404, url
+    assert sent.delivery_id not in other.content()
+
+    # A portal session cannot reach the operator view.
+    admin_md = auth(settings.control_plane.admin_token.get_secret_value())
+    link = portal_rpc.PortalStub(grpc_channel).CreatePortalLink(
+        portal_pb.CreatePortalLinkRequest(tenant_id=tenant_b, ttl_seconds=60), metadata=admin_md)
+    portal = _page(browser)
+    portal.goto(_here(link.url, console))
+    portal.wait_for_url(f"{console}/endpoints")
+    response = portal.goto(f"{console}/operator")
+    assert response is not None and response.status == 404
+    # ... while the admin token does.
+    admin = _page(browser)
+    _login(admin, console, settings.control_plane.admin_token.get_secret_value())
+    assert admin.url.endswith("/operator") and tenant_a in admin.inner_text("#tenants")
+    _shot(admin, "operator")
+    with pytest.raises(grpc.RpcError) as err:  # and only the admin may ask for a link
+        portal_rpc.PortalStub(grpc_channel).CreatePortalLink(
+            portal_pb.CreatePortalLinkRequest(tenant_id=tenant_b), metadata=auth(key_b))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED

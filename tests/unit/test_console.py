@@ -1,0 +1,142 @@
+"""The console's pure parts: signed sessions and CSRF tokens, one-time portal links (in-memory
+store, fixed clock), and the health strip's summary. The pages themselves are tested in a real
+browser (tests/integration/test_console.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from control_plane.console.health import summarise
+from control_plane.console.portal import PortalLink, PortalService
+from control_plane.console.sessions import Kind, Session, SessionCodec
+from control_plane.domain import DeliveryStatus, DeliverySummary, Tenant
+from control_plane.errors import InvalidArgument, NotFound
+
+KEY = b"k" * 32
+T0 = 1_800_000_000_000
+
+
+def _session(**kw: object) -> Session:
+    return Session(**{"sid": "s1", "kind": Kind.TENANT, "expires_at_ms": T0 + 1000, "tenant_id": "acme",
+                      "key_id": "key_1", **kw})  # type: ignore[arg-type]
+
+
+def test_a_session_round_trips_until_it_expires() -> None:
+    codec = SessionCodec(KEY)
+    cookie = codec.encode(_session())
+    assert codec.decode(cookie, T0) == _session()
+    assert codec.decode(cookie, T0 + 1000) is None
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda c: c[:-2] + ("AA" if not c.endswith("AA") else "BB"),  # the tag
+    lambda c: SessionCodec(b"x" * 32).encode(_session(tenant_id="other")).split(".")[0] + "." + c.split(".")[1],
+    lambda c: c.split(".")[0],  # no tag
+    lambda c: "",
+    lambda c: "garbage.garbage",
+])
+def test_a_tampered_or_foreign_cookie_is_refused(tamper) -> None:  # type: ignore[no-untyped-def]
+    codec = SessionCodec(KEY)
+    assert codec.decode(tamper(codec.encode(_session())), T0) is None
+
+
+def test_csrf_tokens_are_bound_to_the_session() -> None:
+    codec = SessionCodec(KEY)
+    mine, other = _session(), _session(sid="s2")
+    assert codec.csrf_ok(mine, codec.csrf_token(mine))
+    assert not codec.csrf_ok(mine, codec.csrf_token(other))
+    assert not codec.csrf_ok(mine, "")
+    assert not SessionCodec(b"x" * 32).csrf_ok(mine, codec.csrf_token(mine))
+
+
+class _Links:
+    def __init__(self) -> None:
+        self.rows: dict[str, PortalLink] = {}
+
+    def put_link(self, link: PortalLink, ttl_s: int) -> None:
+        self.rows[link.token_hash] = link
+
+    def get_link(self, token_hash: str) -> PortalLink | None:
+        return self.rows.get(token_hash)
+
+    def redeem(self, link: PortalLink, at_ms: int) -> bool:
+        if self.rows[link.token_hash].redeemed_at_ms is not None:
+            return False
+        self.rows[link.token_hash] = replace(link, redeemed_at_ms=at_ms)
+        return True
+
+
+class _Tenants:
+    def get_tenant(self, tenant_id: str) -> Tenant | None:
+        return Tenant(tenant_id, "Acme", T0) if tenant_id == "acme" else None
+
+
+def _portal(clock: list[int]) -> tuple[PortalService, _Links]:
+    links = _Links()
+    counter = iter(range(1, 1000))
+    service = PortalService(links, _Tenants(), lambda: clock[0],  # type: ignore[arg-type]
+                            lambda n: bytes([next(counter)]) * n, "http://127.0.0.1:8090/")
+    return service, links
+
+
+def test_a_portal_link_opens_once_for_its_tenant_and_only_its_hash_is_stored() -> None:
+    clock = [T0]
+    portal, links = _portal(clock)
+    issued = portal.create_link("acme", 60, "admin")
+    assert issued.url.startswith("http://127.0.0.1:8090/portal/wpl_")
+    token = issued.url.rsplit("/", 1)[1]
+    assert all(token not in repr(row) for row in links.rows.values())
+    assert portal.redeem(token).tenant_id == "acme"
+    with pytest.raises(NotFound):
+        portal.redeem(token)
+
+
+@pytest.mark.parametrize("opened_after_ms, opens", [(59_999, True), (60_000, False)])
+def test_a_portal_link_expires(opened_after_ms: int, opens: bool) -> None:
+    clock = [T0]
+    portal, _ = _portal(clock)
+    token = portal.create_link("acme", 60, "admin").url.rsplit("/", 1)[1]
+    clock[0] = T0 + opened_after_ms
+    if opens:
+        assert portal.redeem(token).tenant_id == "acme"
+    else:
+        with pytest.raises(NotFound):
+            portal.redeem(token)
+
+
+@pytest.mark.parametrize("tenant, ttl, error", [
+    ("acme", 10, InvalidArgument), ("acme", 24 * 3600 + 1, InvalidArgument), ("", 60, InvalidArgument),
+    ("nobody", 60, NotFound)])
+def test_a_portal_link_is_refused_for_a_bad_ttl_or_tenant(tenant: str, ttl: int, error: type) -> None:
+    portal, _ = _portal([T0])
+    with pytest.raises(error):
+        portal.create_link(tenant, ttl, "admin")
+
+
+def test_an_unknown_or_malformed_token_opens_nothing() -> None:
+    portal, _ = _portal([T0])
+    for token in ("wpl_unknown", "not-a-token", "wpl_" + "a" * 200):
+        with pytest.raises(NotFound):
+            portal.redeem(token)
+
+
+def _d(status: DeliveryStatus, http: int | None, created: int) -> DeliverySummary:
+    return DeliverySummary("dlv", "evt", "acme", "ep", "t", status, 1, http, created, None)
+
+
+@pytest.mark.parametrize("last_hour, pending, oldest, classes, ratio", [
+    ([], [], None, {}, None),
+    ([_d(DeliveryStatus.SUCCEEDED, 200, T0), _d(DeliveryStatus.FAILED, 404, T0),
+      _d(DeliveryStatus.PENDING, 503, T0), _d(DeliveryStatus.PENDING, None, T0)],
+     [_d(DeliveryStatus.PENDING, 503, T0 - 5000), _d(DeliveryStatus.PENDING, None, T0 - 1000)],
+     5000, {"2xx": 1, "4xx": 1, "5xx": 1, "no answer": 1}, 0.5),
+    ([_d(DeliveryStatus.EXPIRED, 302, T0)], [_d(DeliveryStatus.SUCCEEDED, 200, T0 - 9000)], None,
+     {"3xx": 1}, 0.0),
+])
+def test_the_health_strip_summary(last_hour, pending, oldest, classes, ratio) -> None:  # type: ignore[no-untyped-def]
+    h = summarise(T0, last_hour, pending, capped=False)
+    assert h.oldest_pending_age_ms == oldest
+    assert {c: n for c, n in h.last_hour.items() if n} == classes
+    assert h.success_ratio == ratio
