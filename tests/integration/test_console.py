@@ -145,11 +145,11 @@ def test_tenant_tour_replay_rotate_and_portal(console, browser, relay, grpc_chan
     assert page.locator("#live-keys tbody tr").count() == 2 and "overlap" in page.inner_text("#live-keys")
     _shot(page, "rotated")
     page.goto(f"{console}/endpoints/{endpoint_id}")
+    _shot(page, "endpoint")
     before = len(receiver.requests(path))
     page.click("#send-test")
     ping = eventually(lambda: receiver.requests(path)[before:] or None, timeout=60, what="the test event")[0]
     assert verify_signature(ping, [secret, new_secret]) == [secret, new_secret]
-    _shot(page, "endpoint")
 
     # The portal: a one-time link from the CLI, scoped to this tenant.
     admin_token = settings.control_plane.admin_token.get_secret_value()
