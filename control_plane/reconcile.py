@@ -135,7 +135,8 @@ class Reconciler:
             raise InvalidArgument("overdue_after_seconds must not be negative")
         overdue_ms = (overdue_after_s or self._settings.control_plane.reconcile_overdue_after_s) * 1000
         window = self._read(since_ms, until_ms, tenant_id)
-        report = rc.reconcile(window.inputs, since_ms, until_ms, tenant_id, self._now_ms(), overdue_ms)
+        report = rc.reconcile(window.inputs, since_ms, until_ms, tenant_id, self._now_ms(), overdue_ms,
+                              given_up_after_ms=int(self._settings.dispatch.storage_give_up_s * 1000))
         outcome = Outcome(report)
         log.info("reconcile %s..%s tenant=%s: %d gaps %s", since_ms, until_ms, tenant_id or "*",
                  len(report.gaps), {k: v for k, v in report.gap_counts().items() if v})

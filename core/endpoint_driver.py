@@ -147,6 +147,11 @@ class DriverPolicy:
     # whole is bounded at twice the window, past which fresh work waits in the queue again.
     memory_window: int = 20_000
     page_size: int = 1_000
+    # A delivery whose history write or read keeps failing past its deadline by this much is let
+    # go from memory (counted ``expired_unrecorded``): its row stays pending, past due, and
+    # reconciliation names it orphaned and redrives it -- checked first, so it expires there once
+    # Cassandra takes the write. Without a bound it was retried for ever, held in memory for good.
+    storage_give_up_ms: int = 3_600_000
 
 
 def light(delivery: NewDelivery) -> NewDelivery:
@@ -372,14 +377,18 @@ class EndpointDriver:
                 self.store.put(nxt)  # the next attempt time and counts survive a restore
                 self._put(nxt)
 
-    def send_not_started(self, delivery_id: str, reason: str, now_ms: int) -> None:
+    def send_not_started(self, delivery_id: str, reason: str, now_ms: int, hold: bool = True) -> None:
         """The adapter could not build the request (e.g. no signing key decrypts): nothing was
-        sent. The delivery goes back unchanged and the endpoint is held, visibly."""
+        sent, so it is no attempt. The delivery goes back unchanged and the endpoint is held,
+        visibly -- unless the caller holds it once itself for the error that stopped a whole pass
+        (``hold=False``), which would otherwise double the hold once per request handed back."""
         p = self.items[delivery_id]
         self.in_flight -= 1
         self.scheduler.release(self._tenant)
+        self.counts["attempts"] -= 1
         self._put(d.send_not_started(p))
-        self.hold(now_ms, reason)
+        if hold:
+            self.hold(now_ms, reason)
 
     def hold(self, now_ms: int, reason: str) -> None:
         """Stop sending to this endpoint for a doubling period (an internal error)."""
@@ -529,6 +538,10 @@ class EndpointDriver:
     def _storage(self, now_ms: int, budget: int, dec: Decision) -> None:
         for did in list(self._work):
             p = self.items[did]
+            if p.write_failures and now_ms >= p.delivery.expires_at_ms + self.policy.storage_give_up_ms:
+                self.counts["expired_unrecorded"] += 1
+                self._forget(did)
+                continue
             if p.write_retry_at_ms > now_ms:
                 dec.wake_at(p.write_retry_at_ms, "storage retry")
                 continue
@@ -976,7 +989,10 @@ class EndpointDriver:
         self._manual.discard(did)
         if p.skip is not None:
             self._skips.add(did)
-        if not p.manual:
+        if not p.manual and p.sending_manual is None:
+            # Kept while its request is in flight: a request that could not be built comes back
+            # (send_not_started) still at the front, its wait not restarted -- else an endpoint
+            # held after each such try would retry the request for ever, never ending it.
             self._front_since.pop(did, None)
         if p.stage not in (Stage.CHECK, Stage.RESERVE, Stage.PERSIST):
             self._readying.discard(did)

@@ -122,7 +122,10 @@ def expected_deliveries(snapshots: Iterable[FanoutSnapshot]) -> dict[str, tuple[
 
 
 def reconcile(inputs: Inputs, since_ms: int, until_ms: int, tenant_id: str | None, now_ms: int,
-              overdue_after_ms: int) -> Report:
+              overdue_after_ms: int, given_up_after_ms: int | None = None) -> Report:
+    """``given_up_after_ms``: how long past its deadline the job lets go of a delivery whose
+    history write keeps failing (``dispatch.storage_give_up_s``); pending beyond it, no job holds
+    the delivery whatever it reports about its endpoint."""
     r = Report(since_ms, until_ms, tenant_id)
     c = r.counts
     snapshot_ids = {s.event_id for s in inputs.snapshots}
@@ -155,15 +158,18 @@ def reconcile(inputs: Inputs, since_ms: int, until_ms: int, tenant_id: str | Non
             due = [t for t in (row.next_attempt_at_ms, row.expires_at_ms) if t is not None]
             late_by = now_ms - min(due) if due else 0
             reported = inputs.backlog_reported_at.get(endpoint_id)
+            let_go = (given_up_after_ms is not None and row.expires_at_ms is not None
+                      and now_ms - row.expires_at_ms > given_up_after_ms)
             if late_by <= overdue_after_ms:
                 c["pending_in_progress"] += 1
-            elif reported is not None and now_ms - reported <= overdue_after_ms:
+            elif reported is not None and now_ms - reported <= overdue_after_ms and not let_go:
                 c["pending_held"] += 1
             else:
                 c["pending_orphaned"] += 1
                 r.gaps.append(Gap(PENDING_OVERDUE, did, snap.tenant_id,
-                                  f"pending, due {late_by // 1000} s ago, and no job reports holding "
-                                  f"endpoint {endpoint_id}'s deliveries"))
+                                  f"pending, due {late_by // 1000} s ago, and "
+                                  + ("past the job's give-up bound after its deadline" if let_go else
+                                     f"no job reports holding endpoint {endpoint_id}'s deliveries")))
         else:
             c[status] += 1
 

@@ -93,10 +93,10 @@ BACKLOG_REPORT_MS = 30_000
 # Every count the driver keeps, exported as a Flink counter of the same name.
 METRICS = (
     "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled", "adopted_after_restore",
-    "final_not_resent", "history_write_failures", "replays", "replays_unknown", "replays_refused",
-    "replays_duplicate", "manual_not_sent", "endpoint_holds", "endpoint_internal_errors", "signing_key_errors",
-    "spilled", "paged_in", "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots", "skips",
-    "skips_not_held", "skips_not_head",
+    "final_not_resent", "history_write_failures", "expired_unrecorded", "replays", "replays_unknown",
+    "replays_refused", "replays_duplicate", "manual_not_sent", "endpoint_holds", "endpoint_internal_errors",
+    "signing_key_errors", "spilled", "paged_in", "redrives", "redrives_known", "throttled_rate_limit",
+    "throttled_slots", "skips", "skips_not_held", "skips_not_head",
     # The operator's own: passes made (for elements and timers), and timers that found nothing
     # finished and no driver wake due, so made none.
     "passes", "empty_polls")
@@ -157,7 +157,8 @@ class Dispatcher(KeyedProcessFunction):
             # a restore replaced: they read their durable record before being sent.
             check_created_before_ms=int(time.time() * 1000) + s.dispatch.restore_check_skew_ms,
             manual_wait_ms=int(s.dispatch.manual_wait_s * 1000), dedupe_window_ms=s.flink.dedupe_ttl_s * 1000,
-            memory_window=s.dispatch.memory_window, page_size=s.dispatch.page_size)
+            memory_window=s.dispatch.memory_window, page_size=s.dispatch.page_size,
+            storage_give_up_ms=int(s.dispatch.storage_give_up_s * 1000))
         # A granted slot lapses after one harvest interval: the grantee, next in line, looks again
         # that often (no endpoint can set another's timer).
         self._scheduler = FairScheduler(pool_size=s.dispatch.max_in_flight,
@@ -439,13 +440,14 @@ class Dispatcher(KeyedProcessFunction):
                      exc: BaseException, now: int) -> None:
         """Hand back work decided but never started: requests not submitted go back unsent (the
         endpoint is held), storage I/O fails as a write or read that will be retried."""
+        # _contain holds the endpoint once for the error; each request handed back must not again.
         reason = f"not started: {type(exc).__name__}"
         for did, coro in sends:
             coro.close()
-            drv.send_not_started(did, reason, now)
+            drv.send_not_started(did, reason, now, hold=False)
         for a in actions:
             if isinstance(a, Send):
-                drv.send_not_started(a.p.delivery_id, reason, now)
+                drv.send_not_started(a.p.delivery_id, reason, now, hold=False)
             elif isinstance(a, Load):
                 drv.io_done("load", a.delivery_id, None, exc, now)
             else:

@@ -348,9 +348,12 @@ def test_an_action_that_raises_in_start_leaves_no_work_busy_without_io_and_relea
     assert drv.in_flight == sends_in_flight(w)
     assert w.free_pool_slots() == POOL - drv.in_flight
     assert drv.held_until_ms > w.timers.now  # held, as a contained error should be
+    # held once, for the error: the requests handed back do not each double the hold
+    assert drv.held_until_ms <= T0 + 50 + w.d._policy.hold_base_ms
     w.fire_timers_until(drv.held_until_ms + 5_000)
     assert sorted(w.sender.sent) == ["dlv_1", "dlv_2", "dlv_3"]  # after the hold, every one goes
     assert w.free_pool_slots() == POOL and drv.in_flight == 0
+    assert w.d._counts["attempts"] == 3  # a request handed back unsent is not an attempt
 
 
 def test_a_failed_payload_read_is_not_a_sent_attempt_and_spends_no_retry_budget(

@@ -85,6 +85,8 @@ class Sim:
         self.hold_storage = False
         self.held: list[tuple[str, Any]] = []
         self.sent_numbers: dict[str, list[int]] = {}
+        self.fail_writes: set[str] = set()  # deliveries whose every storage action fails
+        self.unbuildable = False  # no request can be built (no signing key decrypts)
 
     def driver(self, ep: str) -> EndpointDriver:
         if ep not in self.drivers:
@@ -114,7 +116,9 @@ class Sim:
             dec = drv.step(self.now, 1024)
             done_any = False
             for a in dec.actions:
-                if isinstance(a, Send):
+                if isinstance(a, Send) and self.unbuildable:
+                    drv.send_not_started(a.p.delivery_id, "no signing key decrypts", self.now)
+                elif isinstance(a, Send):
                     row = self.history[a.p.delivery_id].rows
                     assert a.p.intent is not None and a.p.intent.number in row, "request before its attempt row"
                     self.requests[a.p.delivery_id] += 1
@@ -122,10 +126,16 @@ class Sim:
                     self.sends.setdefault(ep, []).append(a)
                 elif self.hold_storage:
                     self.held.append((ep, a))
+                elif not isinstance(a, Load) and a.p.delivery_id in self.fail_writes:
+                    kind = {Check: "check", Persist: "persist", Reserve: "reserve", Record: "record"}[type(a)]
+                    drv.io_done(kind, a.p.delivery_id, None, TimeoutError("write timed out"), self.now)
+                    done_any = True  # a finished I/O, failed or not, drives a pass
                 else:
                     self._storage(drv, a)
                     done_any = True
             self.wakes[ep] = (dec.wake.at_ms, dec.wake.reason) if dec.wake else None
+            if drv.held_until_ms > self.now and (dec.wake is None or drv.held_until_ms < dec.wake.at_ms):
+                self.wakes[ep] = (drv.held_until_ms, "hold ends")  # held after the step chose its wake
             if not done_any:
                 return
         raise AssertionError("storage never settled")
@@ -1032,3 +1042,49 @@ def test_issue32_13_a_broker_clock_ahead_of_the_task_manager_does_not_delay_the_
     sim.config(config())
     sim.new(delivery(0, created=sim.now + 7_000))  # Kafka's timestamp is 7 s ahead of this clock
     assert sim.requests["dlv_ep_1_0"] == 1  # was: sent 7 s later, at the broker's "now"
+
+
+def test_a_delivery_whose_history_write_keeps_failing_is_given_up_a_bound_after_its_deadline() -> None:
+    """Its outcome can never be recorded (a row Cassandra keeps refusing, a long outage): the
+    driver retried the write for ever and held the delivery past its 24 h deadline. It gives up
+    ``storage_give_up_ms`` after the deadline, counts it, and leaves the row -- still pending in
+    history -- to reconciliation, which names it orphaned and redrives it (checked first)."""
+    sim = Sim()
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(503)
+    d1, d2 = delivery(1), delivery(2)
+    sim.new(d1)
+    sim.new(d2)
+    sim.answer_all("ep_1")
+    sim.fail_writes.add(d1.delivery_id)
+    drv = sim.driver("ep_1")
+    give_up = d1.expires_at_ms + POLICY.storage_give_up_ms
+    sim.advance(give_up - 61_000)
+    assert d1.delivery_id in drv.items, "given up before its bound"
+    assert sim.counts["history_write_failures"] > 0
+    sim.advance(give_up + 61_000)
+    assert d1.delivery_id not in drv.items
+    assert d1.delivery_id not in sim.stores["ep_1"].pending
+    assert sim.counts["expired_unrecorded"] == 1
+    assert sim.history[d1.delivery_id].status == "pending", "left for reconciliation to find"
+    # the endpoint's other delivery, whose writes worked, ended normally long before
+    assert sim.history[d2.delivery_id].status in dsp.FINAL_STATUSES
+
+
+def test_a_manual_request_that_cannot_be_built_ends_not_sent_after_its_wait_and_its_delivery_still_expires() -> None:
+    """No signing key decrypts: each try is handed back (send_not_started) and the endpoint held
+    for a doubling period. The request's wait restarted with each try, so it was tried for ever
+    and the delivery it rode on -- out of the deadline index while a person's request is owed --
+    never reached its deadline (found by the model-based test)."""
+    sim = Sim()
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(503)
+    sim.new(delivery(0))
+    sim.answer_all("ep_1")  # attempt 1 refused: a retry waits
+    sim.unbuildable = True
+    assert sim.replay(ReplayRequest("dlv_ep_1_0", "t_1", "ep_1", "alice", sim.now, "req-1")) == "queued"
+    sim.advance(sim.now + POLICY.manual_wait_ms + POLICY.hold_max_ms)
+    assert sim.counts["manual_not_sent"] == 1
+    assert "not_sent" in sim.history["dlv_ep_1_0"].rows.values()
+    sim.advance(T0 + DAY_MS + POLICY.hold_max_ms)
+    assert sim.history["dlv_ep_1_0"].status == "expired"

@@ -127,3 +127,19 @@ def test_snapshot_partitions_are_stable_and_spread() -> None:
     assert hour <= NOW < hour + 3_600_000 and hour % 3_600_000 == 0
     buckets = {snapshot_partition(f"evt_{n}", NOW)[1] for n in range(500)}
     assert buckets == set(range(SNAPSHOT_BUCKETS))
+
+
+def test_a_pending_delivery_past_its_deadline_by_the_jobs_give_up_bound_is_orphaned_even_on_a_held_endpoint() -> None:
+    """The job lets go of a delivery whose history write kept failing one give-up bound after its
+    deadline (it stays pending in history): no job holds it any more, whatever the job reports
+    about the endpoint's other deliveries, so reconciliation names it for the sweeper."""
+    base = clean_inputs()
+    did = delivery_id_for("e3", "ep_a")
+    reported = {"ep_a": NOW - MIN}
+    give_up = 60 * MIN
+    for expired_ago, kind in ((give_up + MIN, [rc.PENDING_OVERDUE]), (give_up - MIN, [])):
+        stuck = replace(base.deliveries[did], next_attempt_at_ms=NOW - 2 * OVERDUE,
+                        expires_at_ms=NOW - expired_ago)
+        r = rc.reconcile(replace(base, deliveries={**base.deliveries, did: stuck}, backlog_reported_at=reported),
+                         NOW - 60 * MIN, NOW, None, NOW, OVERDUE, given_up_after_ms=give_up)
+        assert [g.kind for g in r.gaps] == kind, expired_ago
