@@ -268,6 +268,10 @@ class FairScheduler:
         """Tenants using every slot of their quota: the ones being throttled now."""
         return sum(1 for n in self._in_flight.values() if n >= self._quota)
 
+    def at_quota(self, tenant: str) -> bool:
+        """Whether the tenant uses every slot of its quota now."""
+        return self._in_flight.get(tenant, 0) >= self._quota
+
     def in_flight_total(self) -> int:
         return self._in_flight_total
 

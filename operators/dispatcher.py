@@ -36,6 +36,7 @@ from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
 from core import breaker as brk
 from core import dispatch, telemetry
+from core import endpoint_health as health
 from core.egress import EgressPolicy
 from core.endpoint_driver import (
     Action,
@@ -87,7 +88,8 @@ DISPATCH_INPUT = KEYED_RECORD
 def for_dispatch(key: str, kind: str, item: Any) -> Row:
     return keyed(key, (key, (kind, item)))
 
-# How often the endpoints this operator holds deliveries for are reported (endpoint_backlogs).
+# How often the endpoints this operator holds deliveries for are reported (endpoint_backlogs,
+# with their breaker and oldest ages: core/endpoint_health.py). A breaker's change is reported at once.
 BACKLOG_REPORT_MS = 30_000
 
 # Every count the driver keeps, exported as a Flink counter of the same name.
@@ -183,6 +185,7 @@ class Dispatcher(KeyedProcessFunction):
         self._history = CassandraHistory(s.cassandra)
         self._next_backlog_report = 0
         self._reported: set[str] = set()  # endpoints last reported holding deliveries
+        self._breakers_reported: dict[str, brk.CircuitState] = {}  # endpoint -> breaker in its last row
         self._snapshots = SnapshotWriter(runtime_context, self._history,
                                          group.counter("fanout_snapshot_write_failures"), recheck_ms=200)
         # close() runs only if the input ends: a cancelled or failed-over task never calls it.
@@ -307,12 +310,16 @@ class Dispatcher(KeyedProcessFunction):
         poll = self._io.poll_at(endpoint_id, now, self._settings.dispatch.harvest_interval_ms)
         self._register(ctx, self._wakes.next_timer(endpoint_id, poll, now))
         self._changed.add(endpoint_id)
+        moved = health.breaker_changed(self._breakers_reported.get(endpoint_id), drv.breaker.state)
         if drv.idle and not self._io.busy(endpoint_id):
             del self._drivers[endpoint_id]  # keyed state keeps its config, breaker and bucket
             self._wakes.forget(endpoint_id)
-            if endpoint_id in self._reported:
-                self._reported.discard(endpoint_id)
-                self._history.report_backlog(endpoint_id, drv.tenant_id, 0, now)  # holds none now
+            if endpoint_id in self._reported or moved:
+                self._report(endpoint_id, drv, telemetry.EndpointSummary(), now)  # holds none now
+            self._reported.discard(endpoint_id)
+            self._breakers_reported.pop(endpoint_id, None)
+        elif moved:
+            self._report(endpoint_id, drv, self._summary(endpoint_id, drv, now, fresh=True), now)
         self._housekeeping(ctx, now, changed=True)
 
     def _housekeeping(self, ctx: Any, now: int, changed: bool) -> None:
@@ -388,13 +395,27 @@ class Dispatcher(KeyedProcessFunction):
 
     def _report_backlogs(self, now: int) -> None:
         """Which endpoints this job holds deliveries for, so reconciliation can tell a delivery
-        waiting behind a failing endpoint from one nothing holds (fire and forget: the next
-        report is 30 s away, and a missing one only makes the sweeper re-queue, idempotently)."""
+        waiting behind a failing endpoint from one nothing holds, with what the console shows of
+        them (fire and forget: the next report is 30 s away, and a missing one only makes the
+        sweeper re-queue, idempotently, and the console show an older row)."""
         self._next_backlog_report = now + BACKLOG_REPORT_MS
+        self._summarize_changed(now)
         for endpoint_id, drv in self._drivers.items():
             if drv.held:
-                self._history.report_backlog(endpoint_id, drv.tenant_id, drv.held, now)
-                self._reported.add(endpoint_id)
+                self._report(endpoint_id, drv, self._summary(endpoint_id, drv, now, fresh=False), now)
+
+    def _summary(self, endpoint_id: str, drv: EndpointDriver, now: int, fresh: bool) -> telemetry.EndpointSummary:
+        """The endpoint's summary for a report; ``fresh``: rebuilt now, not the gauges' last one."""
+        known = None if fresh else self._summaries.get(endpoint_id)
+        return known or telemetry.summarize(drv.view(now, int(self._settings.dispatch.retry_deadline_s * 1000)))
+
+    def _report(self, endpoint_id: str, drv: EndpointDriver, summary: telemetry.EndpointSummary, now: int) -> None:
+        row = health.report(endpoint_id, drv.tenant_id, summary, drv.breaker,
+                            self._scheduler.at_quota(drv.tenant_id), now)
+        self._history.report_backlog(row)
+        self._breakers_reported[endpoint_id] = drv.breaker.state
+        if row.pending:
+            self._reported.add(endpoint_id)
 
     def _finished(self, drv: EndpointDriver, f: Finished, now: int) -> None:
         result = f.result

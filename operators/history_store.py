@@ -36,6 +36,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
 from core import history_rows
 from core.dispatch import FINAL_STATUSES, AttemptRecord, DurableRecord, Intent
+from core.endpoint_health import EndpointReport
 from core.fanout import FanoutSnapshot, NewDelivery
 from core.history_buckets import bucket_of
 from core.ordering import KeyRowChange
@@ -156,7 +157,8 @@ class CassandraHistory:
             # The pass's own time as the write time: reports are fire and forget, and two of them
             # (held 2, then idle 0) may reach Cassandra out of order; the later pass must win, or
             # reconciliation would take a drained endpoint for one holding deliveries.
-            "INSERT INTO endpoint_backlogs (endpoint_id, tenant_id, pending, reported_at) VALUES (?,?,?,?)"
+            "INSERT INTO endpoint_backlogs (endpoint_id, tenant_id, pending, reported_at, breaker,"
+            " breaker_open_until, oldest_new_at, oldest_retry_at, throttled) VALUES (?,?,?,?,?,?,?,?,?)"
             " USING TIMESTAMP ?"
         )
         self._block_key = p(
@@ -215,9 +217,11 @@ class CassandraHistory:
             hour_ms, bucket, s.arrived_at_ms, s.event_id, s.tenant_id, dict(s.endpoints), s.degraded,
             s.arrived_at_ms * 1000))])
 
-    def report_backlog(self, endpoint_id: str, tenant_id: str, pending: int, at_ms: int) -> Completion:
-        """This job holds ``pending`` deliveries of the endpoint (see endpoint_backlogs)."""
-        return self._batcher.add([(self._report_backlog, (endpoint_id, tenant_id, pending, at_ms, at_ms * 1000))])
+    def report_backlog(self, r: EndpointReport) -> Completion:
+        """What this job holds of the endpoint, and its breaker (see endpoint_backlogs)."""
+        return self._batcher.add([(self._report_backlog, (
+            r.endpoint_id, r.tenant_id, r.pending, r.reported_at_ms, r.breaker.value if r.breaker else None,
+            r.open_until_ms, r.oldest_new_ms, r.oldest_retry_ms, r.throttled, r.reported_at_ms * 1000))])
 
     def reserve(self, d: NewDelivery, intent: Intent, at_ms: int) -> Completion:
         """The attempt row of the next request, durable before that request leaves."""

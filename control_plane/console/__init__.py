@@ -19,6 +19,7 @@ from control_plane.console.app import Console, ConsoleServer, ConsoleServices, b
 from control_plane.console.portal import CassandraPortalStore, PortalService
 from control_plane.console.sessions import SessionCodec
 from control_plane.deliveries import DeliveryService
+from control_plane.endpoint_health import CassandraEndpointHealth, EndpointHealthService
 from control_plane.ordering import OrderingService
 from control_plane.reconcile import Reconciler
 from control_plane.service import EndpointService
@@ -44,8 +45,9 @@ def wire(settings: Settings, session: Session, server: grpc.Server, store: Cassa
              "Prometheus alerts": f"{prometheus}/alerts",
              "Flink dashboard": f"http://{settings.flink.rest_address}:{settings.flink.rest_port}"}
     return ConsoleServices(auth=auth, store=store, endpoints=endpoints, deliveries=deliveries, ordering=ordering,
-                           portal=portal, reconciler=reconciler, now_ms=now_ms, links=links,
-                           prometheus_url=prometheus)
+                           portal=portal, reconciler=reconciler,
+                           health=EndpointHealthService(CassandraEndpointHealth(session), now_ms), now_ms=now_ms,
+                           links=links, prometheus_url=prometheus)
 
 
 def serve(settings: Settings, services: ConsoleServices, port: int | None = None) -> ConsoleServer:

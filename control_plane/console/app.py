@@ -50,6 +50,7 @@ from control_plane.console.sessions import (
 )
 from control_plane.deliveries import DeliveryService
 from control_plane.domain import Principal
+from control_plane.endpoint_health import EndpointHealthService
 from control_plane.ordering import OrderingService
 from control_plane.reconcile import Reconciler
 from control_plane.service import EndpointService
@@ -79,11 +80,12 @@ class ConsoleServices:
     ordering: OrderingService
     portal: PortalService
     reconciler: Reconciler
+    health: EndpointHealthService  # the job's per-endpoint reports: ages, breakers, throttling
     now_ms: Callable[[], int]
     random_bytes: Callable[[int], bytes] = os.urandom
     # Operator view links: Prometheus' health page and the Flink dashboard.
     links: dict[str, str] = field(default_factory=dict)
-    # Where the health strip reads breaker gauges and the operator view the jobs' health ("": nowhere).
+    # Where the operator view reads the jobs' gauges and alerts ("": nowhere).
     prometheus_url: str = ""
 
 

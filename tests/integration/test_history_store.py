@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from cassandra.cluster import Session
 
+from core.breaker import CircuitState
 from core.dispatch import AttemptRecord, DurableRecord, Intent
+from core.endpoint_health import EndpointReport
 from core.fanout import NewDelivery
 from core.history_buckets import bucket_of
 from core.ordering import KeyRowChange
@@ -287,10 +289,27 @@ def test_a_later_backlog_report_wins_even_when_it_reaches_cassandra_first(histor
     takes a drained endpoint for one holding deliveries and never calls its lost delivery orphaned."""
     now = int(time.time() * 1000)
     ep = f"ep-backlog-{uuid.uuid4().hex[:8]}"
-    durable(history, history.report_backlog(ep, "t-hist", 0, now))      # the later pass, written first
-    durable(history, history.report_backlog(ep, "t-hist", 2, now - 30))  # the earlier pass, written last
-    row = session.execute("SELECT pending, reported_at FROM endpoint_backlogs WHERE endpoint_id=%s", (ep,)).one()
-    assert row.pending == 0
+    drained = EndpointReport(ep, "t-hist", 0, now, CircuitState.CLOSED)
+    holding = EndpointReport(ep, "t-hist", 2, now - 30, CircuitState.OPEN, open_until_ms=now + 30_000,
+                             oldest_new_ms=now - 5_000, oldest_retry_ms=now - 9_000, throttled=True)
+    durable(history, history.report_backlog(drained))  # the later pass, written first
+    durable(history, history.report_backlog(holding))  # the earlier pass, written last
+    row = session.execute("SELECT pending, breaker, breaker_open_until, oldest_new_at, throttled"
+                          " FROM endpoint_backlogs WHERE endpoint_id=%s", (ep,)).one()
+    assert (row.pending, row.breaker, row.breaker_open_until, row.oldest_new_at, row.throttled) == (
+        0, "closed", None, None, False)  # every cell of the later report, the nulls included
+
+
+def test_a_backlog_report_carries_the_breaker_and_ages_the_console_reads(history: CassandraHistory,
+                                                                          session: Session) -> None:
+    from control_plane.endpoint_health import CassandraEndpointHealth
+
+    now = int(time.time() * 1000)
+    ep = f"ep-health-{uuid.uuid4().hex[:8]}"
+    written = EndpointReport(ep, "t-hist", 3, now, CircuitState.OPEN, open_until_ms=now + 30_000,
+                             oldest_new_ms=now - 5_000, oldest_retry_ms=now - 9_000, throttled=True)
+    durable(history, history.report_backlog(written))
+    assert CassandraEndpointHealth(session).for_endpoints([ep, "ep-never-reported"]) == [written]
 
 
 def _nodelay(cluster: Any) -> list[int]:

@@ -4,6 +4,7 @@ browser (tests/integration/test_console.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -11,8 +12,11 @@ import pytest
 from control_plane.console.health import summarise
 from control_plane.console.portal import PortalLink, PortalService
 from control_plane.console.sessions import Kind, Session, SessionCodec
-from control_plane.domain import DeliveryStatus, DeliverySummary, Tenant
+from control_plane.domain import DeliveryStatus, DeliverySummary, Principal, Tenant
+from control_plane.endpoint_health import EndpointHealthService
 from control_plane.errors import InvalidArgument, NotFound
+from core.breaker import CircuitState
+from core.endpoint_health import EndpointReport
 
 KEY = b"k" * 32
 T0 = 1_800_000_000_000
@@ -126,17 +130,44 @@ def _d(status: DeliveryStatus, http: int | None, created: int) -> DeliverySummar
     return DeliverySummary("dlv", "evt", "acme", "ep", "t", status, 1, http, created, None)
 
 
-@pytest.mark.parametrize("last_hour, pending, oldest, classes, ratio", [
-    ([], [], None, {}, None),
+@pytest.mark.parametrize("last_hour, classes, ratio", [
+    ([], {}, None),
     ([_d(DeliveryStatus.SUCCEEDED, 200, T0), _d(DeliveryStatus.FAILED, 404, T0),
       _d(DeliveryStatus.PENDING, 503, T0), _d(DeliveryStatus.PENDING, None, T0)],
-     [_d(DeliveryStatus.PENDING, 503, T0 - 5000), _d(DeliveryStatus.PENDING, None, T0 - 1000)],
-     5000, {"2xx": 1, "4xx": 1, "5xx": 1, "no answer": 1}, 0.5),
-    ([_d(DeliveryStatus.EXPIRED, 302, T0)], [_d(DeliveryStatus.SUCCEEDED, 200, T0 - 9000)], None,
-     {"3xx": 1}, 0.0),
+     {"2xx": 1, "4xx": 1, "5xx": 1, "no answer": 1}, 0.5),
+    ([_d(DeliveryStatus.EXPIRED, 302, T0)], {"3xx": 1}, 0.0),
 ])
-def test_the_health_strip_summary(last_hour, pending, oldest, classes, ratio) -> None:  # type: ignore[no-untyped-def]
-    h = summarise(T0, last_hour, pending, capped=False)
-    assert h.oldest_pending_age_ms == oldest
-    assert {c: n for c, n in h.last_hour.items() if n} == classes
-    assert h.success_ratio == ratio
+def test_the_health_strip_summary(last_hour, classes, ratio) -> None:  # type: ignore[no-untyped-def]
+    by_class, success = summarise(last_hour)
+    assert {c: n for c, n in by_class.items() if n} == classes
+    assert success == ratio
+
+
+class _Reports:
+    def __init__(self, rows: list[EndpointReport], more: bool = False) -> None:
+        self.rows, self.more = rows, more
+
+    def for_endpoints(self, endpoint_ids: Sequence[str]) -> list[EndpointReport]:
+        return [r for r in self.rows if r.endpoint_id in endpoint_ids]
+
+    def scan(self, limit: int) -> tuple[list[EndpointReport], bool]:
+        return self.rows[:limit], self.more
+
+
+def test_a_tenant_sees_only_its_own_endpoints_reports() -> None:
+    rows = [EndpointReport("ep_a", "acme", 2, T0, CircuitState.OPEN, T0 + 1, T0 - 3000),
+            # another tenant's row under an id the caller passed: never counted
+            EndpointReport("ep_x", "other", 9, T0, CircuitState.OPEN, T0 + 1, T0 - 90_000)]
+    service = EndpointHealthService(_Reports(rows), lambda: T0)
+    h = service.tenant(Principal("acme", "key_1", read_only=True), ["ep_a", "ep_x"])
+    assert (h.pending, h.open_breakers, h.oldest_new_age_ms) == (2, ("ep_a",), 3000)
+    assert h.breakers == {"ep_a": "open", "ep_x": "idle"}
+
+
+def test_the_operator_view_lists_tenants_holding_deliveries_or_with_a_breaker_open() -> None:
+    rows = [EndpointReport("ep_1", "acme", 0, T0, CircuitState.OPEN, T0 + 1),
+            EndpointReport("ep_2", "beta", 3, T0, CircuitState.CLOSED, None, T0 - 10),
+            EndpointReport("ep_3", "idle", 0, T0, CircuitState.CLOSED)]
+    tenants, capped = EndpointHealthService(_Reports(rows, more=True), lambda: T0).by_tenant()
+    assert sorted(tenants) == ["acme", "beta"] and capped
+    assert tenants["acme"].open_breakers == ("ep_1",) and tenants["beta"].pending == 3
