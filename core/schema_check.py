@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from core.event_schemas import SchemaVersion, SchemaVersionError, ValidatorCache
-from core.records import CatalogSettingsRecord, CatalogTypeRecord, EventRecord
+from core.records import CatalogSettingsRecord, CatalogTypeRecord, EventRecord, SchemaPinsRecord
 
 PLATFORM_PREFIX = "webhook."
 REJECT, WARN = "reject", "warn"
@@ -70,6 +70,31 @@ class TenantCatalog:
         # Settings are published with the first type; a type seen before them is let through
         # (warn): dropping events for want of a record that is on its way would lose them.
         return self.settings.unknown_types if self.settings is not None else WARN
+
+
+class CatalogIndex:
+    """Every tenant's catalog and every endpoint's pins as fan-out has read them, by tenant and by
+    endpoint (fan-out rebuilds it from its broadcast state after a restore)."""
+
+    def __init__(self) -> None:
+        self._tenants: dict[str, TenantCatalog] = {}
+        self._pins: dict[str, tuple[int, ...]] = {}
+
+    def add(self, record: CatalogTypeRecord | CatalogSettingsRecord | SchemaPinsRecord) -> None:
+        if isinstance(record, SchemaPinsRecord):
+            self._pins[record.endpoint_id] = record.schema_majors
+            return
+        catalog = self._tenants.setdefault(record.tenant_id, TenantCatalog({}))
+        if isinstance(record, CatalogTypeRecord):
+            catalog.types[record.event_type] = record
+        else:
+            catalog.settings = record
+
+    def tenant(self, tenant_id: str) -> TenantCatalog | None:
+        return self._tenants.get(tenant_id)
+
+    def pins(self, endpoint_id: str) -> tuple[int, ...]:
+        return self._pins.get(endpoint_id, ())
 
 
 def _version(text: str) -> SchemaVersion | None:

@@ -18,6 +18,14 @@ on one processing-time timer at the moment :class:`core.fanout.ClockFollower` pr
 covering tick will have been read, not on a short polling timer; a late tick costs a short
 recheck. With no tick for ``stale_after_ms`` the event is released with the configs already read
 (degraded mode: counted, logged once per outage).
+
+The event-type catalog (records on the endpoints topic, kept in the broadcast state beside the
+configs): before matching, an event of a tenant with a catalog is checked against it
+(:mod:`core.schema_check`, validators compiled once per tenant/type/version). A refused one is
+dead-lettered (``schema_invalid`` with the JSON Pointer and schema version, or
+``schema_unknown``), reaches no receiver, and is recorded as fanned out to no endpoint (the
+dead letter says why); ``warn`` lets it through, counted. Endpoints pinned to other schema majors
+are left out of the match and counted (``skipped_schema_major``).
 """
 
 from __future__ import annotations
@@ -32,9 +40,19 @@ from pyflink.common.typeinfo import Types
 from pyflink.datastream.functions import KeyedBroadcastProcessFunction, RuntimeContext
 from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
 
-from core import fanout
+from core import fanout, schema_check
 from core.bucket_tally import BucketTally
-from core.records import CLOCK_KEY, ConfigClock, DeadLetter, EndpointConfig, EventRecord
+from core.event_schemas import ValidatorCache
+from core.records import (
+    CLOCK_KEY,
+    CatalogSettingsRecord,
+    CatalogTypeRecord,
+    ConfigClock,
+    DeadLetter,
+    EndpointConfig,
+    EventRecord,
+    SchemaPinsRecord,
+)
 from operators.dispatcher import NEW, SNAPSHOT, for_dispatch
 from operators.endpoint_configs import ENDPOINT_CONFIGS
 from operators.parse_events import DEAD_LETTERS
@@ -70,6 +88,9 @@ class FanOut(KeyedBroadcastProcessFunction):
         # In-memory mirror of the broadcast state, by tenant, so matching an event reads only its
         # tenant's endpoints. Rebuilt from the broadcast state on first use after a (re)start.
         self._by_tenant: dict[str, dict[str, EndpointConfig]] | None = None
+        # The same for the catalog's records (core.schema_check), and compiled validators.
+        self._catalog: schema_check.CatalogIndex | None = None
+        self._validators = ValidatorCache()
         self._clock = fanout.ClockFollower(self._clock_interval_ms, self._clock_skew_ms, self._stale_after_ms,
                                            _now_ms())
         self._clock_restored = False
@@ -83,6 +104,10 @@ class FanOut(KeyedBroadcastProcessFunction):
         self._deliveries = m.counter("deliveries_created")
         self._unmatched = m.counter("events_without_endpoints")
         self._released_without_clock = m.counter("events_released_without_clock")
+        self._schema_refused = m.counter("events_schema_refused")
+        self._schema_warned = {reason: m.counter(f"events_{reason}_delivered")
+                               for reason in (schema_check.SCHEMA_INVALID, schema_check.SCHEMA_UNKNOWN)}
+        self._skipped_major = m.counter("skipped_schema_major")
         # Set from this (the task) thread on ticks, elements and timers (operators/task_gauges.py):
         # ticks come several times a second while the control plane is up, so the ages stay fresh;
         # held events have timers, so their age keeps rising; with no ticks and no events the
@@ -136,6 +161,10 @@ class FanOut(KeyedBroadcastProcessFunction):
             state.put(value.endpoint_id, value)
             if self._by_tenant is not None:
                 self._by_tenant.setdefault(value.tenant_id, {})[value.endpoint_id] = value
+        elif isinstance(value, (CatalogTypeRecord, CatalogSettingsRecord, SchemaPinsRecord)):
+            state.put(value.key, value)
+            if self._catalog is not None:
+                self._catalog.add(value)
         # An UnreadableConfig (counted by the parser) changes nothing here: the endpoint's last
         # readable config stays in use for matching, and the dispatcher holds its sends until a
         # readable config replaces it.
@@ -144,10 +173,19 @@ class FanOut(KeyedBroadcastProcessFunction):
         if self._by_tenant is None:
             index: dict[str, dict[str, EndpointConfig]] = {}
             for key, cfg in state.items():
-                if key != CLOCK_KEY:
+                if isinstance(cfg, EndpointConfig):  # not the clock, nor a catalog record
                     index.setdefault(cfg.tenant_id, {})[key] = cfg
             self._by_tenant = index
         return list(self._by_tenant.get(tenant_id, {}).values())
+
+    def _catalog_index(self, state) -> schema_check.CatalogIndex:
+        if self._catalog is None:
+            index = schema_check.CatalogIndex()
+            for _key, record in state.items():
+                if isinstance(record, (CatalogTypeRecord, CatalogSettingsRecord, SchemaPinsRecord)):
+                    index.add(record)
+            self._catalog = index
+        return self._catalog
 
     def _restore_clock(self, state) -> None:
         if not self._clock_restored:
@@ -204,7 +242,24 @@ class FanOut(KeyedBroadcastProcessFunction):
                 self._degraded_since_ms = now
                 log.warning("no config clock for %d ms (control plane down?): events are released "
                             "with the endpoint configs already read", self._clock.age_ms(now))
-        chosen = fanout.select_endpoints(event, self._tenant_configs(state, event.tenant_id))
+        catalog = self._catalog_index(state)
+        verdict = schema_check.check_event(event, catalog.tenant(event.tenant_id), self._validators)
+        if isinstance(verdict, schema_check.Refuse):
+            # To no endpoint, said durably (reconciliation sees a decision, not a gap); the dead
+            # letter carries the event and why.
+            self._schema_refused.inc()
+            self._lag_tally.observe(now - arrived_ms)
+            self._publish_metrics(now)
+            yield for_dispatch(snapshot_key(event.event_id), SNAPSHOT, fanout.snapshot_for(event, [], arrived_ms,
+                                                                                           degraded))
+            yield DEAD_LETTERS, _schema_letter(event, verdict, self._topic)
+            return
+        if verdict.warning:
+            self._schema_warned[verdict.warning].inc()
+        matched = fanout.select_endpoints(event, self._tenant_configs(state, event.tenant_id))
+        chosen = [c for c in matched if schema_check.accepts_major(catalog.pins(c.endpoint_id), event)]
+        if len(chosen) < len(matched):
+            self._skipped_major.inc(len(matched) - len(chosen))
         self._lag_tally.observe(now - arrived_ms)
         self._created += len(chosen)
         self._publish_metrics(now)
@@ -246,6 +301,16 @@ def _conflict_letter(event: EventRecord, topic: str) -> str:
                f"{event.tenant_id} must re-emit this event under an id of its own",
         original_base64=base64.b64encode(event.to_json()).decode(), source_topic=topic,
         refused_at_ms=_now_ms(), extra={"original": "the event as parsed, re-encoded as webhooks.event/v1"})
+    return letter.to_json().decode()
+
+
+def _schema_letter(event: EventRecord, refused: schema_check.Refuse, topic: str) -> str:
+    letter = DeadLetter(
+        reason=refused.reason, detail=refused.detail,
+        original_base64=base64.b64encode(event.to_json()).decode(), source_topic=topic, refused_at_ms=_now_ms(),
+        extra={"original": "the event as parsed, re-encoded as webhooks.event/v1", "event_id": event.event_id,
+               "tenant_id": event.tenant_id, "event_type": event.event_type, "pointer": refused.pointer,
+               "schema_version": refused.schema_version})
     return letter.to_json().decode()
 
 

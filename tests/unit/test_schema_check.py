@@ -15,7 +15,7 @@ from core.records import (
     SchemaPinsRecord,
     parse_endpoint_topic_value,
 )
-from core.schema_check import SEND, Refuse, Send, TenantCatalog, accepts_major, check_event
+from core.schema_check import SEND, CatalogIndex, Refuse, Send, TenantCatalog, accepts_major, check_event
 
 SCHEMA = {"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}
 
@@ -100,3 +100,16 @@ def test_a_catalog_record_with_versions_that_are_not_schemas_is_refused() -> Non
                       "revision": 1, "versions": {"1.0": 3}, "published_at_ms": 0})
     with pytest.raises(ValueError):
         parse_endpoint_topic_value(bad)
+
+
+def test_the_index_keeps_the_latest_record_per_tenant_type_and_endpoint() -> None:
+    index = CatalogIndex()
+    assert index.tenant("acme") is None and index.pins("ep_1") == ()
+    index.add(CatalogTypeRecord("acme", "invoice.paid", "reject", 1, {"1.0": SCHEMA}, 0))
+    index.add(CatalogTypeRecord("acme", "invoice.paid", "warn", 2, {"1.0": SCHEMA, "2.0": SCHEMA}, 0))
+    index.add(CatalogSettingsRecord("acme", "warn", 0))
+    index.add(SchemaPinsRecord("acme", "ep_1", (2,), 0))
+    acme = index.tenant("acme")
+    assert acme is not None and acme.types["invoice.paid"].enforcement == "warn" and acme.unknown_types == "warn"
+    assert index.tenant("other") is None and index.pins("ep_1") == (2,)
+    assert check_event(event("invoice.sent"), acme, ValidatorCache()) == Send("schema_unknown")
