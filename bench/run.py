@@ -75,7 +75,7 @@ import grpc
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from bench import cassandra_writes, cpu, raw_http, report_md
+from bench import cassandra_writes, cpu, raw_http, report_md, schema_validation
 from bench.raw_http import percentile
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
@@ -704,6 +704,7 @@ def run(args: argparse.Namespace) -> int:
         lines.append(outbox_line + direct)
     if idle is not None:
         lines.append(idle_line(idle))
+    lines.append(schema_validation.report_line(body))  # fan-out's catalog check, per event
     costs = None
     if full is not None:
         costs = Costs.of(full, raw, writes, idle)
