@@ -18,6 +18,7 @@ validate, who added it and when. Rules every method keeps:
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -180,6 +181,32 @@ class CatalogDeps:
     now_ms: Callable[[], int]
     # Sends records to the delivery job and returns once they count (catalog_publisher).
     publish: Callable[[Sequence[CatalogRecord]], None]
+
+
+class FilterCheck:
+    """Subscriptions meet the catalog: once a tenant has catalogued types, an endpoint filter
+    (exact type or ``prefix.*``) that matches none of them is refused, naming the close ones
+    (a typo would otherwise subscribe to nothing, silently). ``*`` and the platform's own
+    ``webhook.*`` events always pass; tenants without a catalog are not checked."""
+
+    def __init__(self, catalog: CatalogStore) -> None:
+        self._catalog = catalog
+
+    def __call__(self, tenant_id: str, filters: Sequence[str]) -> None:
+        names = [t.name for t in self._catalog.list_types(tenant_id, "", None)]
+        if not names:
+            return
+        refused = [f for f in filters
+                   if f != "*" and not f.startswith(PLATFORM_PREFIX) and not any(filter_accepts([f], n) for n in names)]
+        if not refused:
+            return
+        prefixes = sorted({n.rsplit(".", 1)[0] + ".*" for n in names if "." in n})
+        parts = []
+        for f in refused:
+            close = difflib.get_close_matches(f, [*names, *prefixes], n=3, cutoff=0.6)
+            parts.append(f"{f!r} matches no type in the tenant's event-type catalog"
+                         + (f" (close: {', '.join(close)})" if close else f" (catalogued: {', '.join(names[:10])})"))
+        raise InvalidArgument("event_types " + "; ".join(parts))
 
 
 def caller_for(principal: Principal | None, tenant_id: str, catalog: CatalogStore, tenants: TenantsAndEndpoints,

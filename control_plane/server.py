@@ -27,8 +27,10 @@ from control_plane import console, faults, metrics
 from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.auth import Authenticator
+from control_plane.catalog import FilterCheck
 from control_plane.catalog_servicer import SERVICE_NAME as CATALOG_SERVICE
 from control_plane.catalog_servicer import add_to_server as add_catalog
+from control_plane.catalog_store import CassandraCatalogStore
 from control_plane.cursor import Cursors
 from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.errors import Unavailable
@@ -156,6 +158,7 @@ def build(
             fault=faults.killer(cp.kill_at),
             history=store,
             challenge_ttl_s=cp.challenge_ttl_s,
+            check_filters=FilterCheck(CassandraCatalogStore(session, settings.cassandra.consistency)),
         )
     )
     cursors = Cursors.from_keyring(keyring)

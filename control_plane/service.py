@@ -132,6 +132,9 @@ class Deps:
     # Where ownership-challenge answers are read (the delivery history); how long one stays open.
     history: HistoryStore | None = None
     challenge_ttl_s: int = 3600
+    # Subscription filters against the tenant's event-type catalog (control_plane.catalog.FilterCheck):
+    # raises InvalidArgument for a filter that matches no catalogued type.
+    check_filters: Callable[[str, Sequence[str]], None] = lambda tenant_id, filters: None
 
 
 def require_write(principal: Principal) -> None:
@@ -204,6 +207,7 @@ class EndpointService:
         spec = validation.spec(raw, self._d.destination)
         tenant = self._d.store.get_tenant(principal.tenant_id)
         _authorise_event_types(tenant, spec.event_types)
+        self._d.check_filters(principal.tenant_id, spec.event_types)
         endpoint_id = "ep_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         if request_id:
             validation.identifier("request_id", request_id)
@@ -299,6 +303,7 @@ class EndpointService:
         if "event_types" in paths:
             changes["event_types"] = validation.event_types(values.event_types)
             _authorise_event_types(tenant, changes["event_types"])  # type: ignore[arg-type]
+            self._d.check_filters(principal.tenant_id, changes["event_types"])  # type: ignore[arg-type]
         if "rate_limit_per_s" in paths:
             changes["rate_limit_per_s"] = validation.rate_limit(values.rate_limit_per_s)
         if "max_in_flight" in paths:

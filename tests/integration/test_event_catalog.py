@@ -16,6 +16,7 @@ import grpc
 import psycopg
 import pytest
 from cassandra.cluster import Session
+from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.timestamp_pb2 import Timestamp
 from jsonschema.validators import Draft202012Validator  # type: ignore[import-untyped]
 from openapi_spec_validator import validate as validate_openapi
@@ -285,6 +286,7 @@ def test_deprecation_lists_the_endpoints_that_received_the_version_in_the_last_w
     create_type(stack, t, "invoice.paid")
     add_version(stack, t, "invoice.paid", "1", V1, [EXAMPLE])
     add_version(stack, t, "invoice.paid", "2", V1, [EXAMPLE])
+    create_type(stack, t, "order.created")
     api = rpc.ControlPlaneStub(stack.channel)
     ids = [api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=[f]), metadata=t.md)
            .endpoint.endpoint_id for f in ("invoice.*", "invoice.paid", "invoice.paid", "order.*")]
@@ -457,3 +459,21 @@ def test_catalog_changes_and_pins_reach_the_endpoints_topic(stack: Stack) -> Non
     assert rpc_error(lambda: stack.catalog.SetEndpointSchemaMajors(cpb.SetEndpointSchemaMajorsRequest(
         endpoint_id=endpoint_id, schema_majors=[1]), metadata=reader.md)).code() \
         == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_subscription_filter_matching_no_catalogued_type_is_refused_with_close_names(stack: Stack) -> None:
+    t = new_tenant(stack)
+    api = rpc.ControlPlaneStub(stack.channel)
+    # No catalog yet: any filter, as before the catalog.
+    endpoint_id = api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=["invoice.payed"]),
+                                     metadata=t.md).endpoint.endpoint_id
+    create_type(stack, t, "invoice.paid")
+    err = rpc_error(lambda: api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=["invoice.payed"]),
+                                               metadata=t.md))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "close: invoice.paid" in err.details()
+    update = pb.UpdateEndpointRequest(endpoint_id=endpoint_id, endpoint=pb.Endpoint(event_types=["invoices.*"]),
+                                      update_mask=FieldMask(paths=["event_types"]))
+    err = rpc_error(lambda: api.UpdateEndpoint(update, metadata=t.md))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "invoice.*" in err.details()
+    for filters in (["invoice.paid"], ["invoice.*"], ["*"]):
+        assert api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=filters), metadata=t.md).endpoint
