@@ -11,6 +11,8 @@ Every response passes the middlewares below, in this order:
   /static only), no framing but by ourselves and the configured portal hosts, no referrer, no caching.
 * ``sessions``: the signed session cookie (control_plane.console.sessions), HttpOnly,
   SameSite=Strict, Secure when the console is served over TLS; an anonymous session for visitors.
+  A portal session travels in the path instead (``/s/<signed session>/...``, control_plane.console.
+  portal says why): no cookie is read or set for such a request.
 * ``csrf``: every POST carries the session's CSRF token or is refused (403) before its handler.
 * ``errors``: domain errors become pages with the domain's message and status (NotFound -> 404:
   another tenant's id answers exactly like one that does not exist).
@@ -38,7 +40,7 @@ from multidict import MultiDictProxy
 
 from control_plane import errors
 from control_plane.auth import Authenticator
-from control_plane.console.portal import PortalService
+from control_plane.console.portal import PATH_PREFIX, PATH_SESSION, PortalService
 from control_plane.console.sessions import (
     ANONYMOUS_TTL_MS,
     COOKIE_NAME,
@@ -114,7 +116,7 @@ class Console:
     def render(self, request: web.Request, name: str, status: int = 200, **values: Any) -> web.Response:
         session: Session = request[SESSION]
         html = self.templates.get_template(name).render(
-            session=session, csrf=self.codec.csrf_token(session), **values)
+            session=session, csrf=self.codec.csrf_token(session), base=request[BASE], **values)
         return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
 
     def login(self, request: web.Request, session: Session) -> None:
@@ -137,6 +139,9 @@ class Console:
 CONSOLE = web.AppKey("console", Console)
 SESSION = web.RequestKey("session", Session)
 CHANGED = web.RequestKey("session_changed", bool)
+# What the tenant view's links and redirects start with: "" for a cookie session, "/s/<signed
+# session>" for a portal session carried in the path.
+BASE = web.RequestKey("base", str)
 FORM = web.RequestKey("form", MultiDictProxy)
 
 
@@ -176,7 +181,15 @@ def build_app(console: Console) -> web.Application:
 
     @web.middleware
     async def sessions(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/static/") or request.match_info.http_exception is not None:
+            # No session for a stylesheet or an unknown path: a portal page would otherwise get
+            # an anonymous cookie with its stylesheet (and its favicon).
+            return await handler(request)
         now = console.services.now_ms()
+        carried = request.match_info.get(PATH_SESSION)
+        if carried is not None:
+            return await _path_session(request, handler, carried, now)
+        request[BASE] = ""
         raw = request.cookies.get(COOKIE_NAME, "")
         session = console.codec.decode(raw, now) if raw else None
         if session is not None and session.kind is Kind.TENANT and not await blocking(_key_live, console, session):
@@ -221,6 +234,20 @@ def build_app(console: Console) -> web.Application:
             status = _STATUS.get(type(exc), 400)
             return console.render(request, "error.html", status=status, title=_TITLES.get(status, "Refused"),
                                   message=redact(exc.message))
+
+    async def _path_session(request: web.Request, handler: Handler, carried: str, now: int) -> web.StreamResponse:
+        """A portal session in the path: only a portal session may travel there (an API key's
+        or the admin's never does), and no cookie is read or written."""
+        session = console.codec.decode(carried, now)
+        request[CHANGED] = False
+        request[BASE] = ""
+        if session is None or session.kind is not Kind.PORTAL:
+            request[SESSION] = console.new_session(Kind.ANONYMOUS, ANONYMOUS_TTL_MS)
+            return console.render(request, "error.html", status=401, title="Portal session ended",
+                                  message="This portal session has expired. Open the webhooks page again.")
+        request[SESSION] = session
+        request[BASE] = f"{PATH_PREFIX}{carried}"
+        return await handler(request)
 
     app = web.Application(middlewares=[security_headers, sessions, csrf, errors_as_pages],
                           client_max_size=256 * 1024)

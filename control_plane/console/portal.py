@@ -12,6 +12,30 @@ Portal.CreatePortalLink) and hands the URL to its user's browser. The link
 The session it opens is a tenant session like an API key's (same service calls, same tenant
 checks), named ``portal_<link id>`` in every audit row it writes, and it never reaches the
 operator view.
+
+**Why the portal session is in the path, not in a cookie.** The SaaS page that embeds the portal
+is, as a rule, another site than the console (saas.example vs webhooks.platform.example). A
+browser sends a SameSite=Strict or Lax cookie to a frame only when the frame is same-site with
+every page above it, so in such an iframe the console's cookie is never sent; SameSite=None
+would be sent only where third-party cookies are allowed, which Safari, Firefox (partitioned)
+and Chrome with third-party cookies blocked do not do reliably -- and it would give up the
+Strict protection for every session. So the console keeps SameSite=Strict cookies for logins
+(API key, admin token) and carries a portal session in its URLs instead: opening a link
+redirects to ``/s/<signed session>/endpoints`` and every link and form of that view keeps the
+prefix. It works the same in a same-site iframe, a cross-site iframe and a top-level tab. What
+protects it:
+
+* it is the same signed, expiring session (SESSION_TTL_S) a cookie would carry, and only a
+  portal session is accepted in a path (an API key's or the admin's never travels there);
+* it never leaves the console: Referrer-Policy no-referrer, no third-party resources (CSP
+  default-src 'none'), Cache-Control no-store, no access log of paths;
+* forms still carry the CSRF token bound to the session, and frame-ancestors names the pages
+  allowed to embed the console (control_plane.console_frame_ancestors).
+
+What it cannot do: end before its expiry (it is stateless, like the cookie; the embedding page
+ends it by dropping the iframe), and an iframe's URL is copyable by its user like any bearer
+link. Alternatively a SaaS may serve the console same-site (a subdomain of its own domain, as
+hosted providers' custom domains do); the path session works there too.
 """
 
 from __future__ import annotations
@@ -47,6 +71,9 @@ SESSION_TTL_S = 3600
 # the link was used rather than that it never existed.
 ROW_RETENTION_S = 24 * 3600
 PATH = "/portal/"
+# A portal session's URLs: PATH_PREFIX + the signed session + the tenant view's path.
+PATH_PREFIX = "/s/"
+PATH_SESSION = "portal_session"  # its route variable
 
 
 @dataclass(frozen=True)

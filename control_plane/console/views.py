@@ -14,8 +14,8 @@ from multidict import MultiDictProxy
 
 from control_plane import errors
 from control_plane.console import health
-from control_plane.console.app import CONSOLE, FORM, SESSION, blocking
-from control_plane.console.portal import SESSION_TTL_S
+from control_plane.console.app import BASE, CHANGED, CONSOLE, FORM, SESSION, blocking
+from control_plane.console.portal import PATH_PREFIX, PATH_SESSION, SESSION_TTL_S
 from control_plane.console.sessions import LOGIN_TTL_MS, Kind, Session
 from control_plane.domain import DeliveryStatus, EndpointSpec
 from core.fanout import filter_accepts
@@ -34,13 +34,15 @@ def add_routes(app: web.Application) -> None:
     r.add_post("/login", _login)
     r.add_post("/logout", _logout)
     r.add_get("/portal/{token}", _portal)
-    r.add_get("/endpoints", _endpoints)
-    r.add_post("/endpoints", _create)
-    r.add_get("/endpoints/{endpoint_id}", _endpoint)
-    r.add_post("/endpoints/{endpoint_id}/{action}", _endpoint_action)
-    r.add_get("/deliveries", _deliveries)
-    r.add_get("/deliveries/{delivery_id}", _delivery)
-    r.add_post("/deliveries/{delivery_id}/replay", _replay)
+    # The tenant view, for a cookie session and under a portal session's path prefix.
+    for base in ("", f"{PATH_PREFIX}{{{PATH_SESSION}}}"):
+        r.add_get(f"{base}/endpoints", _endpoints)
+        r.add_post(f"{base}/endpoints", _create)
+        r.add_get(f"{base}/endpoints/{{endpoint_id}}", _endpoint)
+        r.add_post(f"{base}/endpoints/{{endpoint_id}}/{{action}}", _endpoint_action)
+        r.add_get(f"{base}/deliveries", _deliveries)
+        r.add_get(f"{base}/deliveries/{{delivery_id}}", _delivery)
+        r.add_post(f"{base}/deliveries/{{delivery_id}}/replay", _replay)
     r.add_get("/operator", _operator)
     r.add_post("/operator/portal-link", _operator_link)
 
@@ -84,17 +86,18 @@ async def _logout(request: web.Request) -> web.StreamResponse:
 
 async def _portal(request: web.Request) -> web.StreamResponse:
     c = request.app[CONSOLE]
+    request[CHANGED] = False  # no cookie, not even an anonymous one: the portal's session is in its URLs
     try:
         link = await blocking(c.services.portal.redeem, request.match_info["token"])
     except errors.NotFound:
         return c.render(request, "error.html", status=404, title="Link not valid",
                         message="This portal link is unknown, has expired or was already used. "
                                 "Ask for a new one.")
-    c.login(request, c.new_session(Kind.PORTAL, SESSION_TTL_S * 1000, tenant_id=link.tenant_id,
-                                   key_id=f"portal_{link.link_id}"))
-    # A page, not a redirect: the SameSite=Strict cookie is then sent by a navigation this
-    # console starts itself, even when the link was opened from another site.
-    return c.render(request, "portal.html", tenant_id=link.tenant_id)
+    session = c.new_session(Kind.PORTAL, SESSION_TTL_S * 1000, tenant_id=link.tenant_id,
+                            key_id=f"portal_{link.link_id}")
+    # In the path, not in a cookie: an iframe on the SaaS's own site gets no cookie of ours
+    # (control_plane.console.portal says why).
+    raise web.HTTPSeeOther(f"{PATH_PREFIX}{c.codec.encode(session)}/endpoints")
 
 
 # -- endpoints ------------------------------------------------------------------------------------
@@ -145,7 +148,7 @@ async def _endpoint_action(request: web.Request) -> web.StreamResponse:
         done = f"endpoint {action}d"
     elif action == "ping":
         sent = await blocking(s.send_test_event, principal, endpoint_id)
-        raise web.HTTPSeeOther(f"/deliveries?endpoint={endpoint_id}&sent={sent.delivery_id}")
+        raise web.HTTPSeeOther(f"{request[BASE]}/deliveries?endpoint={endpoint_id}&sent={sent.delivery_id}")
     elif action == "verify":
         await blocking(s.verify, principal, endpoint_id)
         done = "ownership verified"
@@ -169,7 +172,7 @@ async def _endpoint_action(request: web.Request) -> web.StreamResponse:
         done = f"skip of delivery {skipped.delivery_id} queued"
     else:
         raise errors.NotFound(f"no action {action}")
-    raise web.HTTPSeeOther(f"/endpoints/{endpoint_id}?done={done}")
+    raise web.HTTPSeeOther(f"{request[BASE]}/endpoints/{endpoint_id}?done={done}")
 
 
 # -- deliveries -----------------------------------------------------------------------------------
@@ -216,7 +219,7 @@ async def _replay(request: web.Request) -> web.StreamResponse:
     delivery_id = request.match_info["delivery_id"]
     replayed = await blocking(c.services.deliveries.replay, principal, delivery_id, _field(request, "request_id"),
                               _required_reason(request))
-    raise web.HTTPSeeOther(f"/deliveries/{delivery_id}?replayed={replayed.request_id}")
+    raise web.HTTPSeeOther(f"{request[BASE]}/deliveries/{delivery_id}?replayed={replayed.request_id}")
 
 
 # -- operator -------------------------------------------------------------------------------------

@@ -7,8 +7,12 @@ them in the log, replay one with a reason (the receiver gets a second verified r
 log shows the new attempt marked manual), rotate the secret (both signatures verify during the
 overlap), and open a one-time portal link (once only). Security: another tenant's delivery id
 answers 404, a POST without the CSRF token is refused, a receiver's `<script>` body renders as
-text and runs nothing, a portal session cannot reach the operator view. Screenshots of the main
-pages land in .run/console/.
+text and runs nothing, a portal session cannot reach the operator view. Embedding: the portal
+works in an iframe of a page on another site and on another port of the same site (its session
+in the path, no cookie), where a cookie session shows only the login page. Health: an endpoint
+whose receiver answers 503 shows its breaker open in the health strip and in the operator view
+(the job's per-endpoint report: needs a TaskManager running this checkout's operators).
+Screenshots of the main pages land in .run/console/.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
@@ -94,7 +100,8 @@ def _until_text(page: Page, url: str, selector: str, text: str, timeout: float =
     """Reload ``url`` until ``selector`` shows ``text`` (history rows are written by the job)."""
     def shown() -> bool | None:
         page.goto(url)
-        return text in (page.text_content(selector) or "") or None
+        # Not text_content(selector): that waits for a row the page does not have yet.
+        return text in " ".join(page.locator(selector).all_text_contents()) or None
     eventually(shown, timeout=timeout, interval=1, what=f"{text!r} in {selector} of {url}")
 
 
@@ -160,15 +167,16 @@ def test_tenant_tour_replay_rotate_and_portal(console, browser, relay, grpc_chan
     url = _here(json.loads(out.stdout)["url"], console)
     portal = _page(browser)
     portal.goto(url)
-    portal.wait_for_url(f"{console}/endpoints")
+    portal.wait_for_url(f"{console}/s/*/endpoints")
     assert endpoint_id in portal.inner_text("#endpoints") and "(portal)" in portal.inner_text("header")
+    assert portal.context.cookies() == []  # the portal's session is in its URLs, not in a cookie
     _shot(portal, "portal")
     again = _page(browser)
     response = again.goto(url)
     assert response is not None and response.status == 404 and "not valid" in again.inner_text("h1")
 
 
-def test_security(console, browser, grpc_channel, settings, receiver):  # type: ignore[no-untyped-def]
+def test_security(console, browser, grpc_channel, settings, receiver, delivery_job):  # type: ignore[no-untyped-def]
     tenant_a, key_a = new_tenant(grpc_channel, settings)
     tenant_b, key_b = new_tenant(grpc_channel, settings)
     path = f"/console-hostile/{tenant_a}"
@@ -207,7 +215,7 @@ def test_security(console, browser, grpc_channel, settings, receiver):  # type: 
         portal_pb.CreatePortalLinkRequest(tenant_id=tenant_b, ttl_seconds=60), metadata=admin_md)
     portal = _page(browser)
     portal.goto(_here(link.url, console))
-    portal.wait_for_url(f"{console}/endpoints")
+    portal.wait_for_url(f"{console}/s/*/endpoints")
     response = portal.goto(f"{console}/operator")
     assert response is not None and response.status == 404
     # ... while the admin token does.
@@ -219,3 +227,103 @@ def test_security(console, browser, grpc_channel, settings, receiver):  # type: 
         portal_rpc.PortalStub(grpc_channel).CreatePortalLink(
             portal_pb.CreatePortalLinkRequest(tenant_id=tenant_b), metadata=auth(key_b))
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+class _Embedding:
+    """The SaaS's own page: an iframe of the console, served on ``host`` (another port)."""
+
+    def __init__(self, host: str) -> None:
+        self.frame_src = ""
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+                body = (f'<!doctype html><title>SaaS settings</title><h1>Your webhooks</h1>'
+                        f'<iframe id="portal" src="{owner.frame_src}" width="1200" height="700"></iframe>').encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.origin = f"http://{host}:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1"], ids=["cross-site", "same-site-other-port"])
+def test_the_portal_works_in_an_iframe_of_the_saas_page(host, browser, settings, control_plane_server,  # type: ignore[no-untyped-def]
+                                                         grpc_channel, receiver):
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    stub = rpc.ControlPlaneStub(grpc_channel)
+    ep = stub.CreateEndpoint(pb.CreateEndpointRequest(url=f"{receiver.base_url}/embedded/{tenant_id}",
+                                                      event_types=["x.*"]), metadata=auth(api_key)).endpoint.endpoint_id
+    saas = _Embedding(host)
+    cp = settings.control_plane.model_copy(update={"console_frame_ancestors": [saas.origin]})
+    web = serve(settings.model_copy(update={"control_plane": cp}), control_plane_server.console, port=0)
+    console = f"http://127.0.0.1:{web.port}"
+    try:
+        # A cookie session does not reach a frame on another site: the frame shows the login page.
+        page = _page(browser)
+        _login(page, console, api_key)
+        saas.frame_src = f"{console}/endpoints"
+        page.goto(saas.origin)
+        frame = page.frame_locator("#portal")
+        if host == "localhost":
+            frame.locator("input[name=credential]").wait_for()
+        else:
+            frame.locator("#endpoints").wait_for()
+
+        # The portal link, as the SaaS's backend hands it to the page, works in either.
+        link = portal_rpc.PortalStub(grpc_channel).CreatePortalLink(
+            portal_pb.CreatePortalLinkRequest(tenant_id=tenant_id, ttl_seconds=60),
+            metadata=auth(settings.control_plane.admin_token.get_secret_value()))
+        embedded = _page(browser)
+        saas.frame_src = _here(link.url, console)
+        embedded.goto(saas.origin)
+        frame = embedded.frame_locator("#portal")
+        frame.locator(f"#endpoints a:text('{ep}')").click()
+        frame.locator("#endpoint-status").wait_for()
+        # A form in the frame: posted with the session's CSRF token, no cookie involved.
+        frame.locator(f"form[action$='/endpoints/{ep}/disable'] button").click()
+        assert "endpoint disabled" in frame.locator("#flash").inner_text()
+        got = stub.GetEndpoint(pb.GetEndpointRequest(endpoint_id=ep), metadata=auth(api_key))
+        assert got.status == pb.ENDPOINT_STATUS_DISABLED
+        assert embedded.context.cookies() == []
+        _shot(embedded, f"portal-iframe-{host}")
+    finally:
+        web.stop()
+        saas.stop()
+
+
+def test_an_endpoint_answering_503_shows_its_breaker_open(console, browser, relay, grpc_channel, settings,  # type: ignore[no-untyped-def]
+                                                           receiver):
+    """Reads the job's per-endpoint report (endpoint_backlogs with the breaker columns): the
+    TaskManager must run this checkout's operators/dispatcher.py."""
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    path = f"/console-503/{tenant_id}"
+    receiver.set_behaviour(path, status(503))
+    page = _page(browser)
+    _login(page, console, api_key)
+    endpoint_id, _ = _create_endpoint(page, console, f"{receiver.base_url}{path}", "console.*")
+    with relay.connect() as conn:
+        for i in range(2 * settings.dispatch.breaker_failure_threshold):
+            write_event(conn, tenant_id, "console.order_failed", {"n": i})
+    receiver.wait_for(path, settings.dispatch.breaker_failure_threshold, timeout=90)
+
+    strip = f"#breakers .breaker[data-endpoint='{endpoint_id}']"
+    _until_text(page, f"{console}/endpoints/{endpoint_id}", strip, f"{endpoint_id}: open", timeout=60)
+    assert "breaker-open" in (page.get_attribute(strip, "class") or "")
+    _shot(page, "breaker-open")
+
+    admin = _page(browser)
+    _login(admin, console, settings.control_plane.admin_token.get_secret_value())
+    _until_text(admin, f"{console}/operator", f"#backlogs tr[data-tenant='{tenant_id}'] .open-breakers",
+                endpoint_id, timeout=60)
+    _shot(admin, "operator-breaker-open")

@@ -1,18 +1,23 @@
 """The console's pure parts: signed sessions and CSRF tokens, one-time portal links (in-memory
-store, fixed clock), and the health strip's summary. The pages themselves are tested in a real
-browser (tests/integration/test_console.py)."""
+store, fixed clock), the health strip's summary and the job's reports by tenant; and, through
+aiohttp's test server with fake services, which sessions a portal path accepts. The pages
+themselves are tested in a real browser (tests/integration/test_console.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from control_plane.console.app import Console, build_app
 from control_plane.console.health import summarise
 from control_plane.console.portal import PortalLink, PortalService
 from control_plane.console.sessions import Kind, Session, SessionCodec
-from control_plane.domain import DeliveryStatus, DeliverySummary, Principal, Tenant
+from control_plane.domain import DeliveryStatus, DeliverySummary, Page, Principal, Tenant
 from control_plane.endpoint_health import EndpointHealthService
 from control_plane.errors import InvalidArgument, NotFound
 from core.breaker import CircuitState
@@ -171,3 +176,51 @@ def test_the_operator_view_lists_tenants_holding_deliveries_or_with_a_breaker_op
     tenants, capped = EndpointHealthService(_Reports(rows, more=True), lambda: T0).by_tenant()
     assert sorted(tenants) == ["acme", "beta"] and capped
     assert tenants["acme"].open_breakers == ("ep_1",) and tenants["beta"].pending == 3
+
+
+# -- portal sessions in the path (control_plane.console.portal says why) ---------------------------
+
+
+class _Endpoints:
+    def __init__(self) -> None:
+        self.listed_for: list[str] = []
+
+    def list(self, principal: Principal, page_size: int, cursor: str) -> Page[object]:
+        self.listed_for.append(principal.tenant_id)
+        return Page((), "")
+
+
+async def _get(codec: SessionCodec, endpoints: _Endpoints, method: str, path: str,
+               **kw: object) -> tuple[int, str, str]:
+    services = SimpleNamespace(now_ms=lambda: T0, endpoints=endpoints, random_bytes=lambda n: b"r" * n,
+                               health=EndpointHealthService(_Reports([]), lambda: T0))
+    app = build_app(Console(services, codec, secure_cookies=False))  # type: ignore[arg-type]
+    async with TestClient(TestServer(app)) as client:
+        response = await client.request(method, path, allow_redirects=False, **kw)
+        return response.status, response.headers.get("Set-Cookie", ""), await response.text()
+
+
+@pytest.mark.parametrize("session, status", [
+    (_session(kind=Kind.PORTAL), 200),
+    (_session(kind=Kind.PORTAL, expires_at_ms=T0), 401),  # expired
+    (_session(kind=Kind.TENANT), 401),  # an API key's session never travels in a URL
+    (_session(kind=Kind.ADMIN, tenant_id=""), 401),
+])
+def test_only_a_live_portal_session_is_accepted_in_the_path_and_no_cookie_is_set(session: Session,
+                                                                               status: int) -> None:
+    codec, endpoints = SessionCodec(KEY), _Endpoints()
+    path = f"/s/{codec.encode(session)}/endpoints"
+    got, cookie, html = asyncio.run(_get(codec, endpoints, "GET", path))
+    assert (got, cookie) == (status, "")
+    assert endpoints.listed_for == (["acme"] if status == 200 else [])
+    if status == 200:  # the view's own links keep the session's prefix
+        assert f'href="/s/{codec.encode(session)}/deliveries"' in html
+
+
+def test_a_post_under_a_portal_path_needs_its_sessions_csrf_token() -> None:
+    codec, endpoints = SessionCodec(KEY), _Endpoints()
+    portal, other = _session(kind=Kind.PORTAL), _session(kind=Kind.PORTAL, sid="s2")
+    path = f"/s/{codec.encode(portal)}/endpoints/ep_1/disable"
+    for token in ("", codec.csrf_token(other)):
+        status, _, _ = asyncio.run(_get(codec, endpoints, "POST", path, data={"csrf_token": token}))
+        assert status == 403
