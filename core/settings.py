@@ -267,6 +267,32 @@ class OutboxSettings(BaseModel):
     connect_rest_port: int = 8083
 
 
+class ArchiveSettings(BaseModel):
+    """The history's archive tier (control_plane/archiver.py; the layout: core/archive_layout.py)."""
+
+    # Where Parquet files and manifests go: a local directory (the default, so `make run` needs
+    # nothing more; relative paths are under the repository) or s3://bucket/prefix on any
+    # S3-compatible store (s3_* below).
+    uri: str = ".run/archive"
+    s3_endpoint: str = ""  # host:port; "" = AWS's
+    s3_scheme: Literal["https", "http"] = "https"
+    s3_region: str = "us-east-1"
+    s3_access_key: str = ""
+    s3_secret_key: SecretStr = SecretStr("")
+    # An hour is archived once it ended this long ago (its deliveries are final: the retry
+    # deadline is 24 h) ...
+    archive_after_s: int = Field(default=3 * 24 * 3600, ge=3600)
+    # ... and, verified, its hot rows are rewritten to expire this long after release: the hot
+    # copy still answers for that while, then only the archive does.
+    release_ttl_s: int = Field(default=24 * 3600, ge=1)
+    # Rows read from Cassandra per page and buffered per file before a Parquet row group is
+    # written: memory is bounded by these, not by the hour's size.
+    page_size: int = Field(default=500, ge=1)
+    row_group_rows: int = Field(default=5_000, ge=1)
+    # The Pushgateway the archiver (a batch job) pushes its outcome to; "" = none.
+    pushgateway: str = "127.0.0.1:9091"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="WEBHOOKS_", env_nested_delimiter="__", extra="forbid"
@@ -284,6 +310,7 @@ class Settings(BaseSettings):
     control_plane: ControlPlaneSettings = ControlPlaneSettings()
     ingest: IngestSettings = IngestSettings()
     outbox: OutboxSettings = OutboxSettings()
+    archive: ArchiveSettings = ArchiveSettings()
     # AES-256-GCM key (base64 of 32 bytes) that encrypts signing secrets at rest. The dev default
     # only exists so `make run` works; a deployment must set WEBHOOKS_MASTER_KEY.
     master_key: SecretStr = SecretStr(DEV_MASTER_KEY)
@@ -383,6 +410,7 @@ def for_taskmanagers(settings: Settings) -> Settings:
     update: dict[str, object] = {
         "control_plane": settings.control_plane.model_copy(update={"admin_token": SecretStr("")}),
         "outbox": settings.outbox.model_copy(update={"dsn": ""}),
+        "archive": settings.archive.model_copy(update={"s3_secret_key": SecretStr("")}),
     }
     if settings.master_key_file is not None:
         update["master_key"] = SecretStr("")

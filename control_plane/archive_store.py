@@ -1,0 +1,146 @@
+"""The archive tier's storage: one pyarrow filesystem (a local directory or any S3-compatible
+store) under a root, and the few operations the archiver and the readers need.
+
+Every byte of archive I/O passes here, through pyarrow's own filesystems: no S3 SDK, and nothing
+downloaded at run time (the query engine gets Arrow tables read here, not URLs).
+
+Publishing is write-then-move: a file is written under a temporary name and moved to its final
+name once closed. Locally that move is a rename (atomic); on S3 it is a server-side copy, which
+makes the object appear whole or not at all. Readers trust only files a manifest lists, and the
+manifest is published last, so a torn or abandoned file is never taken for part of an hour.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.fs as pafs  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+from core import archive_layout as layout
+from core.settings import REPO_ROOT, ArchiveSettings
+
+_CHUNK = 1 << 20
+
+
+class ArchiveUnavailable(Exception):
+    """The archive store did not answer (an S3 server down, a directory unwritable)."""
+
+
+class ArchiveStore:
+    def __init__(self, fs: pafs.FileSystem, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self._local = isinstance(fs, pafs.LocalFileSystem)
+
+    @staticmethod
+    def from_settings(s: ArchiveSettings) -> ArchiveStore:
+        if s.uri.startswith("s3://"):
+            fs = pafs.S3FileSystem(
+                access_key=s.s3_access_key or None, secret_key=s.s3_secret_key.get_secret_value() or None,
+                endpoint_override=s.s3_endpoint or None, scheme=s.s3_scheme, region=s.s3_region,
+                # A server that is down must fail a run within seconds, not retry for minutes.
+                connect_timeout=5, request_timeout=30,
+                retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3))
+            return ArchiveStore(fs, s.uri.removeprefix("s3://"))
+        root = Path(s.uri.removeprefix("file://"))
+        return ArchiveStore(pafs.LocalFileSystem(), str(root if root.is_absolute() else REPO_ROOT / root))
+
+    def _abs(self, path: str) -> str:
+        return f"{self.root}/{path}"
+
+    def new_run_id(self) -> str:
+        return uuid.uuid4().hex[:12]
+
+    # -- writing ------------------------------------------------------------------------------
+    def parquet_writer(self, tmp: str, schema: pa.Schema) -> pq.ParquetWriter:
+        """A Parquet writer onto ``tmp`` (a temporary name: see :meth:`publish`)."""
+        full = self._abs(tmp)
+        try:
+            if self._local:
+                self.fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+            # Settings that make the bytes a function of the rows alone: same rows -> same file.
+            return pq.ParquetWriter(full, schema, filesystem=self.fs, compression="zstd", write_statistics=True,
+                                    use_dictionary=True, store_schema=True)
+        except OSError as exc:
+            raise ArchiveUnavailable(f"archive store: cannot write {tmp}: {exc}") from exc
+
+    def put_bytes(self, tmp: str, data: bytes) -> None:
+        full = self._abs(tmp)
+        try:
+            if self._local:
+                self.fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+            with self.fs.open_output_stream(full) as out:
+                out.write(data)
+        except OSError as exc:
+            raise ArchiveUnavailable(f"archive store: cannot write {tmp}: {exc}") from exc
+
+    def publish(self, tmp: str, final: str) -> None:
+        try:
+            self.fs.move(self._abs(tmp), self._abs(final))
+        except OSError as exc:
+            raise ArchiveUnavailable(f"archive store: cannot publish {final}: {exc}") from exc
+
+    def remove_leftovers(self, prefix: str) -> int:
+        """Delete temporary files a killed run left under ``prefix``; how many."""
+        gone = 0
+        for path in self.files(prefix):
+            if layout.is_tmp(path):
+                self.fs.delete_file(self._abs(path))
+                gone += 1
+        return gone
+
+    # -- reading ------------------------------------------------------------------------------
+    def files(self, prefix: str) -> list[str]:
+        """Files under ``prefix`` (relative paths); none if it does not exist."""
+        sel = pafs.FileSelector(self._abs(prefix), recursive=True, allow_not_found=True)
+        try:
+            infos = self.fs.get_file_info(sel)
+        except OSError as exc:
+            raise ArchiveUnavailable(f"archive store: cannot list {prefix}: {exc}") from exc
+        cut = len(self.root) + 1
+        return sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
+
+    def read_bytes(self, path: str) -> bytes | None:
+        try:
+            if self.fs.get_file_info(self._abs(path)).type != pafs.FileType.File:
+                return None
+            with self.fs.open_input_stream(self._abs(path)) as f:
+                return bytes(f.read())
+        except OSError as exc:
+            raise ArchiveUnavailable(f"archive store: cannot read {path}: {exc}") from exc
+
+    def _chunks(self, path: str) -> Iterator[bytes]:
+        with self.fs.open_input_stream(self._abs(path)) as f:
+            while chunk := f.read(_CHUNK):
+                yield bytes(chunk)
+
+    def facts(self, path: str) -> layout.ReadBack:
+        """The file as stored: its checksum and Parquet row count (both None: missing)."""
+        try:
+            if self.fs.get_file_info(self._abs(path)).type != pafs.FileType.File:
+                return layout.ReadBack(path, None, None)
+            digest = layout.sha256_of(self._chunks(path))
+            with self.fs.open_input_file(self._abs(path)) as f:
+                rows = pq.ParquetFile(f).metadata.num_rows
+            return layout.ReadBack(path, digest, rows)
+        except OSError as exc:
+            raise ArchiveUnavailable(f"archive store: cannot read {path}: {exc}") from exc
+
+    def size(self, path: str) -> int:
+        return int(self.fs.get_file_info(self._abs(path)).size or 0)
+
+    def manifest(self, hour_ms: int) -> layout.Manifest | None:
+        raw = self.read_bytes(layout.manifest_path(hour_ms))
+        return None if raw is None else layout.Manifest.from_json(raw)
+
+    def read_table(self, path: str, columns: list[str] | None = None,
+                   filters: list[tuple[str, str, object]] | None = None) -> pa.Table:
+        try:
+            return pq.read_table(self._abs(path), filesystem=self.fs, columns=columns,
+                                 filters=filters)  # type: ignore[arg-type]
+        except OSError as exc:
+            raise ArchiveUnavailable(f"archive store: cannot read {path}: {exc}") from exc

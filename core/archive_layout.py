@@ -1,0 +1,200 @@
+"""The archive tier's layout: where an hour's Parquet files live, what its manifest says, and
+whether a manifest agrees with what was read back and with Cassandra.
+
+An *hour* is a UTC hour of events' arrival on the events topic -- the hour of their fan-out
+snapshot (core/fanout.py), which is also their deliveries' created_at. Its files are partitioned
+Hive-style by date, hour and tenant-hash bucket, one file per kind of row:
+
+    date=2026-11-29/hour=19/tenant_bucket=07/{events,deliveries,attempts,replays}.parquet
+    date=2026-11-29/hour=19/manifest.json
+
+The manifest is written last and is the only mark of a complete hour: a reader (or a rerun)
+trusts no file a manifest does not list with its checksum, so a run killed half way leaves
+nothing that looks complete. Everything in a manifest is derived from the rows (no wall-clock
+time, keys sorted), so archiving the same rows twice yields the same bytes.
+
+Pure: no I/O; tested table-driven in tests/unit/test_archive_layout.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+HOUR_MS = 3_600_000
+# Buckets of tenants: a tenant's rows of an hour are in one bucket's files, so a tenant-scoped
+# query reads 1/16 of an hour. Changing it changes every path: it is part of the format.
+TENANT_BUCKETS = 16
+FORMAT_VERSION = 1
+KINDS = ("events", "deliveries", "attempts", "replays")
+# The column naming each kind's row (a manifest keeps its smallest and largest value per file).
+ID_COLUMN = {"events": "event_id", "deliveries": "delivery_id", "attempts": "delivery_id", "replays": "delivery_id"}
+MANIFEST_NAME = "manifest.json"
+TMP_MARK = ".tmp-"
+
+
+def tenant_bucket(tenant_id: str) -> int:
+    """Stable across processes and versions (not Python's salted hash())."""
+    return int(hashlib.sha256(tenant_id.encode()).hexdigest()[:8], 16) % TENANT_BUCKETS
+
+
+def hour_start(ms: int) -> int:
+    return ms // HOUR_MS * HOUR_MS
+
+
+def hour_prefix(hour_ms: int) -> str:
+    t = datetime.fromtimestamp(hour_ms / 1000, tz=UTC)
+    return f"date={t:%Y-%m-%d}/hour={t:%H}"
+
+
+def bucket_prefix(hour_ms: int, bucket: int) -> str:
+    return f"{hour_prefix(hour_ms)}/tenant_bucket={bucket:02d}"
+
+
+def data_path(hour_ms: int, bucket: int, kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown archive kind {kind!r}")
+    return f"{bucket_prefix(hour_ms, bucket)}/{kind}.parquet"
+
+
+def manifest_path(hour_ms: int) -> str:
+    return f"{hour_prefix(hour_ms)}/{MANIFEST_NAME}"
+
+
+def tmp_path(final: str, run_id: str) -> str:
+    """Where a file is written before it is published under ``final``."""
+    return f"{final}{TMP_MARK}{run_id}"
+
+
+def is_tmp(path: str) -> bool:
+    return TMP_MARK in path.rsplit("/", 1)[-1]
+
+
+def closed_hours(now_ms: int, archive_after_ms: int, window_ms: int) -> list[int]:
+    """Hours old enough to archive (ended at least ``archive_after`` ago) and young enough to
+    still hold rows (started within ``window``, the hot tier's TTL), oldest first."""
+    last = hour_start(now_ms - archive_after_ms) - HOUR_MS  # ends at or before now - archive_after
+    first = -(-(now_ms - window_ms) // HOUR_MS) * HOUR_MS  # its rows all still live
+    return list(range(first, last + 1, HOUR_MS))
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    kind: str
+    bucket: int
+    rows: int
+    bytes: int
+    sha256: str
+    min_id: str
+    max_id: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    hour_ms: int
+    files: tuple[FileEntry, ...]
+    format: int = FORMAT_VERSION
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(KINDS, 0)
+        for f in self.files:
+            out[f.kind] += f.rows
+        return out
+
+    def files_of(self, bucket: int, kind: str) -> list[FileEntry]:
+        return [f for f in self.files if f.bucket == bucket and f.kind == kind]
+
+    def to_json(self) -> bytes:
+        files = sorted(self.files, key=lambda f: (f.bucket, KINDS.index(f.kind), f.path))
+        body = {
+            "format": self.format,
+            "hour": datetime.fromtimestamp(self.hour_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "hour_ms": self.hour_ms,
+            "counts": self.counts(),
+            "files": [f.__dict__ for f in files],
+        }
+        return json.dumps(body, sort_keys=True, indent=1).encode() + b"\n"
+
+    @staticmethod
+    def from_json(raw: bytes) -> Manifest:
+        d = json.loads(raw)
+        if d.get("format") != FORMAT_VERSION:
+            raise ValueError(f"manifest format {d.get('format')!r} is not {FORMAT_VERSION}")
+        m = Manifest(int(d["hour_ms"]), tuple(FileEntry(**f) for f in d["files"]))
+        if m.counts() != d["counts"]:
+            raise ValueError("manifest counts disagree with its files")
+        return m
+
+
+@dataclass
+class HourCounts:
+    """Rows of one hour by kind, and per kind the smallest and largest id: what Cassandra holds
+    (counted by the verifier) or what the archive holds (from a manifest)."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    min_ids: dict[str, str] = field(default_factory=dict)
+    max_ids: dict[str, str] = field(default_factory=dict)
+
+    def add(self, kind: str, row_id: str, n: int = 1) -> None:
+        self.counts[kind] += n
+        if kind not in self.min_ids or row_id < self.min_ids[kind]:
+            self.min_ids[kind] = row_id
+        if kind not in self.max_ids or row_id > self.max_ids[kind]:
+            self.max_ids[kind] = row_id
+
+    @staticmethod
+    def of(manifest: Manifest) -> HourCounts:
+        c = HourCounts()
+        for f in manifest.files:
+            c.counts[f.kind] += f.rows
+            for row_id in (f.min_id, f.max_id):
+                if f.kind not in c.min_ids or row_id < c.min_ids[f.kind]:
+                    c.min_ids[f.kind] = row_id
+                if f.kind not in c.max_ids or row_id > c.max_ids[f.kind]:
+                    c.max_ids[f.kind] = row_id
+        return c
+
+
+@dataclass(frozen=True)
+class ReadBack:
+    """What a verifier found for one file of a manifest: its bytes' checksum and Parquet row
+    count as stored (None: the file is missing)."""
+
+    path: str
+    sha256: str | None
+    rows: int | None
+
+
+def disagreements(manifest: Manifest, read_back: Iterable[ReadBack], hot: HourCounts) -> list[str]:
+    """Every reason the hour may not leave the hot tier; empty means verified. The manifest must
+    describe the files as stored (checksum, rows) and match Cassandra's counts and id ranges."""
+    problems: list[str] = []
+    found = {r.path: r for r in read_back}
+    for f in manifest.files:
+        r = found.get(f.path)
+        if r is None or r.sha256 is None:
+            problems.append(f"{f.path}: missing")
+            continue
+        if r.sha256 != f.sha256:
+            problems.append(f"{f.path}: checksum {r.sha256[:12]} != manifest {f.sha256[:12]}")
+        if r.rows != f.rows:
+            problems.append(f"{f.path}: {r.rows} rows != manifest {f.rows}")
+    archived = HourCounts.of(manifest)
+    for kind in KINDS:
+        if archived.counts[kind] != hot.counts[kind]:
+            problems.append(f"{kind}: archive {archived.counts[kind]} rows, Cassandra {hot.counts[kind]}")
+        elif (archived.min_ids.get(kind), archived.max_ids.get(kind)) != (hot.min_ids.get(kind), hot.max_ids.get(kind)):
+            problems.append(f"{kind}: id range differs from Cassandra's")
+    return problems
+
+
+def sha256_of(chunks: Iterable[bytes]) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
+

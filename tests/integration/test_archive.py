@@ -1,0 +1,221 @@
+"""The archive tier on the real Cassandra: an hour of history written by the job's own history
+store (retries, a manual replay with its audit row), archived to Parquet in a local directory,
+verified, released; faults: the archiver SIGKILLed mid-hour, a manifest that disagrees with
+Cassandra. A keyspace of this module's own; no job, no Kafka."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from cassandra.cluster import Session
+
+from control_plane.archive_store import ArchiveStore
+from control_plane.archiver import FAILED, RELEASED, Archiver
+from core import archive_layout as layout
+from core.dispatch import AttemptRecord, Intent
+from core.fanout import FanoutSnapshot, NewDelivery
+from core.records import EventRecord, delivery_id_for
+from core.settings import REPO_ROOT, ArchiveSettings, Settings
+from operators.history_store import CassandraHistory
+from operators.write_batcher import Completion
+from stack.isolation import isolated_env, keyspace_session, settings_with
+
+pytestmark = pytest.mark.integration
+
+HOUR_MS = 3_600_000
+# An hour five days ago: closed, older than archive_after (3 days), inside the 30-day window.
+HOUR = (int(time.time() * 1000) - 5 * 86_400_000) // HOUR_MS * HOUR_MS
+TENANTS = ("t-arch-a", "t-arch-b", "t-arch-c")
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    return isolated_env(f"arch-{uuid.uuid4().hex[:8]}", own_keyspace=True)
+
+
+@pytest.fixture(scope="module")
+def own_settings(env: dict[str, str]) -> Settings:
+    return settings_with(env)
+
+
+@pytest.fixture(scope="module")
+def session(own_settings: Settings) -> Iterator[Session]:
+    with keyspace_session(own_settings) as s:
+        s.set_keyspace(own_settings.cassandra.keyspace)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def history(own_settings: Settings, session: Session) -> Iterator[CassandraHistory]:
+    h = CassandraHistory(own_settings.cassandra)
+    yield h
+    h.close()
+
+
+def durable(h: CassandraHistory, *cs: Completion) -> None:
+    h.flush()
+    deadline = time.monotonic() + 20
+    for c in cs:
+        while not c.done():
+            assert time.monotonic() < deadline, "history write did not complete"
+            time.sleep(0.005)
+        c.result()
+
+
+def attempt(i: Intent, at_ms: int, outcome: str, status: str | None, http: int, manual: bool = False,
+            **kw: Any) -> AttemptRecord:
+    return AttemptRecord(
+        intent=i, sent=True, started_at_ms=at_ms - 40, finished_at_ms=at_ms, http_status=http, outcome=outcome,
+        error_class=None if http == 200 else "http_5xx", detail="", manual=manual, delivery_status=status,
+        next_attempt_at_ms=at_ms + 5000 if status == "pending" else None, auto_retry_active=status == "pending",
+        url="https://hooks.example.com/in", endpoint_config_version=2, latency_ms=40, signing_key_versions=(1,),
+        response_prefix="ok" if http == 200 else "busy", **kw)
+
+
+def write_hour(history: CassandraHistory, session: Session, hour_ms: int, events: int, tag: str) -> list[str]:
+    """``events`` events of the hour, each to two endpoints of its tenant: every third delivery
+    retried once before succeeding, the first one also replayed by hand (with its audit row)."""
+    dids = []
+    for n in range(events):
+        tenant = TENANTS[n % len(TENANTS)]
+        arrived = hour_ms + 1000 + n * 37
+        e = EventRecord(event_id=f"evt_{tag}_{n:04d}", tenant_id=tenant, event_type="invoice.paid",
+                        schema_version="1", object_id=f"inv_{n}", object_version=n, occurred_at_ms=arrived - 5,
+                        payload=b'{"id": "inv_%d", "amount": %d, "pad": "%s"}' % (n, n * 100, b"x" * 1400))
+        eps = (f"ep-{tenant}-1", f"ep-{tenant}-2")
+        waits = [history.write_snapshot(FanoutSnapshot(e.event_id, tenant, arrived, tuple((ep, 2) for ep in eps)))]
+        for k, ep in enumerate(eps):
+            d = NewDelivery(delivery_id=delivery_id_for(e.event_id, ep), event=e, endpoint_id=ep, tenant_id=tenant,
+                            endpoint_config_version=2, created_at_ms=arrived, expires_at_ms=arrived + 86_400_000)
+            dids.append(d.delivery_id)
+            i1 = Intent(1, f"att_{uuid.uuid4().hex}")
+            waits.append(history.persist(d, i1, write_event=k == 0))
+            if (n + k) % 3 == 0:
+                i2 = Intent(2, f"att_{uuid.uuid4().hex}")
+                waits.append(history.record(d, attempt(i1, arrived + 100, "retry", "pending", 503), 1, i2))
+                waits.append(history.record(d, attempt(i2, arrived + 5200, "succeeded", "succeeded", 200), 2, None))
+            else:
+                waits.append(history.record(d, attempt(i1, arrived + 100, "succeeded", "succeeded", 200), 1, None))
+            if n == 0 and k == 0:  # a manual replay a day later, audited first as the control plane does
+                later = arrived + 86_400_000
+                session.execute(
+                    "INSERT INTO replay_requests (delivery_id, request_id, tenant_id, requested_by, requested_at,"
+                    " reason, action) VALUES (%s, 'rpl_1', %s, 'key_ops', %s, 'customer asked', 'replay')",
+                    (d.delivery_id, tenant, later))
+                i3 = Intent(3, f"att_{uuid.uuid4().hex}")
+                waits.append(history.reserve(d, i3, later))
+                waits.append(history.record(d, attempt(i3, later + 50, "succeeded", None, 200, manual=True,
+                                                       requested_by="key_ops", request_id="rpl_1"), 3, None))
+        durable(history, *waits)
+    return dids
+
+
+def archiver(session: Session, root: Path, **kw: Any) -> Archiver:
+    s = ArchiveSettings(uri=str(root), pushgateway="", **kw)
+    return Archiver(s, 30 * 86_400, session, ArchiveStore.from_settings(s))
+
+
+def table(root: Path, kind: str) -> list[dict[str, Any]]:
+    files = sorted(root.glob(f"date=*/hour=*/tenant_bucket=*/{kind}.parquet"))
+    return [r for f in files for r in pq.read_table(f).to_pylist()]
+
+
+def hot_delivery(session: Session, did: str) -> list[Any]:
+    return list(session.execute("SELECT * FROM delivery_history WHERE delivery_id=%s", (did,)))
+
+
+def test_an_hour_is_archived_verified_and_released_and_its_hot_rows_expire(history, session, tmp_path):
+    dids = write_hour(history, session, HOUR, 24, "a")
+    expected = {"events": 24, "deliveries": 48, "attempts": 48 + 16 + 1, "replays": 1}
+    a = archiver(session, tmp_path / "one", release_ttl_s=2)
+
+    manifest = a.archive(HOUR)
+    assert manifest.counts() == expected
+    assert a.verify(HOUR) == []
+    # Idempotent: the same hour archived again elsewhere is the same bytes, file by file.
+    again = archiver(session, tmp_path / "two").archive(HOUR)
+    assert again.to_json() == manifest.to_json()
+    for f in manifest.files:
+        assert (tmp_path / "one" / f.path).read_bytes() == (tmp_path / "two" / f.path).read_bytes()
+
+    # The payload bytes are archived exactly as stored, and every row sits in its tenant's bucket.
+    stored = {r.event_id: bytes(r.payload) for r in session.execute("SELECT event_id, payload FROM events")}
+    events = table(tmp_path / "one", "events")
+    assert {r["event_id"]: r["payload"] for r in events} == stored
+    for f in manifest.files:
+        rows = pq.read_table(tmp_path / "one" / f.path).to_pylist()
+        assert {layout.tenant_bucket(r["tenant_id"]) for r in rows} == {f.bucket}
+        assert hashlib.sha256((tmp_path / "one" / f.path).read_bytes()).hexdigest() == f.sha256
+    manual = [r for r in table(tmp_path / "one", "attempts") if r["manual"]]
+    assert [(r["delivery_id"], r["attempt_number"], r["request_id"]) for r in manual] == [(dids[0], 3, "rpl_1")]
+
+    outcome = a.run_hour(HOUR, int(time.time() * 1000))
+    assert (outcome.state, outcome.counts) == (RELEASED, expected)
+    assert a.state(HOUR) == RELEASED
+    pointer = session.execute("SELECT tenant_id, hour FROM archived_deliveries WHERE delivery_id=%s",
+                              (dids[0],)).one()
+    assert pointer.tenant_id == TENANTS[0]
+    time.sleep(3)
+    assert hot_delivery(session, dids[0]) == [] and hot_delivery(session, dids[-1]) == []
+    assert list(session.execute("SELECT * FROM events WHERE event_id='evt_a_0000'")) == []
+    assert list(session.execute("SELECT * FROM replay_requests WHERE delivery_id=%s", (dids[0],))) == []
+    # The endpoint index stays hot (see control_plane/archiver.py): lists still find the rows.
+    assert session.execute("SELECT count(*) FROM endpoint_deliveries").one()[0] == 48
+    # A released hour is never archived again (its hot rows are gone: it would look empty).
+    assert a.run_hour(HOUR, int(time.time() * 1000)).state == RELEASED
+    assert a.archive(HOUR).to_json() == manifest.to_json()
+
+
+def test_a_manifest_disagreeing_with_cassandra_keeps_the_hour_hot(history, session, tmp_path):
+    hour = HOUR - HOUR_MS
+    dids = write_hour(history, session, hour, 6, "b")
+    a = archiver(session, tmp_path, release_ttl_s=1)
+    a.archive(hour)
+    # A write the archive does not have (a replay's attempt landing between archive and verify).
+    session.execute("INSERT INTO delivery_history (delivery_id, attempt_number, outcome) VALUES (%s, 9, 'reserved')",
+                    (dids[1],))
+    outcome = a.run_hour(hour, int(time.time() * 1000))
+    assert outcome.state == FAILED and "attempts: archive" in outcome.detail
+    assert a.state(hour) == FAILED and a.failed_hours() >= 1
+    time.sleep(2)
+    ttl = session.execute("SELECT TTL(event_id) FROM delivery_history WHERE delivery_id=%s LIMIT 1",
+                          (dids[0],)).one()[0]
+    assert ttl > 86_400  # untouched: the 30-day TTL
+    assert session.execute("SELECT * FROM archived_deliveries WHERE delivery_id=%s", (dids[0],)).one() is None
+
+
+def test_an_archiver_killed_mid_hour_is_completed_by_the_next_run(history, session, env, tmp_path):
+    hour = HOUR - 2 * HOUR_MS
+    write_hour(history, session, hour, 300, "c")
+    run_env = {**os.environ, **env, "WEBHOOKS_ARCHIVE__URI": str(tmp_path), "WEBHOOKS_ARCHIVE__PUSHGATEWAY": "",
+               "WEBHOOKS_ARCHIVE__PAGE_SIZE": "5", "WEBHOOKS_ARCHIVE__ROW_GROUP_ROWS": "10"}
+    hour_arg = time.strftime("%Y-%m-%dT%H:00Z", time.gmtime(hour / 1000))
+    cmd = [sys.executable, "-m", "control_plane.archiver", "--hour", hour_arg]
+    proc = subprocess.Popen(cmd, env=run_env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.rglob("*.tmp-*")):  # it is writing its first files
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / layout.manifest_path(hour)).exists()  # nothing looks complete
+
+    done = subprocess.run(cmd, env=run_env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " released " in done.stdout
+    assert not list(tmp_path.rglob("*.tmp-*"))
+    delivery_ids = [r["delivery_id"] for r in table(tmp_path, "deliveries")]
+    assert len(delivery_ids) == len(set(delivery_ids)) == 600
+    attempts = [(r["delivery_id"], r["attempt_number"]) for r in table(tmp_path, "attempts")]
+    assert len(attempts) == len(set(attempts)) == 600 + 200 + 1
