@@ -37,7 +37,7 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.lock-*; touch "$stamp"
 fi
 
-for part in kafka cassandra flink-connectors connect; do
+for part in kafka cassandra flink-connectors connect s3proxy; do
   if [ ! -f "$JARS/$part/.complete" ] || [ "stack/maven/$part.xml" -nt "$JARS/$part/.complete" ]; then
     say "resolving $part from Maven Central"
     rm -rf "$JARS/$part"

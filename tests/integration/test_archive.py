@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from cassandra.cluster import Session
 
-from control_plane.archive_store import ArchiveStore
+from control_plane.archive_store import ArchiveStore, ArchiveUnavailable
 from control_plane.archiver import FAILED, RELEASED, Archiver
 from core import archive_layout as layout
 from core.dispatch import AttemptRecord, Intent
@@ -121,9 +123,39 @@ def write_hour(history: CassandraHistory, session: Session, hour_ms: int, events
     return dids
 
 
-def archiver(session: Session, root: Path, **kw: Any) -> Archiver:
-    s = ArchiveSettings(uri=str(root), pushgateway="", **kw)
+def archiver(session: Session, root: Path | None, **kw: Any) -> Archiver:
+    s = ArchiveSettings(**({"uri": str(root)} if root is not None else {}), pushgateway="", **kw)
     return Archiver(s, 30 * 86_400, session, ArchiveStore.from_settings(s))
+
+
+class S3Server:
+    """A real S3-compatible server (S3Proxy) of this module's own, started and stopped by the
+    project's script (stack/s3proxy.sh) in a run directory of its own."""
+
+    def __init__(self, run_dir: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.run_dir = run_dir
+        self.data = run_dir / "s3proxy" / "data"
+
+    def script(self, action: str) -> None:
+        env = {**os.environ, "WEBHOOKS_RUN_DIR": str(self.run_dir), "WEBHOOKS_S3PROXY_PORT": str(self.port)}
+        subprocess.run([str(REPO_ROOT / "stack/s3proxy.sh"), action], env=env, check=True, capture_output=True,
+                       timeout=120)
+
+    def settings(self, prefix: str) -> dict[str, Any]:
+        return {"uri": f"s3://archive/{prefix}", "s3_endpoint": f"127.0.0.1:{self.port}", "s3_scheme": "http",
+                "s3_access_key": "local-identity", "s3_secret_key": "local-credential"}
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("s3run"))
+    server.script("start")
+    server.script("ready")
+    yield server
+    server.script("stop")
 
 
 def table(root: Path, kind: str) -> list[dict[str, Any]]:
@@ -219,3 +251,53 @@ def test_an_archiver_killed_mid_hour_is_completed_by_the_next_run(history, sessi
     assert len(delivery_ids) == len(set(delivery_ids)) == 600
     attempts = [(r["delivery_id"], r["attempt_number"]) for r in table(tmp_path, "attempts")]
     assert len(attempts) == len(set(attempts)) == 600 + 200 + 1
+
+
+def hot_ttl(session: Session, did: str) -> int:
+    return session.execute("SELECT TTL(event_id) FROM delivery_history WHERE delivery_id=%s LIMIT 1", (did,)).one()[0]
+
+
+def test_the_s3_path_writes_the_same_archive_and_releases_the_hour(history, session, s3, tmp_path):
+    hour = HOUR - 3 * HOUR_MS
+    dids = write_hour(history, session, hour, 12, "d")
+    local = archiver(session, tmp_path).archive(hour)
+    remote = archiver(session, None, **s3.settings("same"), release_ttl_s=1)
+    assert remote.archive(hour).to_json() == local.to_json()
+    for f in local.files:  # the objects are the very bytes written locally
+        assert (s3.data / "archive" / "same" / f.path).read_bytes() == (tmp_path / f.path).read_bytes()
+    assert remote.run_hour(hour, int(time.time() * 1000)).state == RELEASED
+    time.sleep(2)
+    assert hot_delivery(session, dids[0]) == []
+
+
+def test_an_s3_server_stopped_during_a_run_fails_it_loudly_and_nothing_expires(history, session, s3):
+    hour = HOUR - 4 * HOUR_MS
+    dids = write_hour(history, session, hour, 300, "e")
+    a = archiver(session, None, **s3.settings("outage"), page_size=5, row_group_rows=10, release_ttl_s=1)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            a.run_hour(hour, int(time.time() * 1000))
+        except BaseException as exc:  # noqa: BLE001 -- the test inspects it
+            failure.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not list((s3.data / "archive").rglob("*.tmp-*")):  # it is writing the hour's first objects
+        assert worker.is_alive() and time.monotonic() < deadline
+        time.sleep(0.01)
+    s3.script("stop")
+    worker.join(timeout=180)
+    assert not worker.is_alive()
+    assert failure and isinstance(failure[0], ArchiveUnavailable), failure
+    assert a.state(hour) != RELEASED
+    assert not (s3.data / "archive" / "outage" / layout.manifest_path(hour)).exists()
+    assert hot_ttl(session, dids[0]) > 86_400 and hot_ttl(session, dids[-1]) > 86_400  # nothing expires
+
+    s3.script("start")
+    s3.script("ready")
+    outcome = a.run_hour(hour, int(time.time() * 1000))
+    assert outcome.state == RELEASED and outcome.counts["deliveries"] == 600
+    assert not list((s3.data / "archive" / "outage").rglob("*.tmp-*"))
