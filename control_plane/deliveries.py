@@ -38,6 +38,7 @@ from core.records import EndpointStatus, ReplayRequest
 log = logging.getLogger(__name__)
 
 MAX_DELIVERY_PAGE = 200
+ARCHIVE_TIER = "archive"
 # Rows one ListDeliveries call reads at most; with a rare status filter the page comes back
 # short with a cursor rather than scanning 30 days of partitions in one call.
 MAX_SCANNED_ROWS = 5_000
@@ -58,6 +59,9 @@ class DeliveryDeps:
     random_bytes: Callable[[int], bytes]
     cursors: Cursors
     progress_every: int = 25
+    # Writes an archived delivery back to Cassandra before its replay is queued (the job reads
+    # the delivery and its payload there): control_plane/tiered_history.py. None: no archive.
+    rehydrate: Callable[[str, int], None] | None = None
 
 
 class DeliveryService:
@@ -123,6 +127,10 @@ class DeliveryService:
         reason = validation.reason(reason)
         detail = self.get(principal, delivery_id)
         self._check_replayable(principal, detail.summary)
+        if detail.tier == ARCHIVE_TIER:
+            if self._d.rehydrate is None:
+                raise FailedPrecondition("the delivery is archived and this server reads no archive")
+            self._d.rehydrate(delivery_id, self._d.now_ms())
         given = bool(request_id)
         request_id = request_id or "rpl_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         # Audited before it is queued: a replay that reaches the endpoint always has its row. A

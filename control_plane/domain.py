@@ -257,6 +257,8 @@ class DeliveryDetail:
     last_error_class: str
     attempts: tuple[Attempt, ...]
     replays: tuple[ReplayAudit, ...] = ()  # oldest first
+    # Which history tier answered: "hot" (Cassandra) or "archive" (control_plane/tiered_history.py).
+    tier: str = "hot"
 
 
 @dataclass(frozen=True)

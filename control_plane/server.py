@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from control_plane import console, faults, metrics
 from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
+from control_plane.archive_store import ArchiveStore
 from control_plane.auth import Authenticator
 from control_plane.catalog import FilterCheck
 from control_plane.catalog_servicer import SERVICE_NAME as CATALOG_SERVICE
@@ -42,6 +43,7 @@ from control_plane.service import Deps, EndpointService
 from control_plane.servicer import AdminServicer, ControlPlaneServicer
 from control_plane.signals import SignalConsumer
 from control_plane.store import CassandraStore
+from control_plane.tiered_history import TieredHistory
 from control_plane.validation import DestinationValidator, Resolver, system_resolver
 from core.egress import EgressPolicy
 from core.secrets import redact
@@ -162,9 +164,11 @@ def build(
         )
     )
     cursors = Cursors.from_keyring(keyring)
+    history = TieredHistory(store, session, ArchiveStore.from_settings(settings.archive),
+                            settings.cassandra.history_ttl_s)
     deliveries = DeliveryService(
-        DeliveryDeps(endpoints=store, history=store, publisher=publisher, now_ms=now_ms,
-                     random_bytes=os.urandom, cursors=cursors)
+        DeliveryDeps(endpoints=store, history=history, publisher=publisher, now_ms=now_ms,
+                     random_bytes=os.urandom, cursors=cursors, rehydrate=history.rehydrate)
     )
     ordering = OrderingService(
         OrderingDeps(endpoints=store, history=store, keys=store, publisher=publisher, now_ms=now_ms,

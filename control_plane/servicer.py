@@ -229,6 +229,7 @@ def detail_pb(d: DeliveryDetail) -> Any:
         replays=[pb.ReplayAudit(request_id=r.request_id, requested_by=r.requested_by,
                                 requested_at=ts(r.requested_at_ms), reason=r.reason, action=r.action)
                  for r in d.replays],
+        tier=d.tier,
     )
 
 
@@ -370,8 +371,10 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
             request.page_size,
             request.cursor,
         )
+        # The endpoint index a list reads stays in Cassandra for the whole window (the archiver
+        # does not release it: control_plane/archiver.py), so Cassandra answers every list.
         return pb.ListDeliveriesResponse(
-            deliveries=[summary_pb(d) for d in page.items], next_cursor=page.next_cursor
+            deliveries=[summary_pb(d) for d in page.items], next_cursor=page.next_cursor, tier="hot"
         )
 
     @mapped

@@ -14,7 +14,7 @@ import calendar
 import functools
 import heapq
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -579,20 +579,7 @@ class CassandraStore:
             row, rows = history_rows.merge(row, rows, next(old, None), old_attempts)
         if row is None:
             return None
-        summary = _summary(row, row["tenant_id"] or "", row["endpoint_id"] or "")
-        latest = history_rows.top_attempt_number(rows)
-        attempts = tuple(_attempt(a, latest) for a in rows)
-        return DeliveryDetail(
-            summary=summary,
-            endpoint_config_version=row["endpoint_config_version"],
-            auto_retry_active=bool(row["auto_retry_active"]),
-            expires_at_ms=_ms(row["expires_at"]),
-            next_attempt_at_ms=_ms(row["next_attempt_at"]),
-            last_error_class=row["last_error_class"] or "",
-            attempts=attempts,
-            replays=tuple(sorted((_replay(r) for r in self._execute("replays_get", (delivery_id,))),
-                                 key=lambda r: (r.requested_at_ms, r.request_id))),
-        )
+        return delivery_detail(row, rows, self._execute("replays_get", (delivery_id,)))
 
     @_unavailable_on_driver_error
     def record_replay(self, audit: ReplayAudit, if_new: bool) -> bool:
@@ -728,6 +715,23 @@ def _merged(sources: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]
         pending = row
     if pending is not None:
         yield pending
+
+
+def delivery_detail(row: dict[str, Any], attempt_rows: list[dict[str, Any]], replay_rows: Iterable[dict[str, Any]],
+                    tier: str = "hot") -> DeliveryDetail:
+    """A delivery from its rows (core/history_rows.py's shape), whichever tier they came from."""
+    latest = history_rows.top_attempt_number(attempt_rows)
+    return DeliveryDetail(
+        summary=_summary(row, row["tenant_id"] or "", row["endpoint_id"] or ""),
+        endpoint_config_version=row["endpoint_config_version"],
+        auto_retry_active=bool(row["auto_retry_active"]),
+        expires_at_ms=_ms(row["expires_at"]),
+        next_attempt_at_ms=_ms(row["next_attempt_at"]),
+        last_error_class=row["last_error_class"] or "",
+        attempts=tuple(_attempt(a, latest) for a in attempt_rows),
+        replays=tuple(sorted((_replay(r) for r in replay_rows), key=lambda r: (r.requested_at_ms, r.request_id))),
+        tier=tier,
+    )
 
 
 def _replay(row: dict[str, Any]) -> ReplayAudit:

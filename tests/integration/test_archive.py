@@ -301,3 +301,41 @@ def test_an_s3_server_stopped_during_a_run_fails_it_loudly_and_nothing_expires(h
     outcome = a.run_hour(hour, int(time.time() * 1000))
     assert outcome.state == RELEASED and outcome.counts["deliveries"] == 600
     assert not list((s3.data / "archive" / "outage").rglob("*.tmp-*"))
+
+
+def test_get_and_list_answer_the_same_from_the_archive_and_a_rehydrated_delivery_reads_as_before(
+        history, session, tmp_path):
+    from dataclasses import replace
+
+    from control_plane.store import CassandraStore
+    from control_plane.tiered_history import TieredHistory
+
+    hour = HOUR - 5 * HOUR_MS
+    dids = write_hour(history, session, hour, 9, "f")
+    hot = CassandraStore(session)
+    a = archiver(session, tmp_path, release_ttl_s=1)
+    tiers = TieredHistory(hot, session, ArchiveStore.from_settings(ArchiveSettings(uri=str(tmp_path))), 30 * 86_400)
+    before = {did: hot.get_delivery(did) for did in dids}
+    d0 = before[dids[0]]
+    assert d0 is not None and d0.tier == "hot" and [a.manual for a in d0.attempts] == [False, False, True]
+
+    def listed() -> list[Any]:
+        return list(tiers.iter_endpoint_deliveries(d0.summary.tenant_id, d0.summary.endpoint_id, hour, hour + HOUR_MS,
+                                                   None))
+
+    list_before = listed()
+    assert a.run_hour(hour, int(time.time() * 1000)).state == RELEASED
+    time.sleep(2)
+    assert all(hot.get_delivery(did) is None for did in dids)  # the hot rows are gone
+    for did in dids:
+        after = tiers.get_delivery(did)
+        assert after is not None and after.tier == "archive"
+        assert replace(after, tier="hot") == before[did]  # the whole delivery, attempts and audit included
+    assert listed() == list_before
+    assert tiers.get_delivery("dlv_unknown") is None
+
+    tiers.rehydrate(dids[0], int(time.time() * 1000))
+    back = hot.get_delivery(dids[0])
+    assert back == before[dids[0]]
+    payload = session.execute("SELECT payload FROM events WHERE event_id='evt_f_0000'").one().payload
+    assert payload.startswith(b'{"id": "inv_0"')

@@ -1,0 +1,164 @@
+"""Delivery history over both tiers: Cassandra first, then the archive for a released delivery.
+
+A delivery whose hour the archiver released (control_plane/archiver.py) has no hot rows once
+their short TTL ends, but a pointer row (``archived_deliveries``: its hour and tenant) for the
+rest of the 30-day window. :class:`TieredHistory` reads the hot partition as before; finding
+none, it follows the pointer to one hour's tenant bucket of the archive -- only the files that
+hour's manifest lists -- and builds the same :class:`DeliveryDetail` from the archived rows, with
+``tier="archive"``. Lists are answered by the endpoint index, which stays hot all 30 days.
+
+**Replaying an archived delivery** brings it back to the hot tier first (:meth:`rehydrate`):
+the job's replay path reads the delivery and its payload from Cassandra, so the archived rows
+(the payload bytes exactly as archived) are written back before the request is queued. Each cell
+is written with the write time the job gave the original (operators/history_store.py: creation
+time, status band, attempt band) + 2 us: above the released copy's expired cell (+1 us), and
+below any later write the job makes, so the job's ordering rules hold as if nothing had moved.
+Rehydrated rows expire with the delivery's 30-day window.
+"""
+
+from __future__ import annotations
+
+import calendar
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from cassandra.cluster import Session
+
+from control_plane.archive_rows import naive
+from control_plane.archive_store import ArchiveStore
+from control_plane.domain import DeliveryDetail, DeliverySummary, ReplayAudit
+from control_plane.errors import FailedPrecondition
+from control_plane.store import CassandraStore, HistoryPosition, delivery_detail
+from core import archive_layout as layout
+from operators.history_store import BAND_US, status_write_ts
+
+ARCHIVE = "archive"
+_STATUS_CELLS = ("status", "attempt_count", "next_attempt_at", "last_http_status", "last_error_class",
+                 "auto_retry_active", "updated_at")
+_CREATION_CELLS = ("event_id", "tenant_id", "endpoint_id", "endpoint_config_version", "event_type", "created_at",
+                   "expires_at")
+_ATTEMPT_CELLS = ("attempt_id", "config_version", "url", "started_at", "finished_at", "http_status", "latency_ms",
+                  "outcome", "error_class", "response_sha256", "response_prefix", "signing_key_versions", "manual",
+                  "requested_by", "request_id")
+_EVENT_CELLS = ("tenant_id", "event_type", "schema_version", "object_id", "object_version", "occurred_at", "payload",
+                "payload_sha256", "ingested_at")
+
+
+def _ms(value: datetime | None) -> int | None:
+    if value is None:
+        return None
+    return calendar.timegm(value.utctimetuple()) * 1000 + value.microsecond // 1000
+
+
+class ArchiveReader:
+    """One delivery's or event's rows out of one hour's tenant bucket (files its manifest lists)."""
+
+    def __init__(self, store: ArchiveStore) -> None:
+        self._store = store
+
+    def rows(self, hour_ms: int, tenant_id: str, kind: str, column: str, value: str) -> list[dict[str, Any]]:
+        manifest = self._store.manifest(hour_ms)
+        if manifest is None:
+            return []
+        out: list[dict[str, Any]] = []
+        for f in manifest.files_of(layout.tenant_bucket(tenant_id), kind):
+            table = self._store.read_table(f.path, filters=[(column, "=", value)])
+            out += [naive(r) for r in table.to_pylist() if r["tenant_id"] == tenant_id]
+        return out
+
+
+class TieredHistory:
+    """The control plane's HistoryStore (control_plane/store.py) over both tiers."""
+
+    def __init__(self, hot: CassandraStore, session: Session, archive: ArchiveStore, history_ttl_s: int) -> None:
+        self._hot = hot
+        self._s = session
+        self._archive = ArchiveReader(archive)
+        self._history_ttl_s = history_ttl_s
+        self._stmts: dict[str, Any] = {}
+
+    def _archived(self, delivery_id: str) -> tuple[int, str, dict[str, Any], list[dict[str, Any]],
+                                                   list[dict[str, Any]]] | None:
+        # Prepared on first use: a control plane started on a keyspace from before the archive
+        # tier still serves everything else.
+        pointer = self._s.execute(self._prepared("SELECT tenant_id, hour FROM archived_deliveries WHERE delivery_id=?"),
+                                  (delivery_id,)).one()
+        if pointer is None:
+            return None
+        hour, tenant = _ms(pointer.hour) or 0, pointer.tenant_id
+        found = self._archive.rows(hour, tenant, "deliveries", "delivery_id", delivery_id)
+        if not found:
+            return None
+        attempts = sorted(self._archive.rows(hour, tenant, "attempts", "delivery_id", delivery_id),
+                          key=lambda a: a["attempt_number"])
+        replays = self._archive.rows(hour, tenant, "replays", "delivery_id", delivery_id)
+        return hour, tenant, found[0], attempts, replays
+
+    def get_delivery(self, delivery_id: str) -> DeliveryDetail | None:
+        detail = self._hot.get_delivery(delivery_id)
+        if detail is not None:
+            return detail
+        archived = self._archived(delivery_id)
+        if archived is None:
+            return None
+        _, _, row, attempts, replays = archived
+        return delivery_detail(row, attempts, replays, tier=ARCHIVE)
+
+    def record_replay(self, audit: ReplayAudit, if_new: bool) -> bool:
+        return self._hot.record_replay(audit, if_new)
+
+    def iter_endpoint_deliveries(self, tenant_id: str, endpoint_id: str, start_ms: int, end_ms: int,
+                                 after: HistoryPosition | None) -> Iterator[DeliverySummary]:
+        return self._hot.iter_endpoint_deliveries(tenant_id, endpoint_id, start_ms, end_ms, after)
+
+    def rehydrate(self, delivery_id: str, now_ms: int) -> None:
+        """Write an archived delivery (with its event's payload) back to Cassandra; see above."""
+        archived = self._archived(delivery_id)
+        if archived is None:
+            raise FailedPrecondition(f"delivery {delivery_id} is neither in Cassandra nor in the archive")
+        hour, tenant, row, attempts, replays = archived
+        events = self._archive.rows(hour, tenant, "events", "event_id", row["event_id"])
+        if not events:
+            raise FailedPrecondition(f"the archive has no payload for event {row['event_id']}")
+        created = _ms(row["created_at"]) or hour
+        ttl = max(3600, self._history_ttl_s - (now_ms - created) // 1000)
+        ev = events[0]
+        writes = [self._insert("events", {"event_id": ev["event_id"], **{c: ev[c] for c in _EVENT_CELLS}},
+                               (_ms(ev["ingested_at"]) or created) * 1000 + 2, ttl)]
+        writes.append(self._update({c: row[c] for c in _CREATION_CELLS}, delivery_id, created * 1000 + 2, ttl))
+        updated = _ms(row["updated_at"])
+        status_ts = created * 1000 if updated is None else status_write_ts(row["status"] or "pending", updated)
+        writes.append(self._update({c: row[c] for c in _STATUS_CELLS}, delivery_id, status_ts + 2, ttl))
+        for a in attempts:
+            cells = {c: a["endpoint_config_version" if c == "config_version" else c] for c in _ATTEMPT_CELLS}
+            if a["outcome"] == "reserved":
+                ts = (_ms(a["started_at"]) or created) * 1000
+            else:
+                ts = (_ms(a["finished_at"]) or created) * 1000 + BAND_US
+            writes.append(self._insert("delivery_history", {"delivery_id": delivery_id,
+                                                            "attempt_number": a["attempt_number"], **cells},
+                                       ts + 2, ttl))
+        for r in replays:
+            writes.append(self._insert("replay_requests", {c: r[c] for c in (
+                "delivery_id", "request_id", "tenant_id", "requested_by", "requested_at", "reason", "action")},
+                now_ms * 1000, ttl))
+        for stmt, params in writes:
+            self._s.execute(stmt, params)
+
+    def _prepared(self, text: str) -> Any:
+        if text not in self._stmts:
+            self._stmts[text] = self._s.prepare(text)
+        return self._stmts[text]
+
+    def _insert(self, table: str, cells: dict[str, Any], ts: int, ttl: int) -> tuple[Any, tuple[Any, ...]]:
+        cols = [c for c, v in cells.items() if v is not None]
+        text = (f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})"
+                " USING TIMESTAMP ? AND TTL ?")
+        return self._prepared(text), (*(cells[c] for c in cols), ts, ttl)
+
+    def _update(self, cells: dict[str, Any], delivery_id: str, ts: int, ttl: int) -> tuple[Any, tuple[Any, ...]]:
+        cols = [c for c, v in cells.items() if v is not None]
+        text = ("UPDATE delivery_history USING TIMESTAMP ? AND TTL ? SET " + ", ".join(f"{c}=?" for c in cols)
+                + " WHERE delivery_id=?")
+        return self._prepared(text), (ts, ttl, *(cells[c] for c in cols), delivery_id)
