@@ -30,7 +30,7 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from control_plane import catalog_cli, listen, stats
+from control_plane import catalog_cli, history_query, listen, stats
 from control_plane.api import pb, rpc
 from control_plane.console import portal_cli
 from core.settings import load_settings
@@ -531,6 +531,7 @@ def parser() -> argparse.ArgumentParser:
     portal_cli.add_arguments(groups.add_parser("portal", help="(admin) one-time links into the web console"))
 
     catalog_cli.add_arguments(groups.add_parser("event-types", help="the event-type catalog: schemas, exports"))
+    history_query.add_arguments(groups.add_parser("history", help="(operator) read-only SQL over the archived history"))
 
     ev = groups.add_parser("events", help="emit events through the transactional outbox (PostgreSQL)")
     evs = ev.add_subparsers(dest="command", required=True)
@@ -622,6 +623,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return publish_event(args)
     if args.group == "event-types":
         return catalog_cli.main(args)
+    if args.group == "history":
+        return history_query.main(args)
     if args.group == "stats":
         try:
             jobs, alerts = stats.collect(args.prometheus, args.job)
