@@ -166,6 +166,7 @@ class Pending:
     record: AttemptRecord | None = None
     write_retry_at_ms: int = 0
     write_failures: int = 0
+    failing_since_ms: int = 0  # when its storage I/O began failing without a success since
 
     @property
     def delivery_id(self) -> str:
@@ -185,7 +186,7 @@ def adopt(p: Pending) -> Pending:
     made a restored job spend ~100 s re-reading a 50,000 backlog while healthy endpoints waited."""
     manual = ((p.sending_manual,) if p.sending_manual else ()) + p.manual
     return replace(p, stage=Stage.CHECK if manual else Stage.ADOPTED, busy=False, intent=None, record=None,
-                   sending_manual=None, manual=manual, write_retry_at_ms=0, write_failures=0)
+                   sending_manual=None, manual=manual, write_retry_at_ms=0, write_failures=0, failing_since_ms=0)
 
 
 def after_check(p: Pending, durable: DurableRecord, rng: random.Random, now_ms: int) -> Pending | None:
@@ -217,7 +218,7 @@ def after_reserved(p: Pending) -> Pending:
     """The intent's row is durable (after PERSIST or RESERVE): the delivery may be sent."""
     assert p.intent is not None
     return replace(p, stage=Stage.READY, busy=False, issued=max(p.issued, p.intent.number),
-                   write_failures=0, write_retry_at_ms=0)
+                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0)
 
 
 def start_sending(p: Pending) -> Pending:
@@ -317,7 +318,7 @@ def apply_result(
                 issued=max(p.issued, p.intent.number),
                 next_attempt_at_ms=next_at if next_at is not None else p.next_attempt_at_ms,
                 auto_retry_active=auto_active, sending_manual=None, record=record,
-                write_failures=0, write_retry_at_ms=0),
+                write_failures=0, write_retry_at_ms=0, failing_since_ms=0),
         breaker,
     )
 
@@ -383,9 +384,10 @@ def after_record_written(p: Pending) -> Pending | None:
     if not p.owes_send:
         return None
     if p.intent is None:  # a manual request arrived after the write was started
-        return replace(p, stage=Stage.RESERVE, busy=False, record=None, write_failures=0, write_retry_at_ms=0)
+        return replace(p, stage=Stage.RESERVE, busy=False, record=None, write_failures=0, write_retry_at_ms=0,
+                       failing_since_ms=0)
     return replace(p, stage=Stage.READY, busy=False, record=None, issued=max(p.issued, p.intent.number),
-                   write_failures=0, write_retry_at_ms=0)
+                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0)
 
 
 def after_write_failed(p: Pending, now_ms: int) -> Pending:
@@ -393,4 +395,5 @@ def after_write_failed(p: Pending, now_ms: int) -> Pending:
     retried reservation reuses its number) and try again later, backing off. Nothing is sent
     before its attempt row is durable; nothing is reported finished before its record is."""
     delay = min(60_000, 500 * (2 ** min(p.write_failures, 7)))
-    return replace(p, busy=False, write_failures=p.write_failures + 1, write_retry_at_ms=now_ms + delay)
+    return replace(p, busy=False, write_failures=p.write_failures + 1, write_retry_at_ms=now_ms + delay,
+                   failing_since_ms=p.failing_since_ms if p.write_failures else now_ms)

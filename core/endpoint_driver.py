@@ -147,10 +147,10 @@ class DriverPolicy:
     # whole is bounded at twice the window, past which fresh work waits in the queue again.
     memory_window: int = 20_000
     page_size: int = 1_000
-    # A delivery whose history write or read keeps failing past its deadline by this much is let
-    # go from memory (counted ``expired_unrecorded``): its row stays pending, past due, and
-    # reconciliation names it orphaned and redrives it -- checked first, so it expires there once
-    # Cassandra takes the write. Without a bound it was retried for ever, held in memory for good.
+    # A delivery whose history write or read has kept failing this long, and is this far past its
+    # deadline, is let go from memory (counted ``expired_unrecorded``): its row stays pending, past
+    # due, and reconciliation names it orphaned and redrives it -- checked first, so it expires
+    # there once Cassandra takes the write. Without a bound it was retried for ever, held for good.
     storage_give_up_ms: int = 3_600_000
 
 
@@ -538,8 +538,13 @@ class EndpointDriver:
     def _storage(self, now_ms: int, budget: int, dec: Decision) -> None:
         for did in list(self._work):
             p = self.items[did]
-            if p.write_failures and now_ms >= p.delivery.expires_at_ms + self.policy.storage_give_up_ms:
+            give_up_at = max(p.delivery.expires_at_ms, p.failing_since_ms) + self.policy.storage_give_up_ms
+            if p.write_failures and now_ms >= give_up_at:
+                # Failing for the whole bound, and past its deadline (a replay of an old delivery
+                # is always past it: the bound counts from the first failure). Manual requests it
+                # carried end with it, counted: no row can be written for them either.
                 self.counts["expired_unrecorded"] += 1
+                self.counts["manual_unrecorded"] += len(p.manual) + (p.sending_manual is not None)
                 self._forget(did)
                 continue
             if p.write_retry_at_ms > now_ms:

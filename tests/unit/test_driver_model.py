@@ -145,11 +145,15 @@ class FakeCassandra:
         self.status: dict[str, StatusCell] = {}
         self.attempts: dict[str, dict[int, AttemptRow]] = {}
         self.violations: list[str] = []  # history rewritten by a write that should not have been made
+        self.final_at: dict[str, int] = {}  # when each delivery's status first became final (ms)
+        self.clock: Callable[[], int] = lambda: 0
 
     def _put_status(self, did: str, cell: StatusCell) -> None:
         cur = self.status.get(did)
         if cur is None or cell.ts > cur.ts:
             self.status[did] = cell
+            if cell.status in FINAL_STATUSES:
+                self.final_at.setdefault(did, self.clock())
 
     def _put_attempt(self, did: str, number: int, row: AttemptRow) -> None:
         rows = self.attempts.setdefault(did, {})
@@ -264,6 +268,9 @@ class Sim:
         self.policy = self.base_policy
         self.rate_bound = rate_bound
         self.db = FakeCassandra()
+        self.db.clock = lambda: self.now
+        self.raise_after: int | None = None  # the next pass's start raises after this many actions
+        self.drain_started: int | None = None
         # the receiver: attempt numbers of the requests it saw, per delivery, and whether manual
         self.requests: dict[str, list[int]] = {}
         self.manual_requests: Counter[str] = Counter()
@@ -423,7 +430,30 @@ class Sim:
         self.wakes[ep] = wake
 
     def start(self, ep: str, drv: EndpointDriver, dec: Decision) -> None:
-        for a in dec.actions:
+        k = self.raise_after
+        if k is None or k >= len(dec.actions):
+            self._start_actions(ep, drv, dec.actions)
+            return
+        # The adapter's _start raises at action k (operators.dispatcher._not_started, _contain):
+        # storage I/O started before it stays in flight; requests were only collected, to be
+        # submitted together, so every request of the pass is handed back unsent, and what
+        # follows k fails like a write; then the endpoint is held once.
+        self.raise_after = None
+        self.counts["model_start_raised"] += 1
+        self._start_actions(ep, drv, [a for a in dec.actions[:k] if not isinstance(a, Send)])
+        exc = RuntimeError("adapter bug")
+        kinds: dict[type, IoKind] = {Check: "check", Persist: "persist", Reserve: "reserve", Record: "record"}
+        for a in [a for a in dec.actions[:k] if isinstance(a, Send)] + list(dec.actions[k:]):
+            if isinstance(a, Send):
+                drv.send_not_started(a.p.delivery_id, "not started: RuntimeError", self.now, hold=False)
+            elif isinstance(a, Load):
+                drv.io_done("load", a.delivery_id, None, exc, self.now)
+            else:
+                drv.io_done(kinds[type(a)], a.p.delivery_id, None, exc, self.now)
+        drv.hold(self.now, "internal error: RuntimeError")
+
+    def _start_actions(self, ep: str, drv: EndpointDriver, actions: list[object]) -> None:
+        for a in actions:
             self._io_seq += 1
             if isinstance(a, Send):
                 if any(k.ciphertext_b64 == BAD_KEY for k in a.config.signing_keys):
@@ -653,6 +683,7 @@ class Sim:
 
     def drain(self, max_rounds: int = 120) -> None:
         """Receivers recover, Cassandra answers, time passes: everything must end."""
+        self.drain_started = self.now
         for _ in range(max_rounds):
             while self.io:
                 io = min(self.io, key=lambda o: o.seq)
@@ -830,6 +861,26 @@ def check_rows_cover_requests(sim: Sim) -> None:
             f"{did}: requests {numbers}, attempt rows {sorted(rows)}")
 
 
+# Once the world is well (the drain: receivers answer, Cassandra takes every write), how long past
+# its deadline -- or past the drain's start, for one already late -- a delivery may take to be
+# final: a write that failed just before retries after up to 60 s (core.dispatch back-off), a
+# manual request owed on it waits up to manual_wait (20 s here) and is what it waits for, a
+# hold (8 s) or an open breaker (16 s) is sat out, and a pass runs at each 5 s drain round.
+FINAL_SLACK_MS = 60_000 + 20_000 + 16_000 + 3 * 5_000
+
+
+def check_final_by_deadline(sim: Sim) -> None:
+    """Every delivery -- in memory or in the overflow queue -- is final by its deadline (or,
+    late already when the world became well, soon after), within FINAL_SLACK_MS."""
+    assert sim.drain_started is not None
+    for did, d in sim.accepted.items():
+        due = max(d.expires_at_ms, sim.drain_started) + FINAL_SLACK_MS
+        at = sim.db.final_at.get(did)
+        assert at is not None and at <= due, (
+            f"{did} final {'never' if at is None else f'{(at - d.expires_at_ms) // 1000} s after its deadline'}"
+            f" (world well {(sim.drain_started - d.expires_at_ms) // 1000} s after it)")
+
+
 def check_drained(sim: Sim) -> None:
     assert sim.settled(), "did not settle:\n" + "\n".join(sim.stuck())
     assert sim.scheduler.in_flight_total() == 0 and sim.scheduler.waiting_count() == 0
@@ -966,6 +1017,21 @@ class DriverMachine(RuleBasedStateMachine):
         bits = iter([(landing >> i) & 1 for i in range(8)] * 64)
         self.sim.crash_and_restore(land=lambda: bool(next(bits, 0)), downtime_ms=downtime)
 
+    @rule(k=st.integers(0, 3))
+    def adapter_raises(self, k: int) -> None:
+        """The next pass with more than ``k`` actions raises while starting action ``k``."""
+        self.sim.raise_after = k
+
+    @precondition(lambda self: bool(self.sim.accepted))
+    @rule(ep=st.sampled_from(EPS), n=st.sampled_from([100, 300]))
+    def bulk_replay(self, ep: str, n: int) -> None:
+        """An operator replays an endpoint's deliveries in bulk (RecoverFailedDeliveries): ``n``
+        requests over them, several per delivery when it has few."""
+        sim = self.sim
+        mine = sorted(did for did, d in sim.accepted.items() if d.endpoint_id == ep)
+        for i in range(n if mine else 0):
+            sim.replay(mine[i % len(mine)])
+
     @invariant()
     def world_invariants(self) -> None:
         check_all(self.sim)
@@ -974,6 +1040,7 @@ class DriverMachine(RuleBasedStateMachine):
         if hasattr(self, "sim"):
             self.sim.drain()
             check_drained(self.sim)
+            check_final_by_deadline(self.sim)
 
 
 DriverMachine.TestCase.settings = settings(

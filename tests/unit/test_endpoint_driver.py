@@ -87,6 +87,7 @@ class Sim:
         self.sent_numbers: dict[str, list[int]] = {}
         self.fail_writes: set[str] = set()  # deliveries whose every storage action fails
         self.unbuildable = False  # no request can be built (no signing key decrypts)
+        self.created: dict[str, NewDelivery] = {}
 
     def driver(self, ep: str) -> EndpointDriver:
         if ep not in self.drivers:
@@ -96,6 +97,7 @@ class Sim:
 
     # inputs, each followed by a pass like the adapter's process_element
     def new(self, d: NewDelivery, recheck: bool = False) -> None:
+        self.created[d.delivery_id] = d  # what a replay's load reads back
         self.driver(d.endpoint_id).add_new(d, self.now, recheck=recheck)
         self.run(d.endpoint_id)
 
@@ -164,7 +166,10 @@ class Sim:
                 h.attempt_count = a.p.attempt_count
             drv.io_done("record", a.p.delivery_id, None, None, self.now)
         elif isinstance(a, Load):
-            drv.io_done("load", a.delivery_id, None, None, self.now)
+            d, h = self.created.get(a.delivery_id), self.history.get(a.delivery_id)
+            loaded = None if d is None or h is None else (d, dsp.DurableRecord(
+                h.status, h.attempt_count, h.next_attempt_at_ms, h.auto, max(h.rows, default=0)))
+            drv.io_done("load", a.delivery_id, loaded, None, self.now)
 
     def answer_all(self, ep: str, result: HttpResult | None = None) -> int:
         """The receiver answers every request in flight to ``ep``; then one pass."""
@@ -1088,3 +1093,21 @@ def test_a_manual_request_that_cannot_be_built_ends_not_sent_after_its_wait_and_
     assert "not_sent" in sim.history["dlv_ep_1_0"].rows.values()
     sim.advance(T0 + DAY_MS + POLICY.hold_max_ms)
     assert sim.history["dlv_ep_1_0"].status == "expired"
+
+
+def test_a_replay_of_a_delivery_long_past_its_deadline_is_not_given_up_at_its_first_failed_write() -> None:
+    """The give-up bound counts from the first of an unbroken run of failures, not only from the
+    deadline: a replayed old delivery is always past its deadline, and one failed write must not
+    drop it and the person's request with it (found by the model-based test's bulk replays)."""
+    sim = Sim()
+    sim.config(config())
+    d0 = delivery(0)
+    sim.new(d0)
+    sim.answer_all("ep_1")  # succeeded
+    sim.advance(T0 + DAY_MS + 2 * POLICY.storage_give_up_ms)
+    sim.fail_writes.add(d0.delivery_id)
+    assert sim.replay(ReplayRequest(d0.delivery_id, "t_1", "ep_1", "alice", sim.now, "req-1")) == "loading"
+    sim.fail_writes.clear()
+    sim.advance(sim.now + 5_000)  # the reservation is retried and the request goes
+    assert sim.counts["expired_unrecorded"] == 0
+    assert sim.requests[d0.delivery_id] == 2
