@@ -18,6 +18,10 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# ArchiveSettings is in a module of its own so that a TaskManager still running the Python
+# modules of an earlier job can unpickle settings carrying it: pickle imports the new module,
+# while a class added here would be looked up in the TaskManager's older copy of this one.
+from core.archive_settings import ArchiveSettings
 from core.secrets import Keyring
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -265,32 +269,6 @@ class OutboxSettings(BaseModel):
     # far back a re-snapshot could still recover rows if the slot itself were ever lost.
     retention_s: int = Field(default=24 * 3600, ge=60)
     connect_rest_port: int = 8083
-
-
-class ArchiveSettings(BaseModel):
-    """The history's archive tier (control_plane/archiver.py; the layout: core/archive_layout.py)."""
-
-    # Where Parquet files and manifests go: a local directory (the default, so `make run` needs
-    # nothing more; relative paths are under the repository) or s3://bucket/prefix on any
-    # S3-compatible store (s3_* below).
-    uri: str = ".run/archive"
-    s3_endpoint: str = ""  # host:port; "" = AWS's
-    s3_scheme: Literal["https", "http"] = "https"
-    s3_region: str = "us-east-1"
-    s3_access_key: str = ""
-    s3_secret_key: SecretStr = SecretStr("")
-    # An hour is archived once it ended this long ago (its deliveries are final: the retry
-    # deadline is 24 h) ...
-    archive_after_s: int = Field(default=3 * 24 * 3600, ge=3600)
-    # ... and, verified, its hot rows are rewritten to expire this long after release: the hot
-    # copy still answers for that while, then only the archive does.
-    release_ttl_s: int = Field(default=24 * 3600, ge=1)
-    # Rows read from Cassandra per page and buffered per file before a Parquet row group is
-    # written: memory is bounded by these, not by the hour's size.
-    page_size: int = Field(default=500, ge=1)
-    row_group_rows: int = Field(default=5_000, ge=1)
-    # The Pushgateway the archiver (a batch job) pushes its outcome to; "" = none.
-    pushgateway: str = "127.0.0.1:9091"
 
 
 class Settings(BaseSettings):
