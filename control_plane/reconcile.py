@@ -5,7 +5,8 @@ Reads, for events that *arrived* on the events topic in ``[since, until)`` (brok
 the topic itself (offsets by time, every partition, parsed like the job parses), the fan-out
 snapshots (hour x bucket range queries), and per expected delivery its ``delivery_history``
 partition (the delivery and its attempts; the old ``deliveries`` / ``attempts`` rows for one
-written before that table: core/history_rows.py), plus the dispatcher's endpoint backlog reports.
+written before that table: core/history_rows.py; the archive for one whose hour the archiver
+released: control_plane/tiered_history.py), plus the dispatcher's endpoint backlog reports.
 Cost grows with the window (about one point read per delivery, run concurrently): it is a
 tool for a window of minutes to hours, run by an operator or every few minutes over the last
 hour; a day of the brief's peak belongs in a batch job over the same tables.
@@ -35,9 +36,11 @@ from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
 from confluent_kafka import Consumer, TopicPartition
 
+from control_plane.archive_store import ArchiveStore
 from control_plane.errors import InvalidArgument
 from control_plane.publisher import Publisher
 from control_plane.store import EndpointStore
+from control_plane.tiered_history import ArchivedDeliveries
 from core import fanout, history_rows
 from core import reconcile as rc
 from core.history_buckets import bucket_of
@@ -105,6 +108,8 @@ class Reconciler:
         self._q_old_delivery = p(history_rows.SELECT_OLD_DELIVERY)
         self._q_old_attempts = p(history_rows.SELECT_OLD_ATTEMPTS)
         self._q_backlog = p("SELECT endpoint_id, pending, reported_at FROM endpoint_backlogs WHERE endpoint_id=?")
+        # Deliveries whose hour the archiver released are read from the archive (their pointer rows).
+        self._archived = ArchivedDeliveries(session, ArchiveStore.from_settings(settings.archive))
         self._q_event = p(
             "SELECT event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
             " payload FROM events WHERE event_id=?")
@@ -283,6 +288,9 @@ class Reconciler:
         old_attempts = self._many(self._q_old_attempts, older)
         for did in older:
             out[did] = history_rows.merge(*out[did], old_rows[did], old_attempts[did])
+        gone = [did for did, (row, _) in out.items() if row is None or row["event_id"] is None]
+        for did, (_, _, row, attempts, _) in self._archived.find(gone).items():
+            out[did] = (row, attempts)
         return out
 
     # -- repairing -----------------------------------------------------------------------------------

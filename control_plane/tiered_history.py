@@ -23,7 +23,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
+from cassandra import InvalidRequest
 from cassandra.cluster import Session
+from cassandra.concurrent import execute_concurrent_with_args
 
 from control_plane.archive_rows import naive
 from control_plane.archive_store import ArchiveStore
@@ -51,21 +53,62 @@ def _ms(value: datetime | None) -> int | None:
     return calendar.timegm(value.utctimetuple()) * 1000 + value.microsecond // 1000
 
 
-class ArchiveReader:
-    """One delivery's or event's rows out of one hour's tenant bucket (files its manifest lists)."""
+Archived = tuple[int, str, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]
 
-    def __init__(self, store: ArchiveStore) -> None:
+
+class ArchivedDeliveries:
+    """Released deliveries out of the archive: each one's pointer row names its hour and tenant,
+    and each (hour, tenant bucket) is read once for all the deliveries asked for that are in it
+    (only files the hour's manifest lists)."""
+
+    def __init__(self, session: Session, store: ArchiveStore) -> None:
+        self._s = session
         self._store = store
+        self._q_pointer: Any = None
 
-    def rows(self, hour_ms: int, tenant_id: str, kind: str, column: str, value: str) -> list[dict[str, Any]]:
+    def rows(self, hour_ms: int, bucket: int, kind: str, column: str, values: list[str]) -> list[dict[str, Any]]:
         manifest = self._store.manifest(hour_ms)
         if manifest is None:
             return []
         out: list[dict[str, Any]] = []
-        for f in manifest.files_of(layout.tenant_bucket(tenant_id), kind):
-            table = self._store.read_table(f.path, filters=[(column, "=", value)])
-            out += [naive(r) for r in table.to_pylist() if r["tenant_id"] == tenant_id]
+        for f in manifest.files_of(bucket, kind):
+            out += [naive(r) for r in self._store.read_table(f.path, filters=[(column, "in", values)]).to_pylist()]
         return out
+
+    def find(self, delivery_ids: list[str]) -> dict[str, Archived]:
+        """(hour, tenant, delivery row, attempts by number, replay rows) of each delivery found."""
+        if not delivery_ids:
+            return {}
+        if self._q_pointer is None:
+            try:
+                self._q_pointer = self._s.prepare("SELECT tenant_id, hour FROM archived_deliveries WHERE delivery_id=?")
+            except InvalidRequest:
+                # A keyspace from before the archive tier (its schema not re-applied yet): the
+                # archiver cannot have released anything there.
+                return {}
+        where: dict[tuple[int, int], dict[str, str]] = {}
+        results = execute_concurrent_with_args(self._s, self._q_pointer, [(d,) for d in delivery_ids], concurrency=64)
+        for did, (ok, rows) in zip(delivery_ids, results, strict=True):
+            if not ok:
+                raise rows
+            for p in rows:
+                where.setdefault((_ms(p.hour) or 0, layout.tenant_bucket(p.tenant_id)), {})[did] = p.tenant_id
+        found: dict[str, Archived] = {}
+        for (hour, bucket), tenants in where.items():
+            ids = sorted(tenants)
+            attempts: dict[str, list[dict[str, Any]]] = {}
+            for a in self.rows(hour, bucket, "attempts", "delivery_id", ids):
+                attempts.setdefault(a["delivery_id"], []).append(a)
+            replays: dict[str, list[dict[str, Any]]] = {}
+            for r in self.rows(hour, bucket, "replays", "delivery_id", ids):
+                replays.setdefault(r["delivery_id"], []).append(r)
+            for row in self.rows(hour, bucket, "deliveries", "delivery_id", ids):
+                did = row["delivery_id"]
+                if row["tenant_id"] == tenants[did]:
+                    found[did] = (hour, tenants[did], row,
+                                  sorted(attempts.get(did, []), key=lambda a: a["attempt_number"]),
+                                  replays.get(did, []))
+        return found
 
 
 class TieredHistory:
@@ -74,26 +117,12 @@ class TieredHistory:
     def __init__(self, hot: CassandraStore, session: Session, archive: ArchiveStore, history_ttl_s: int) -> None:
         self._hot = hot
         self._s = session
-        self._archive = ArchiveReader(archive)
+        self._archive = ArchivedDeliveries(session, archive)
         self._history_ttl_s = history_ttl_s
         self._stmts: dict[str, Any] = {}
 
-    def _archived(self, delivery_id: str) -> tuple[int, str, dict[str, Any], list[dict[str, Any]],
-                                                   list[dict[str, Any]]] | None:
-        # Prepared on first use: a control plane started on a keyspace from before the archive
-        # tier still serves everything else.
-        pointer = self._s.execute(self._prepared("SELECT tenant_id, hour FROM archived_deliveries WHERE delivery_id=?"),
-                                  (delivery_id,)).one()
-        if pointer is None:
-            return None
-        hour, tenant = _ms(pointer.hour) or 0, pointer.tenant_id
-        found = self._archive.rows(hour, tenant, "deliveries", "delivery_id", delivery_id)
-        if not found:
-            return None
-        attempts = sorted(self._archive.rows(hour, tenant, "attempts", "delivery_id", delivery_id),
-                          key=lambda a: a["attempt_number"])
-        replays = self._archive.rows(hour, tenant, "replays", "delivery_id", delivery_id)
-        return hour, tenant, found[0], attempts, replays
+    def _archived(self, delivery_id: str) -> Archived | None:
+        return self._archive.find([delivery_id]).get(delivery_id)
 
     def get_delivery(self, delivery_id: str) -> DeliveryDetail | None:
         detail = self._hot.get_delivery(delivery_id)
@@ -118,7 +147,8 @@ class TieredHistory:
         if archived is None:
             raise FailedPrecondition(f"delivery {delivery_id} is neither in Cassandra nor in the archive")
         hour, tenant, row, attempts, replays = archived
-        events = self._archive.rows(hour, tenant, "events", "event_id", row["event_id"])
+        events = [e for e in self._archive.rows(hour, layout.tenant_bucket(tenant), "events", "event_id",
+                                                [row["event_id"]]) if e["tenant_id"] == tenant]
         if not events:
             raise FailedPrecondition(f"the archive has no payload for event {row['event_id']}")
         created = _ms(row["created_at"]) or hour
