@@ -26,13 +26,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c = cmds.add_parser("create", help="catalogue an event type")
     c.add_argument("name", help="dotted lower-case, e.g. invoice.paid")
     c.add_argument("--description", default="")
-    c.add_argument("--group", default="")
+    # dest type_group: "group" is the top-level command group's dest, which this would overwrite
+    c.add_argument("--group", dest="type_group", default="")
     c.add_argument("--enforcement", choices=("reject", "warn"), default="reject",
                    help="a payload failing its schema at fan-out: dead-lettered (reject) or delivered and counted")
     u = cmds.add_parser("update", help="change description, group or enforcement (only those given)")
     u.add_argument("name")
     u.add_argument("--description")
-    u.add_argument("--group")
+    u.add_argument("--group", dest="type_group")
     u.add_argument("--enforcement", choices=("reject", "warn"))
     a = cmds.add_parser("add-version", help="add a schema version (refused if it breaks its major)")
     a.add_argument("name")
@@ -89,10 +90,11 @@ def run(args: argparse.Namespace, stub: Any) -> str | Any:
     tenant, cmd = args.tenant, args.command
     if cmd == "create":
         return stub.CreateEventType(cpb.CreateEventTypeRequest(
-            tenant_id=tenant, name=args.name, description=args.description, group=args.group,
+            tenant_id=tenant, name=args.name, description=args.description, group=args.type_group,
             enforcement=args.enforcement))
     if cmd == "update":
-        given = {f: getattr(args, f) for f in ("description", "group", "enforcement") if getattr(args, f) is not None}
+        given = {f: getattr(args, a) for f, a in (("description", "description"), ("group", "type_group"),
+                                                  ("enforcement", "enforcement")) if getattr(args, a) is not None}
         return stub.UpdateEventType(cpb.UpdateEventTypeRequest(tenant_id=tenant, name=args.name,
                                                                update_fields=list(given), **given))
     if cmd == "add-version":
@@ -168,7 +170,8 @@ def main(args: argparse.Namespace) -> int:
     from control_plane.cli import _Auth, _Timeout, open_channel
 
     key, admin = os.environ.get("WEBHOOKCTL_API_KEY", ""), os.environ.get("WEBHOOKCTL_ADMIN_TOKEN", "")
-    token = admin if args.command == "grant-writer" else (key or admin)
+    # --tenant names a tenant for the admin token; without it the tenant's own key speaks.
+    token = admin if args.command == "grant-writer" or (args.tenant and admin) else (key or admin)
     if not token:
         print("webhookctl: set WEBHOOKCTL_API_KEY (or WEBHOOKCTL_ADMIN_TOKEN with --tenant)", file=sys.stderr)
         return 2

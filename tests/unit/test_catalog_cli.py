@@ -66,3 +66,18 @@ def test_pin_sends_the_majors() -> None:
     stub = RecordingStub()
     run(parse("pin", "ep_1", "--major", "2", "--major", "3"), stub)
     assert stub.calls[0][0] == "SetEndpointSchemaMajors" and list(stub.calls[0][1].schema_majors) == [2, 3]
+
+
+def test_a_type_group_option_does_not_replace_the_command_group() -> None:
+    """`--group billing` once overwrote the top-level command group (same argparse dest), so
+    `webhookctl event-types create ... --group billing` went to the endpoints path and answered
+    'set WEBHOOKCTL_API_KEY' even with the admin token and --tenant."""
+    args = parse("--tenant", "acme", "create", "invoice.paid", "--group", "billing")
+    assert args.group == "event-types"
+    stub = RecordingStub()
+    run(args, stub)
+    assert stub.calls[0][1].group == "billing"
+    stub = RecordingStub()
+    run(parse("update", "invoice.paid", "--group", "finance"), stub)
+    request = stub.calls[0][1]
+    assert list(request.update_fields) == ["group"] and request.group == "finance"
