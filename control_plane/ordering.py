@@ -1,4 +1,4 @@
-"""Ordering keys on the control plane (issue 17, item 2): list an endpoint's blocked keys, skip a
+"""Ordering keys on the control plane: list an endpoint's blocked keys, skip a
 key's head.
 
 The job decides (core.ordering) and writes ``blocked_ordering_keys`` with the head's attempt

@@ -142,8 +142,8 @@ class DriverPolicy:
     # Fresh deliveries (never attempted) one endpoint keeps in memory; fresh waiting ones beyond it
     # go to the overflow queue in keyed state (core.endpoint_store) and come back a page at a
     # time, so a backlog of millions behind a failing endpoint costs memory for the window only
-    # (issue 18). Retries do not count against it, or a window of retries the receiver keeps
-    # refusing would hold every fresh delivery in the queue for a day (issue 32); memory as a
+    #. Retries do not count against it, or a window of retries the receiver keeps
+    # refusing would hold every fresh delivery in the queue for a day; memory as a
     # whole is bounded at twice the window, past which fresh work waits in the queue again.
     memory_window: int = 20_000
     page_size: int = 1_000
@@ -233,7 +233,7 @@ class EndpointDriver:
         self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
         # The first attempt is due by this TaskManager's clock, which schedules everything the
         # driver does: a delivery is due when it arrives, or at its Kafka time if that is earlier.
-        # A broker clock ahead of ours must not delay it by the skew (issue 32); the deadline
+        # A broker clock ahead of ours must not delay it by the skew; the deadline
         # stays counted from the Kafka time (a skew moves it by that much, either way).
         p = Pending(delivery=light(delivery), stage=Stage.PERSIST,
                     next_attempt_at_ms=min(delivery.created_at_ms, now_ms))
@@ -518,7 +518,7 @@ class EndpointDriver:
                     # The endpoint may send: the wait counts from when the request reached the
                     # front of the manual queue, not from its arrival -- a bulk replay larger
                     # than a minute of the endpoint's capacity is served, not timed out while
-                    # it queues behind itself (issue 32). Blocked or behind an open breaker, the
+                    # it queues behind itself. Blocked or behind an open breaker, the
                     # endpoint's state is why it waits, and the wait counts from arrival.
                     front = self._front_since.get(top[0].delivery_id)
                     if front is None or front[0] != start:
@@ -585,7 +585,7 @@ class EndpointDriver:
         oldest_manual = self._oldest_manual(1)
         manual_ok = len(self._manual)
         if manual_ok and blocked is None and not brk.allow(self.breaker, now_ms)[0]:
-            # A replay checks the endpoint's state first (issue 32): an open breaker holds manual
+            # A replay checks the endpoint's state first: an open breaker holds manual
             # requests too -- a person's replay would otherwise hammer a receiver known to be
             # down. They wait for the probe, within their own wait (_close_stale_manual), and
             # one may be the probe itself once the breaker half-opens.
@@ -793,7 +793,7 @@ class EndpointDriver:
         requests = self._loads.get(did, ())
         if exc is not None:
             # A load that keeps failing backs off -- 1, 2, 4... s, then every load_retry_max_ms --
-            # instead of trying every second for ever (issue 32). The person's request is kept:
+            # instead of trying every second for ever. The person's request is kept:
             # it can only end with its own attempt row (sent or not_sent), and that row is
             # written for the delivery this load could not read.
             failures = self._load_failures[did] = self._load_failures.get(did, 0) + 1
@@ -834,7 +834,7 @@ class EndpointDriver:
             self._join_key(p, started=p.attempt_count > 0)
         # else final (or automatic retries stopped): only the person's request is owed, which no
         # key holds back -- and it must not join its key as a started member, which would make it
-        # the head in place of the delivery really retrying there (issue 32).
+        # the head in place of the delivery really retrying there.
         self._put(p)
 
     # -- the overflow queue ------------------------------------------------------------------------

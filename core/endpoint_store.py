@@ -58,7 +58,7 @@ from core.records import EndpointConfig, EventRecord
 # The endpoint id is the state key and the delivery id the map key, so neither is repeated; the
 # payload is not here (it has its own entry, see the table above).
 STORED_V1 = 1
-STORED_V2 = 2  # + the ordering key and an operator's skip (issue 17, item 2)
+STORED_V2 = 2  # + the ordering key and an operator's skip
 StoredDelivery = tuple
 _MANUAL = 17  # index of the manual requests in a stored delivery (both versions)
 

@@ -33,7 +33,7 @@ for its pending work, and requests that were in flight are gone, so their slots 
 
 **Grants must be picked up promptly.** A grant goes to a key that is not running: the adapter can
 only run a key's pass inside that key's own timer or element, and no key can set a timer for
-another. So a granted slot is idle until its grantee wakes. Two rules bound that (issue 32):
+another. So a granted slot is idle until its grantee wakes. Two rules bound that:
 
 * a grant not taken within ``grant_pickup_ms`` (the dispatcher's harvest interval) *lapses*: its
   slot goes back to the pool and the next caller's ``grant`` hands it on. The lapsed key lost its
@@ -187,7 +187,7 @@ class FairScheduler:
         tenant's quota) without a ticket. Returns the slots taken (0 when others are waiting);
         the caller then files a ticket like everyone else. Retries stop short of the headroom
         kept for new work here too: new work that arrives a moment later has no ticket to
-        compete with yet, and a retry may hold its slot for a whole HTTP timeout (issue 32)."""
+        compete with yet, and a retry may hold its slot for a whole HTTP timeout."""
         if n <= 0 or self.waiting_count() > 0:
             return 0
         held = self._in_flight.get(tenant, 0)

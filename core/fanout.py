@@ -29,10 +29,10 @@ can be created anyway.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from core import ordering
+from core import ordering, schema_check
 from core.records import EndpointConfig, EndpointStatus, EventRecord, delivery_id_for
 
 
@@ -228,16 +228,50 @@ HOUR_MS = 3_600_000
 
 
 @dataclass(frozen=True)
+class SkippedDelivery:
+    """An endpoint whose filter matched the event but which is pinned to other schema majors: it
+    is not sent the event, and its history lists the pair as ``skipped`` with this reason (under
+    the id a delivery would have had), so the event is never silently missing there."""
+
+    delivery_id: str
+    endpoint_id: str
+    endpoint_config_version: int
+    event_type: str
+    reason: str
+
+
+def leave_out_pinned(event: EventRecord, matched: Iterable[EndpointConfig],
+                     pins: Callable[[str], tuple[int, ...]]) -> tuple[list[EndpointConfig], list[SkippedDelivery]]:
+    """Split the matched endpoints into those sent the event and those skipped because their schema
+    pins (``pins(endpoint_id)``, empty: any major) do not accept its major."""
+    chosen: list[EndpointConfig] = []
+    skipped: list[SkippedDelivery] = []
+    for c in matched:
+        reason = schema_check.skip_reason(pins(c.endpoint_id), event)
+        if reason:
+            skipped.append(SkippedDelivery(delivery_id_for(event.event_id, c.endpoint_id), c.endpoint_id,
+                                           c.config_version, event.event_type, reason))
+        else:
+            chosen.append(c)
+    return chosen, skipped
+
+
+@dataclass(frozen=True)
 class FanoutSnapshot:
     """What fan-out decided for one ingested event: the endpoints (with the config version it
     matched) it created deliveries for -- empty means "no subscriber", which is an answer, not a
-    gap. Reconciliation compares deliveries against this, never against today's mutable configs."""
+    gap. Reconciliation compares deliveries against this, never against today's mutable configs.
+
+    ``skipped`` travels with the snapshot to the writer of its row, which writes each skipped
+    pair's history rows in the same batch (the snapshot row itself does not name them: no delivery
+    is expected for them, so reconciliation sees neither a gap nor a missing delivery)."""
 
     event_id: str
     tenant_id: str
     arrived_at_ms: int
     endpoints: tuple[tuple[str, int], ...]  # (endpoint_id, endpoint_config_version), sorted
     degraded: bool = False  # released without the config clock (see ClockFollower)
+    skipped: tuple[SkippedDelivery, ...] = ()
 
     @property
     def partition(self) -> tuple[int, int]:
@@ -255,6 +289,7 @@ def snapshot_partition(event_id: str, arrived_at_ms: int) -> tuple[int, int]:
 
 
 def snapshot_for(event: EventRecord, chosen: Iterable[EndpointConfig], arrived_at_ms: int,
-                 degraded: bool = False) -> FanoutSnapshot:
+                 degraded: bool = False, skipped: Iterable[SkippedDelivery] = ()) -> FanoutSnapshot:
     return FanoutSnapshot(event.event_id, event.tenant_id, arrived_at_ms,
-                          tuple(sorted((c.endpoint_id, c.config_version) for c in chosen)), degraded)
+                          tuple(sorted((c.endpoint_id, c.config_version) for c in chosen)), degraded,
+                          tuple(sorted(skipped, key=lambda s: s.endpoint_id)))

@@ -1,4 +1,4 @@
-"""Which partition bucket an endpoint's history row goes to (issue 17, item 13).
+"""Which partition bucket an endpoint's history row goes to.
 
 An endpoint's deliveries are partitioned by (tenant, endpoint, UTC day, bucket) and its attempts
 by (endpoint, UTC hour, bucket): the bucket, a hash of the delivery id, spreads one busy endpoint

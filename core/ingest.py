@@ -43,7 +43,7 @@ _MAX_ID_LEN = 200
 # What the history can hold: object_version is a Cassandra bigint, occurred_at a timestamp that
 # every attempt's signed headers also render as RFC 3339 text (Python's datetime: years 1..9999).
 # A value past these is refused here: accepted, it would fail every write of its delivery, and
-# every send (issue 32).
+# every send.
 _BIGINT = (-(2**63), 2**63 - 1)
 _TIMESTAMP_MS = (-62_135_596_800_000, 253_402_300_799_999)  # 0001-01-01 .. 9999-12-31, UTC
 

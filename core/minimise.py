@@ -1,4 +1,4 @@
-"""Payload minimisation per endpoint (issue 17, item 3): what an endpoint is sent of an event.
+"""Payload minimisation per endpoint: what an endpoint is sent of an event.
 
 * ``full`` (default) -- the event's exact payload bytes, untouched.
 * ``fields`` -- only the members an allow-list of JSON Pointers (RFC 6901) names, at the same

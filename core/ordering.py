@@ -1,4 +1,4 @@
-"""Ordering keys (issue 17, item 2): one active delivery per key on an endpoint that asks for it.
+"""Ordering keys: one active delivery per key on an endpoint that asks for it.
 
 The brief: "partition that subscription by an ordering key and allow only one active sequence
 per key; an earlier failing item blocks later ones on that key". Off by default. An endpoint's

@@ -19,7 +19,8 @@ payload matches                                 sent
 
 A dead-lettered event reaches no receiver; fan-out keeps running. Per endpoint, schema pins
 (``schema_majors``) leave out the endpoints that do not accept the event's major
-(:func:`accepts_major`).
+(:func:`accepts_major`); :func:`skip_reason` says why, for the skipped delivery the endpoint's
+history lists.
 """
 
 from __future__ import annotations
@@ -142,3 +143,15 @@ def accepts_major(schema_majors: tuple[int, ...], event: EventRecord) -> bool:
         return True
     version = _version(event.schema_version)
     return version is not None and version.major in schema_majors
+
+
+def skip_reason(schema_majors: tuple[int, ...], event: EventRecord) -> str:
+    """Why an endpoint pinned to ``schema_majors`` is not sent this event ("" when it is): the
+    reason its history shows for the skipped delivery."""
+    if accepts_major(schema_majors, event):
+        return ""
+    pinned = ", ".join(str(m) for m in sorted(schema_majors))
+    version = _version(event.schema_version)
+    if version is None:
+        return f"schema version {event.schema_version!r} has no major (pinned: {pinned})"
+    return f"schema major {version.major} not accepted (pinned: {pinned})"

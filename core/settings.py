@@ -129,7 +129,7 @@ class DispatchSettings(BaseModel):
     # payload once its event row is durable, and an evicted one is read back from Cassandra.
     payload_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     # Deliveries one endpoint keeps in the dispatcher's memory (~1.5 KB each); a backlog beyond
-    # it waits in keyed state (~250 B each) and comes back page_size at a time (issue 18).
+    # it waits in keyed state (~250 B each) and comes back page_size at a time.
     memory_window: int = Field(default=20_000, ge=2)
     page_size: int = Field(default=1_000, ge=1)
     # How often the dispatcher harvests finished requests (processing-time timer).

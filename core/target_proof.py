@@ -1,4 +1,4 @@
-"""Who may aim an event at one endpoint (issue 17, item 12).
+"""Who may aim an event at one endpoint.
 
 An event that names ``target_endpoint_id`` skips subscription matching: fan-out sends it to that
 endpoint whatever its event-type filter. Only the control plane's own test events (`webhook.ping`)

@@ -104,7 +104,7 @@ def _older(a: int | None, b: int | None) -> int | None:
 class EndpointSummary:
     """One endpoint's part of the gauges: its deliveries reduced to counts and oldest arrivals,
     so the operator can keep it until a pass changes the endpoint instead of walking every held
-    delivery at each refresh (issue 32)."""
+    delivery at each refresh."""
 
     new: int = 0  # not yet attempted, the overflow queue's included
     retry: int = 0

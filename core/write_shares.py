@@ -4,7 +4,7 @@
 flight, for every endpoint it drives. Handed out first come first served, one endpoint with a
 storage backlog (a deleted endpoint's 20,000 deliveries ending) took all of it: its writes
 finish, its next pass refills the budget before anyone else's back-off timer fires, and another
-tenant's first attempts waited seconds for their creation rows (issue 32).
+tenant's first attempts waited seconds for their creation rows.
 
 So the budget is shared like the tenant slots: equally between the tenants contending for it,
 and within a tenant equally between its endpoints. An endpoint contends while it has storage

@@ -139,7 +139,7 @@ class Dispatcher(KeyedProcessFunction):
         self._gauges = telemetry.DispatcherGauges()
         # Each endpoint's part of the gauges, rebuilt only for endpoints a pass changed since the
         # last refresh, or whose "parked" ends with time (a hold, an open breaker): walking every
-        # held delivery each second cost ~5 us a delivery (issue 32).
+        # held delivery each second cost ~5 us a delivery.
         self._summaries: dict[str, telemetry.EndpointSummary] = {}
         self._changed: set[str] = set()
         self._parked_until: dict[str, int] = {}
@@ -439,7 +439,7 @@ class Dispatcher(KeyedProcessFunction):
     def _start(self, endpoint_id: str, drv: EndpointDriver, decision: Decision, now: int) -> None:
         """Start the I/O the driver decided. Should starting one raise, what was decided but not
         started is handed back to the driver before _contain holds the endpoint: left busy, it
-        would never be sent nor release its in-flight count and tenant/pool slots (issue 32)."""
+        would never be sent nor release its in-flight count and tenant/pool slots."""
         sends: list[tuple[str, Any]] = []
         first_unstarted = 0
         try:
@@ -555,7 +555,7 @@ class Dispatcher(KeyedProcessFunction):
     async def _send_stored(self, p: dispatch.Pending, cfg: EndpointConfig, keys: SigningKeys) -> dispatch.SendReport:
         """Read the immutable bytes back from the event row, then send them. A read that fails
         (a timeout, Cassandra unavailable) is PayloadUnavailable like a missing row: nothing was
-        sent, so it must not be recorded as an attempt nor spend the retry budget (issue 32)."""
+        sent, so it must not be recorded as an attempt nor spend the retry budget."""
         try:
             payload = await self._history.load_payload(p.delivery.event.event_id)
         except PayloadUnavailable:
@@ -567,7 +567,7 @@ class Dispatcher(KeyedProcessFunction):
 
     def _drop_payload(self, delivery_id: str, event_id: str) -> None:
         """Take the bytes out of keyed state once the event row holding them is durable: a
-        backlog then costs keyed state ~230 bytes a delivery, not the payload too (issue 18)."""
+        backlog then costs keyed state ~230 bytes a delivery, not the payload too."""
         claim = self._events_written.get(event_id)
         if claim is not None and claim.done() and claim.exception() is None:
             self._store.remove_payload(delivery_id)

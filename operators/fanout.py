@@ -25,7 +25,9 @@ configs): before matching, an event of a tenant with a catalog is checked agains
 dead-lettered (``schema_invalid`` with the JSON Pointer and schema version, or
 ``schema_unknown``), reaches no receiver, and is recorded as fanned out to no endpoint (the
 dead letter says why); ``warn`` lets it through, counted. Endpoints pinned to other schema majors
-are left out of the match and counted (``skipped_schema_major``).
+are left out of the match and counted (``skipped_schema_major``, a total: an endpoint label would
+make the metric's cardinality the number of pinned endpoints); each skipped pair is listed in its
+endpoint's history as ``skipped`` with the reason -- that listing is the per-endpoint count.
 """
 
 from __future__ import annotations
@@ -257,18 +259,19 @@ class FanOut(KeyedBroadcastProcessFunction):
         if verdict.warning:
             self._schema_warned[verdict.warning].inc()
         matched = fanout.select_endpoints(event, self._tenant_configs(state, event.tenant_id))
-        chosen = [c for c in matched if schema_check.accepts_major(catalog.pins(c.endpoint_id), event)]
-        if len(chosen) < len(matched):
-            self._skipped_major.inc(len(matched) - len(chosen))
+        chosen, skipped = fanout.leave_out_pinned(event, matched, catalog.pins)
+        if skipped:
+            self._skipped_major.inc(len(skipped))
         self._lag_tally.observe(now - arrived_ms)
         self._created += len(chosen)
         self._publish_metrics(now)
         if not chosen:
             self._unmatched.inc()
         # The durable record of this decision (reconciliation's "expected"), written by the
-        # dispatcher; emitted first, so a snapshot exists wherever its deliveries do.
+        # dispatcher; emitted first, so a snapshot exists wherever its deliveries do. The skipped
+        # pairs ride with it and are written with its row (operators/snapshot_writer.py).
         yield for_dispatch(snapshot_key(event.event_id), SNAPSHOT,
-                           fanout.snapshot_for(event, chosen, arrived_ms, degraded))
+                           fanout.snapshot_for(event, chosen, arrived_ms, degraded, skipped))
         for d in fanout.deliveries_for(event, chosen, arrived_ms, self._deadline_ms):
             yield for_dispatch(d.endpoint_id, NEW, d)
 

@@ -17,7 +17,7 @@ attempt); under load a batch is always in flight, so writes coalesce for one rou
 batches grow with the load, Nagle-style.
 
 Atomicity is not needed: each write is an idempotent upsert. But one write must never fail
-another (issue 32: an event whose value its column cannot hold failed every batch it joined,
+another (an event whose value its column cannot hold failed every batch it joined,
 other tenants' writes included): when a batch of several writes fails, whether its send raises
 (the driver binding a bad value) or Cassandra refuses it later, each of its writes is sent again
 alone and reports its own outcome; a write's completion is not done until then. A lone write that

@@ -93,7 +93,7 @@ def job_env(receiver: Receiver, certs: Path, listen_port: int) -> dict[str, str]
         "WEBHOOKS_DISPATCH__TOTAL_TIMEOUT_S": "2",
         "WEBHOOKS_DISPATCH__BREAKER_OPEN_S": "2",
         # A small memory window: every burst of the suite goes through the overflow queue in
-        # keyed state, and the fault tests restore it (issue 18).
+        # keyed state, and the fault tests restore it.
         "WEBHOOKS_DISPATCH__MEMORY_WINDOW": "40",
         "WEBHOOKS_DISPATCH__PAGE_SIZE": "16",
         "WEBHOOKS_FLINK__CHECKPOINT_INTERVAL_MS": "2000",

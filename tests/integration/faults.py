@@ -80,7 +80,7 @@ def duplicate_bound(settings: Settings, n_endpoints: int, default_max_in_flight:
     endpoint). The first version of this bound counted one batch; a loaded CI run (Cassandra
     behind, every duplicate explained by its attempt rows) re-sent 121 against its 114. More than
     two batches behind would mean Cassandra acknowledging slower than a batch fills. Everything
-    recorded is found final by the restored job's CHECK and not sent again (issue 11)."""
+    recorded is found final by the restored job's CHECK and not sent again."""
     batch = settings.flink.parallelism * (settings.cassandra.history_batch_max_statements // 4)
     return in_flight_limit(settings, n_endpoints, default_max_in_flight) + 2 * batch
 

@@ -1,4 +1,4 @@
-"""Configs at event time without the control plane in the delivery path (issue 12), on the real
+"""Configs at event time without the control plane in the delivery path, on the real
 stack: a second delivery job at parallelism 2 on two TaskManagers, with its own topics, keyspace
 and a control plane run as a real process (so it can be stopped, restarted and SIGKILLed).
 

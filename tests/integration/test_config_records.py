@@ -1,5 +1,5 @@
 """Endpoints-topic records the job did not expect, and 410 signals whose handling fails, on the
-real stack (issue 12): a config from a newer control plane (unknown status, unknown fields) is
+real stack: a config from a newer control plane (unknown status, unknown fields) is
 read as "not active", a record that cannot be read holds its endpoint instead of vanishing, and a
 410 signal is never skipped by the control plane's consumer."""
 

@@ -482,7 +482,7 @@ def test_list_and_get_deliveries(stack: Stack) -> None:
 
 
 def test_an_endpoints_history_spans_buckets_and_the_table_before_them(stack: Stack) -> None:
-    """Issue 17 item 13: one endpoint's deliveries of a day live in 16 partitions (a hash of the
+    """One endpoint's deliveries of a day live in 16 partitions (a hash of the
     delivery id); the listing merges them newest first and pages across them, and still reads the
     unbucketed table written before the upgrade -- a delivery made then and finished after has a
     row in each, listed once with the newer status."""
@@ -536,7 +536,7 @@ def test_replay_publishes_a_replay_request_on_the_same_delivery(stack: Stack) ->
 
 
 def test_replays_are_audited_in_cassandra_and_shown_with_the_delivery(stack: Stack) -> None:
-    """Issue 17 item 6 on the real store: who (API key id), when, why; a retried request id
+    """On the real store: who (API key id), when, why; a retried request id
     audited once; a bad reason refused with INVALID_ARGUMENT and nothing written."""
     t = new_tenant(stack)
     e = create_endpoint(stack, t).endpoint
@@ -671,7 +671,7 @@ def test_publish_failure_is_reconciled_by_the_republisher_and_holds_the_clock(st
 
 
 def test_master_key_rotation_reseals_every_key_and_publishes_it(stack: Stack) -> None:
-    """Issue 17 item 10 on the real store and topic: a control plane whose current master key is
+    """On the real store and topic: a control plane whose current master key is
     k2 (k1 retired) re-seals an endpoint's keys created under k1, through the admin RPC; the row
     in Cassandra and the config on the endpoints topic then carry k2 ciphertexts of the same
     secret, which a keyring holding only k2 opens: k1 can be retired."""
@@ -717,7 +717,7 @@ def test_master_key_rotation_reseals_every_key_and_publishes_it(stack: Stack) ->
 
 
 def test_subscription_authorisation_and_a_malformed_allow_list_over_grpc(stack: Stack) -> None:
-    """Issue 17 item 3 on the real API: the admin restricts a tenant's event types; `*` and types
+    """On the real API: the admin restricts a tenant's event types; `*` and types
     outside are PERMISSION_DENIED; a malformed payload allow-list is INVALID_ARGUMENT."""
     t = new_tenant(stack)
     wide = create_endpoint(stack, t, event_types=["*"]).endpoint
@@ -738,7 +738,7 @@ def test_subscription_authorisation_and_a_malformed_allow_list_over_grpc(stack: 
         tenant_id=t.tenant_id, unrestricted=True), metadata=t.md)) == grpc.StatusCode.PERMISSION_DENIED
 
 
-# -- ordering keys (issue 17, item 2) -------------------------------------------------------------
+# -- ordering keys -------------------------------------------------------------
 
 
 def test_ordering_key_is_stored_published_and_turned_off_over_grpc(stack: Stack) -> None:

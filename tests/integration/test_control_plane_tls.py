@@ -1,4 +1,4 @@
-"""The gRPC API over TLS (issue 17, item 7): a real control plane serving the locally generated
+"""The gRPC API over TLS: a real control plane serving the locally generated
 server certificate on 127.0.0.1, against the real Cassandra and Kafka, and `webhookctl` with
 --ca / --insecure against it."""
 

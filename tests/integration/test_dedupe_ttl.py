@@ -1,7 +1,7 @@
-"""Fan-out's dedupe state expires on RocksDB, the backend the stack (and production) runs (issue 17,
-item 13), and what it forgets does not become a second request: a second job whose dedupe window
-is a few seconds dedupes a re-publish inside the window, fans out one after it again, and the
-dispatcher then reads the delivery's durable record and does not send what is already final."""
+"""Fan-out's dedupe state expires on RocksDB, the backend the stack (and production) runs, and what it forgets does not
+become a second request: a second job whose dedupe window is a few seconds dedupes a re-publish inside the window,
+fans out one after it again, and the dispatcher then reads the delivery's durable record and does not send what is
+already final."""
 
 from __future__ import annotations
 

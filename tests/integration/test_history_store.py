@@ -1,6 +1,6 @@
 """The dispatcher's history store against a real Cassandra: attempt rows written before the
 requests they stand for, with numbers never reused, and a delivery status that never moves back
-from final (issue 11, defects 6 and 7). A keyspace of this module's own; no job, no Kafka."""
+from final. A keyspace of this module's own; no job, no Kafka."""
 
 from __future__ import annotations
 
@@ -341,7 +341,7 @@ def test_history_and_control_plane_connections_do_not_wait_on_nagle(history: Cas
 
 
 def test_writes_and_decision_reads_use_the_configured_consistency(own_settings: Settings, session: Session) -> None:
-    """Issue 17 item 13: cassandra.consistency reaches Cassandra on the dispatcher's writes and
+    """Cassandra.consistency reaches Cassandra on the dispatcher's writes and
     reads and on the control plane's. Shown by asking this one-node cluster (RF 1) for a level it
     cannot give: TWO fails as Unavailable on every path; the default (LOCAL_QUORUM) works."""
     from control_plane.errors import Unavailable
@@ -377,7 +377,7 @@ def key_rows(session: Session, d: NewDelivery, key: str) -> list[Any]:
 
 
 def test_a_heads_records_block_and_free_its_ordering_key(history, session):
-    """Issue 17 item 2: a failing head writes its key's row with what blocks it; its final record
+    """A failing head writes its key's row with what blocks it; its final record
     deletes it; the next head's failure is written after and survives the earlier delete
     landing late (write timestamps are the records' finish times)."""
     key = f"inv_{uuid.uuid4().hex[:8]}"

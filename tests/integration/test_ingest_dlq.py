@@ -124,7 +124,7 @@ def test_debezium_outbox_envelope_is_delivered(settings, grpc_channel, receiver,
 
 
 def test_only_the_control_plane_may_aim_an_event_at_one_endpoint(settings, grpc_channel, receiver, delivery_job):
-    """Issue 17 item 12: `target_endpoint_id` skips subscription matching, so a CDC record claiming
+    """`target_endpoint_id` skips subscription matching, so a CDC record claiming
     one (with no proof, or a made-up one) is dead-lettered, not sent to an endpoint that never
     subscribed to its type; the control plane's own test event still reaches its endpoint."""
     tenant_id, api_key = new_tenant(grpc_channel, settings)
@@ -148,7 +148,7 @@ def test_only_the_control_plane_may_aim_an_event_at_one_endpoint(settings, grpc_
 
 
 def test_an_event_id_another_tenant_used_is_refused_not_merged(settings, grpc_channel, receiver, delivery_job):
-    """Issue 17 item 12: dedupe is by (tenant, event_id). A second tenant's event reusing an id is
+    """Dedupe is by (tenant, event_id). A second tenant's event reusing an id is
     not a duplicate to drop silently, and must not share the first one's history rows (payload
     row, deliveries-by-event): it is dead-lettered as a conflict, the first delivered once."""
     first_tenant, first_key = new_tenant(grpc_channel, settings)

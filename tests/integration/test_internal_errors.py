@@ -1,4 +1,4 @@
-"""One endpoint whose signing secret does not decrypt holds that endpoint only (issue 11, defect 5).
+"""One endpoint whose signing secret does not decrypt holds that endpoint only.
 
 Before the endpoint driver, the decryption error escaped the dispatcher's timer: the job
 restarted, met the same secret again and crash-looped, stopping every tenant. Now the endpoint is

@@ -1,4 +1,4 @@
-"""Observability on the real stack (issue 15): a delivery job of its own is driven through
+"""Observability on the real stack: a delivery job of its own is driven through
 successes, 500s, a hanging endpoint, a 429 storm and a tenant throttled to one request at a time;
 then the stack's real Prometheus (fed by Flink's reporter through the Pushgateway) is asked, over
 its HTTP API, whether each series exists and moves the right way, whether the first-attempt alert

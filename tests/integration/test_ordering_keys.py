@@ -1,4 +1,4 @@
-"""Ordering keys end to end on the real stack (issue 17, item 2): an endpoint ordered by object id,
+"""Ordering keys end to end on the real stack: an endpoint ordered by object id,
 a failing head holding only its key, deliveries arriving out of order, a stop-with-savepoint and
 restore in the middle, the blocked key listed by the API, and an operator's skip releasing it."""
 

@@ -1,5 +1,5 @@
 """The transactional outbox on the real stack: PostgreSQL -> WAL -> Debezium (Kafka Connect) ->
-Kafka -> the delivery job -> the receiver, and the relay's faults (issue 13): the Connect worker
+Kafka -> the delivery job -> the receiver, and the relay's faults: the Connect worker
 SIGKILLed after publishing but before committing its offsets, PostgreSQL restarted under writers,
 Kafka down while rows commit, and bad rows. Each fault ends in a verdict of durable counts
 (tests/integration/faults.py): lost = 0, duplicates at the receivers within the stated bound.

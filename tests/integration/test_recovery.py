@@ -1,7 +1,7 @@
 """Crash safety on the real stack: a savepoint upgrade (the TaskManager killed mid fan-out is fault 2
 of the fault matrix, tests/integration/test_chaos.py).
 
-It ends with durable counts and real bounds (issue 11):
+It ends with durable counts and real bounds:
 - nothing lost: every (event, matching endpoint) pair has exactly one delivery row, reached the
   receiver, and its row ends `succeeded`;
 - duplicates (receiver requests beyond one per delivery) are bounded by what the job can have had

@@ -67,7 +67,7 @@ def test_one_event_is_delivered_signed_and_recorded(settings, grpc_channel, rece
 
 def test_an_ed25519_endpoint_gets_v1a_signatures_its_public_key_verifies(settings, grpc_channel, receiver,
                                                                          delivery_job):
-    """Issue 17 item 5 end to end: the job signs with the private key only the platform holds;
+    """End to end: the job signs with the private key only the platform holds;
     the receiver verifies with the whpk_ public key, using libsodium (PyNaCl), an ed25519
     implementation independent of ours. A rotation back to HMAC overlaps: both sign."""
     import base64
@@ -113,7 +113,7 @@ def test_an_ed25519_endpoint_gets_v1a_signatures_its_public_key_verifies(setting
 
 def test_minimised_payloads_are_what_is_signed_and_sent_and_history_keeps_the_original(
         settings, grpc_channel, receiver, delivery_job, cassandra_session):
-    """Issue 17 item 3 end to end: an endpoint on a JSON Pointer allow-list gets only those
+    """End to end: an endpoint on a JSON Pointer allow-list gets only those
     members, a thin endpoint no business data; each signature verifies over the bytes received;
     the event row keeps the full payload."""
     import json
@@ -145,7 +145,7 @@ def test_minimised_payloads_are_what_is_signed_and_sent_and_history_keeps_the_or
 
 def test_an_endpoint_answers_its_ownership_challenge_before_it_receives_events(
         settings, grpc_channel, receiver, delivery_job):
-    """Issue 17 item 4 end to end: a verifying tenant's new endpoint is PENDING_VERIFICATION; the
+    """End to end: a verifying tenant's new endpoint is PENDING_VERIFICATION; the
     job sends it the signed `webhook.challenge` and nothing else while pending; VerifyEndpoint
     refuses an endpoint that did not echo the token and activates one that did; events then flow."""
     import json

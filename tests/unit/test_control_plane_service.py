@@ -390,7 +390,7 @@ def test_dev_allowed_loopback_is_accepted_when_policy_allows_it(w: World) -> Non
 
 
 def test_idempotent_create_returns_the_same_endpoint_and_never_the_secret_again(w: World) -> None:
-    """Issue 17, item 11: the secret is shown once. A retry under the same request_id (a client
+    """The secret is shown once. A retry under the same request_id (a client
     whose first answer was lost, or whoever replays its request) gets the endpoint and no secret;
     rotating the secret is how to get a usable one."""
     first = w.endpoints.create(ALICE, spec(), "req-1")
@@ -780,7 +780,7 @@ def test_bulk_recover_replays_failed_and_expired_with_progress(w: World) -> None
 
 
 def test_replays_are_audited_who_when_why_once_per_request_id(w: World) -> None:
-    """Issue 17 item 6: who (API key id), when and why, shown with the delivery; a client retrying
+    """Who (API key id), when and why, shown with the delivery; a client retrying
     with the same request id is queued again (the job dedupes) but audited once."""
     e = create(w)
     did = add_delivery(w, e, 1, DeliveryStatus.FAILED)
@@ -938,7 +938,7 @@ def _forge(real: str, **changes: object) -> str:
 
 
 def test_a_forged_delivery_cursor_is_refused_before_any_read(w: World) -> None:
-    """Issue 17 item 11: the cursor carries the time range resolved on the first page; forged to
+    """The cursor carries the time range resolved on the first page; forged to
     span years it would walk one Cassandra partition per day. Signed, it is refused unread."""
     e = create(w)
     for n in range(1, 6):
@@ -971,7 +971,7 @@ def test_a_forged_endpoint_cursor_is_refused(w: World) -> None:
     assert len(w.endpoints.list(ALICE, 2, page.next_cursor).items) == 1
 
 
-# -- ed25519 endpoints (issue 17, item 5) --------------------------------------------------------
+# -- ed25519 endpoints --------------------------------------------------------
 
 def _stored_secret(w: World, e: Endpoint, version: int) -> str:
     from core.secrets import decrypt_secret
@@ -1029,7 +1029,7 @@ def test_a_retried_create_must_ask_for_the_same_scheme(w: World) -> None:
         w.endpoints.create(ALICE, spec(), "req-ed")  # same body, HMAC this time
 
 
-# -- master-key rotation (issue 17, item 10) --------------------------------------------------------
+# -- master-key rotation --------------------------------------------------------
 
 NEW_MASTER = bytes(range(100, 132))
 
@@ -1077,7 +1077,7 @@ def test_a_new_secret_is_sealed_under_the_current_key_and_named(w: World) -> Non
     assert sealed_with(e.signing_keys[0].ciphertext_b64) == "k2"
 
 
-# -- payload minimisation and subscription authorisation (issue 17, item 3) ------------------------
+# -- payload minimisation and subscription authorisation ------------------------
 
 def test_an_endpoint_can_be_sent_only_allowed_fields_and_the_job_is_told(w: World) -> None:
     e = w.endpoints.create(ALICE, spec(payload_mode="fields", payload_fields=("/id", "/customer/id")), "").endpoint
@@ -1131,7 +1131,7 @@ def test_a_restricted_tenant_subscribes_only_within_its_allow_list(w: World) -> 
         admin.set_event_types("tenant-a", ["a.b"], unrestricted=True)
 
 
-# -- endpoint ownership challenge (issue 17, item 4) ---------------------------------------------
+# -- endpoint ownership challenge ---------------------------------------------
 
 def _answer(w: World, e: Endpoint, status: int = 200, echo: bool = True) -> None:
     """What the job records when the URL answers the challenge event (history, as the job writes it)."""
@@ -1210,7 +1210,7 @@ def test_tenants_verify_endpoints_by_default_in_production_only(w: World) -> Non
     assert not w.admin.create_tenant("t-dev", "d").verify_endpoints
 
 
-# -- ordering keys (issue 17, item 2) -------------------------------------------------------------
+# -- ordering keys -------------------------------------------------------------
 
 def test_an_endpoint_can_be_ordered_changed_and_unordered_and_the_job_is_told(w: World) -> None:
     e = create(w, ordering_key="object_id")

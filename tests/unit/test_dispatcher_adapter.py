@@ -1,5 +1,5 @@
 """The Dispatcher adapter with fake Flink context, timers, history, sender and I/O loop: what it
-does with the driver's decisions when its own I/O side misbehaves (issue 32)."""
+does with the driver's decisions when its own I/O side misbehaves."""
 
 from __future__ import annotations
 

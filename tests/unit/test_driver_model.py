@@ -1,4 +1,4 @@
-"""Model-based test of the pure endpoint driver (issue 11, "Design change"): a hypothesis state
+"""Model-based test of the pure endpoint driver: a hypothesis state
 machine drives three :class:`EndpointDriver` instances (two tenants, one shared
 :class:`FairScheduler`) the way :mod:`operators.dispatcher` does, against a simulated world:
 
@@ -334,7 +334,7 @@ class Sim:
             return None
         self._n += 1
         created = self.now - age_ms
-        # Three objects, each version newer than the last (ordering keys, issue 17 item 2).
+        # Three objects, each version newer than the last (ordering keys).
         ev = EventRecord(event_id=f"evt_{self._n}", tenant_id=cfg.tenant_id, event_type="invoice.paid",
                          schema_version="2026-01-01", object_id=f"obj_{self._n % 3}", object_version=self._n,
                          occurred_at_ms=created, payload=b"{}")
@@ -531,7 +531,7 @@ class Sim:
                 self.auto_after_restore[did] += 1
             key = p.delivery.ordering_key
             if cfg.ordering_key and key:
-                # One active delivery per ordering key (issue 17, item 2).
+                # One active delivery per ordering key.
                 others = [io.did for io in self.io if io.ep == ep and io.kind == "send" and io.ordered_key == key]
                 assert not others, f"automatic request for {did} while {others} of key {key} is in flight"
         cap = cfg.max_in_flight or self.policy.default_max_in_flight
@@ -571,7 +571,7 @@ class Sim:
         if (io.kind == "persist" and error is None and queued_before and io.did in drv.items
                 and io.did not in drv._superseded):
             p = drv.items[io.did]
-            # a fresh delivery behind a queue goes to the back of it, not into memory (issue 18)
+            # a fresh delivery behind a queue goes to the back of it, not into memory
             assert p.stage is not Stage.READY or p.manual or p.attempt_count, (
                 f"{io.did} stayed in memory behind a queue of {queued_before}")
         self.pass_(io.ep)
@@ -765,7 +765,7 @@ def check_slots(sim: Sim) -> None:
     for waiting in sched._waiting.values():
         for key in waiting._entries:
             assert key in sim.drivers, f"ticket for {key}, which has no driver"
-    # Issue 32: no slot granted and idle for longer than the pickup interval while anyone waits
+    # No slot granted and idle for longer than the pickup interval while anyone waits
     # for one (the keys next in line ask every interval, and their grant call hands it on).
     if sched.waiting_count():
         for key, at in sched._granted_at.items():
@@ -916,7 +916,7 @@ class DriverMachine(RuleBasedStateMachine):
     @initialize(seed=st.integers(0, 2**16), lag=st.sampled_from(EPS + [""]), pool=st.sampled_from([2, 4]),
                 quota=st.sampled_from([1, 2, 2]))
     def init(self, seed: int, lag: str, pool: int, quota: int) -> None:
-        # A tiny memory window: the overflow queue is in play in every run (issue 18).
+        # A tiny memory window: the overflow queue is in play in every run.
         window = int(os.environ.get("MODEL_WINDOW", "3"))  # explore without the queue: a large one
         self.sim = Sim(seed=seed, pool=pool, quota=quota, policy=make_policy(memory_window=window, page_size=2))
         for ep in EPS:

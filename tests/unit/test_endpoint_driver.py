@@ -1,5 +1,5 @@
 """The endpoint driver, driven the way the Flink adapter drives it, with a simulated clock, history
-and receiver. Each test named after a defect of issue 11 reproduces it as it was reported.
+and receiver. Each test named after a defect reproduces it as it was reported.
 
 ``Sim`` plays the adapter: it feeds inputs, runs the storage actions against an in-memory
 history (instantly, unless told to hold them), completes HTTP requests with scripted answers, and
@@ -427,7 +427,7 @@ def test_repeated_internal_errors_back_off() -> None:
 
 
 def test_an_event_republished_after_the_dedupe_window_is_checked_not_resent() -> None:
-    """Fan-out's dedupe state expires (issue 17 item 13); a record of an event re-published after it
+    """Fan-out's dedupe state expires; a record of an event re-published after it
     (a relay re-snapshot, a replayed topic) arrives with a fresh Kafka time, so only the event's
     own time says it may be old. It was sent again with attempt number 1 -- a second request
     whose row overwrote nothing, so history no longer explained it (found on the real stack)."""
@@ -661,7 +661,7 @@ def test_an_entry_stored_before_ordering_keys_is_read_and_takes_a_skip() -> None
 
 
 def test_a_restored_backlog_behind_an_open_breaker_is_read_back_lazily() -> None:
-    """Issue 18: a restore must not read every pending delivery's record before anything else
+    """A restore must not read every pending delivery's record before anything else
     (a 50,000 backlog took ~100 s of Cassandra reads while healthy endpoints waited)."""
     sim = backlog_behind_open_breaker(1_000)
     sim.restore()
@@ -676,7 +676,7 @@ def test_a_restored_backlog_behind_an_open_breaker_is_read_back_lazily() -> None
     assert len(checks) == 1 and sum(sim.requests.values()) == before + 1  # one record read, one probe
 
 
-# -- issue 18: a backlog beyond the memory window waits in keyed state ------------------------------
+# -- a backlog beyond the memory window waits in keyed state ------------------------------
 
 WINDOW = replace(POLICY, memory_window=50, page_size=10)
 
@@ -686,7 +686,7 @@ WINDOW = replace(POLICY, memory_window=50, page_size=10)
 def test_a_backlog_beyond_the_window_leaves_memory_and_the_pending_map() -> None:
     sim = backlog_behind_open_breaker(1_000, WINDOW)
     drv, store = sim.driver("ep_1"), sim.stores["ep_1"]
-    # the window bounds fresh work (issue 32): the two attempts that opened the breaker are retries
+    # the window bounds fresh work: the two attempts that opened the breaker are retries
     assert len(drv._fresh) <= WINDOW.memory_window + 1 and len(drv.items) <= 2 * WINDOW.memory_window
     assert set(store.pending) == set(drv.items)  # a restore reads the window back, not the backlog
     assert drv.spilled == len(store.spilled) == 1_000 - len(drv.items)
@@ -780,7 +780,7 @@ def test_after_a_long_consumer_lag_new_deliveries_still_wait_in_the_queue() -> N
 
 
 def test_a_restored_backlog_is_read_ahead_of_the_sends_while_the_breaker_is_closed() -> None:
-    """Issue 18: one record read per granted slot drained a restored backlog at ~270/s (read +
+    """One record read per granted slot drained a restored backlog at ~270/s (read +
     reserve + request latency per slot). With the breaker closed, reads run up to four times the
     endpoint's cap ahead of the sends; a probing breaker still reads only what it may send."""
     sim = Sim()
@@ -796,7 +796,7 @@ def test_a_restored_backlog_is_read_ahead_of_the_sends_while_the_breaker_is_clos
     assert len(reads) == 4 * POLICY.default_max_in_flight
 
 
-# -- what the operator exports (issue 15) ------------------------------------------------------------
+# -- what the operator exports ------------------------------------------------------------
 
 
 def test_attempts_are_counted_by_status_class_and_first_attempts_by_latency_bucket() -> None:
@@ -834,7 +834,7 @@ def test_throttling_is_counted_where_it_happens() -> None:
     assert sim.counts["throttled_slots"] >= 1
 
 
-# -- issue 32 --------------------------------------------------------------------------------------
+# -- defects found by simulating the driver and the adapter ----------------------------------
 
 
 def _wait_until_backed_off(sim: Sim, ep: str, until: int) -> None:
@@ -848,7 +848,7 @@ def _wait_until_backed_off(sim: Sim, ep: str, until: int) -> None:
         sim.run(ep)
 
 
-def test_issue32_1_a_slot_freed_or_granted_while_an_endpoint_waits_is_used_within_the_pickup_interval() -> None:
+def test_a_slot_freed_or_granted_while_an_endpoint_waits_is_used_within_the_pickup_interval() -> None:
     sim = Sim(pool=1, quota=1)
     for ep in ("ep_a", "ep_b", "ep_c"):
         sim.config(config(ep, tenant=f"t_{ep}"))
@@ -867,7 +867,7 @@ def test_issue32_1_a_slot_freed_or_granted_while_an_endpoint_waits_is_used_withi
     sim.slots_conserved()
 
 
-def test_issue32_8_retries_taken_without_contention_leave_the_share_kept_for_new_work() -> None:
+def test_retries_taken_without_contention_leave_the_share_kept_for_new_work() -> None:
     patient = replace(POLICY, breaker=brk.BreakerConfig(failure_threshold=100, fast_failure_threshold=100,
                                                         open_s=30.0, max_open_s=600.0))
     sim = Sim(pool=10, quota=10, policy=patient)
@@ -885,7 +885,7 @@ def test_issue32_8_retries_taken_without_contention_leave_the_share_kept_for_new
     sim.slots_conserved()
 
 
-def test_issue32_14_a_manual_replay_waits_for_an_open_breaker_and_ends_not_sent_if_it_stays_open() -> None:
+def test_a_manual_replay_waits_for_an_open_breaker_and_ends_not_sent_if_it_stays_open() -> None:
     policy = replace(POLICY, breaker=brk.BreakerConfig(failure_threshold=5, fast_failure_threshold=2,
                                                        open_s=120.0, max_open_s=600.0))
     sim = Sim(policy=policy)
@@ -905,7 +905,7 @@ def test_issue32_14_a_manual_replay_waits_for_an_open_breaker_and_ends_not_sent_
     assert "not_sent" in sim.history["dlv_ep_1_0"].rows.values()
 
 
-def test_issue32_15_a_replay_whose_load_keeps_failing_backs_off_and_is_kept() -> None:
+def test_a_replay_whose_load_keeps_failing_backs_off_and_is_kept() -> None:
     sim = Sim()
     sim.config(config())
     drv = sim.driver("ep_1")
@@ -949,7 +949,7 @@ class _CountingItems(dict[str, Any]):
         return super().get(key, default)
 
 
-def test_issue32_10_a_pass_touches_the_oldest_manual_requests_not_all_of_them() -> None:
+def test_a_pass_touches_the_oldest_manual_requests_not_all_of_them() -> None:
     sim = Sim()
     sim.config(config(max_in_flight=1))
     n = 2_000
@@ -972,7 +972,7 @@ def test_issue32_10_a_pass_touches_the_oldest_manual_requests_not_all_of_them() 
     assert sim.requests[oldest] == 1 and sim.requests[nxt] == 0
 
 
-def test_issue32_2_fresh_deliveries_are_not_starved_by_a_memory_full_of_retries() -> None:
+def test_fresh_deliveries_are_not_starved_by_a_memory_full_of_retries() -> None:
     patient = replace(WINDOW, breaker=brk.BreakerConfig(failure_threshold=1000, fast_failure_threshold=1000,
                                                         open_s=30.0, max_open_s=600.0))
     sim = Sim(policy=patient)
@@ -992,7 +992,7 @@ def test_issue32_2_fresh_deliveries_are_not_starved_by_a_memory_full_of_retries(
     assert len(drv.items) <= 2 * patient.memory_window
 
 
-def test_issue32_6_a_bulk_replay_beyond_a_minute_of_capacity_is_sent_not_timed_out() -> None:
+def test_a_bulk_replay_beyond_a_minute_of_capacity_is_sent_not_timed_out() -> None:
     patient = replace(POLICY, breaker=brk.BreakerConfig(failure_threshold=10_000, fast_failure_threshold=10_000,
                                                         open_s=30.0, max_open_s=600.0))
     sim = Sim(policy=patient)
@@ -1019,7 +1019,7 @@ def _versioned(n: int, version: int, created: int) -> NewDelivery:
     return replace(d, event=replace(d.event, object_id="inv_1", object_version=version), ordering_key="inv_1")
 
 
-def test_issue32_12_a_replayed_older_delivery_does_not_become_the_head_of_its_key() -> None:
+def test_a_replayed_older_delivery_does_not_become_the_head_of_its_key() -> None:
     patient = replace(POLICY, breaker=brk.BreakerConfig(failure_threshold=100, fast_failure_threshold=100,
                                                         open_s=30.0, max_open_s=600.0))
     sim = Sim(policy=patient)
@@ -1042,7 +1042,7 @@ def test_issue32_12_a_replayed_older_delivery_does_not_become_the_head_of_its_ke
     assert sim.requests[v0.delivery_id] == 0
 
 
-def test_issue32_13_a_broker_clock_ahead_of_the_task_manager_does_not_delay_the_first_attempt() -> None:
+def test_a_broker_clock_ahead_of_the_task_manager_does_not_delay_the_first_attempt() -> None:
     sim = Sim()
     sim.config(config())
     sim.new(delivery(0, created=sim.now + 7_000))  # Kafka's timestamp is 7 s ahead of this clock

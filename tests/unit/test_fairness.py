@@ -281,7 +281,7 @@ def test_uncontended_fast_path_yields_to_waiting_tickets():
 
 
 def test_a_grant_not_taken_within_the_pickup_interval_lapses_and_its_slot_goes_to_a_caller():
-    # issue 32 row 1: a grantee that is not awake must not keep the slot idle
+    # a grantee that is not awake must not keep the slot idle
     s = FairScheduler(pool_size=1, tenant_quota=1, grant_pickup_ms=10)
     s.request("a/ep0", "a", "new", NOW)
     assert s.grant(NOW) == ["a/ep0"]
@@ -293,7 +293,7 @@ def test_a_grant_not_taken_within_the_pickup_interval_lapses_and_its_slot_goes_t
 
 
 def test_uncontended_retries_leave_the_headroom_for_new_work():
-    # issue 32 row 8
+    # retries keep the share kept for new work
     s = FairScheduler(pool_size=10, tenant_quota=10, retry_headroom=0.1)
     assert s.acquire_uncontended("a", 10, "retry") == 9
     assert s.acquire_uncontended("b", 1, "new") == 1

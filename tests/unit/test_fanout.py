@@ -255,7 +255,7 @@ def test_no_endpoints_no_deliveries() -> None:
 
 
 def test_the_dedupe_state_expires_on_rocksdb_too() -> None:
-    """Issue 17 item 13: the production backend (RocksDB) reclaims expired event ids with its
+    """The production backend (RocksDB) reclaims expired event ids with its
     compaction filter; heap keeps its incremental cleanup; expired entries are never returned.
     (Before, only the heap strategy was set: RocksDB kept every id for good.) The conversion to
     Java runs inside the TaskManager on every job start (the integration suite runs RocksDB)."""

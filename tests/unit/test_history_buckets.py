@@ -1,4 +1,4 @@
-"""The bucket of an endpoint's history row (issue 17, item 13): stable, spread, and merged back."""
+"""The bucket of an endpoint's history row: stable, spread, and merged back."""
 
 from __future__ import annotations
 

@@ -244,7 +244,7 @@ def test_a_utf8_byte_order_mark_is_tolerated() -> None:
 
 
 def test_a_targeted_event_needs_the_control_planes_proof() -> None:
-    """Issue 17 item 12: target_endpoint_id skips subscription matching; only a valid proof (made by
+    """Target_endpoint_id skips subscription matching; only a valid proof (made by
     the control plane, bound to tenant, event and endpoint) lets it through."""
     from core import target_proof
     from core.ingest import check_target
@@ -266,7 +266,7 @@ def test_a_targeted_event_needs_the_control_planes_proof() -> None:
         check_target(parse(plain(target_endpoint_id="ep_8", target_proof=good)), [key])
 
 
-# -- values the history schema cannot hold (issue 32 row 5) ---------------------------------------
+# -- values the history schema cannot hold ---------------------------------------
 # object_version is a Cassandra bigint; occurred_at a timestamp that signing also renders as
 # RFC 3339 text (years 1..9999). Past either, the event's every write or send would fail.
 BIGINT_MAX = 2**63 - 1

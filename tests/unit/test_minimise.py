@@ -1,4 +1,4 @@
-"""Payload minimisation per endpoint: table-driven (issue 17, item 3)."""
+"""Payload minimisation per endpoint: table-driven."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ordering keys (issue 17, item 2): the key of an event, the per-key sequencing, and the endpoint
+"""Ordering keys: the key of an event, the per-key sequencing, and the endpoint
 driver holding later deliveries of a key behind its head -- with a failing head, out-of-order
 arrival, a restore, an operator's skip, and ordering turned off."""
 

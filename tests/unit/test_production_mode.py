@@ -1,4 +1,4 @@
-"""Production mode refuses every development default, naming the setting (issue 17, item 8), and
+"""Production mode refuses every development default, naming the setting, and
 the master key can come from a file each machine reads itself (item 9)."""
 
 from __future__ import annotations

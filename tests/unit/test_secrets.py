@@ -116,7 +116,7 @@ def test_redacted_wrapper_hides_value_from_str_repr_and_fstrings() -> None:
     assert wrapped.reveal() == SECRET
 
 
-# -- master keys by id (issue 17, item 10) ----------------------------------------------------------
+# -- master keys by id ----------------------------------------------------------
 
 def test_a_keyring_seals_with_its_current_key_and_names_it() -> None:
     from core.secrets import Keyring, sealed_with

@@ -1,4 +1,4 @@
-"""What the delivery job ships to its TaskManagers (issue 17, item 9): the dispatcher, pickled
+"""What the delivery job ships to its TaskManagers: the dispatcher, pickled
 into the job graph as PyFlink does, carries the master key it needs and no admin token or
 producer-database credential."""
 

@@ -128,7 +128,7 @@ def test_build_headers_adds_metadata() -> None:
         "webhook-schema-version": "2026-01-01",
         "webhook-key-versions": "2 1",
         "webhook-signature-version": "v1",
-        # Ordering metadata (issue 17): a receiver drops an update older than the one it has.
+        # Ordering metadata: a receiver drops an update older than the one it has.
         "webhook-object-id": "inv_9",
         "webhook-object-version": "7",
         "webhook-attempt": "3",

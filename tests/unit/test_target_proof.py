@@ -1,4 +1,4 @@
-"""Targeted events are honoured only with the control plane's proof (issue 17, item 12)."""
+"""Targeted events are honoured only with the control plane's proof."""
 
 from __future__ import annotations
 

@@ -193,7 +193,7 @@ def test_nonsense_bounds_are_refused(max_statements: int, max_bytes: int) -> Non
         WriteBatcher(Sent(), max_statements, max_bytes, 0.0)
 
 
-# -- one bad write never fails another (issue 32 row 5) -------------------------------------------
+# -- one bad write never fails another -------------------------------------------
 
 
 def refusing(bad: str, sent: Sent):  # type: ignore[no-untyped-def]
