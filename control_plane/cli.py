@@ -119,6 +119,8 @@ def delivery_detail(d: Any) -> str:
         f"endpoint {d.delivery.endpoint_id}, config version {d.endpoint_config_version}, "
         f"automatic retries {'active' if d.auto_retry_active else 'stopped'}"
     )
+    if d.delivery.status == pb.DELIVERY_STATUS_SKIPPED:
+        facts += f"\nskipped, never sent: {d.last_error_class}"
     attempts = table(
         ["#", "started", "outcome", "http", "latency ms", "error", "manual", "config v"],
         [
@@ -506,7 +508,7 @@ def parser() -> argparse.ArgumentParser:
         dest="command", required=True)
     d = dl.add_parser("list", help="an endpoint's deliveries in a time range")
     d.add_argument("endpoint_id")
-    d.add_argument("--status", action="append", choices=["pending", "succeeded", "failed", "expired"])
+    d.add_argument("--status", action="append", choices=["pending", "succeeded", "failed", "expired", "skipped"])
     d.add_argument("--since", help="ISO 8601, default 30 days ago")
     d.add_argument("--until", help="ISO 8601, default now")
     d.add_argument("--page-size", type=int, default=0)
