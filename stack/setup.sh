@@ -47,6 +47,26 @@ for part in kafka cassandra flink-connectors connect s3proxy; do
   fi
 done
 
+# The official AsyncAPI JSON Schema, which the tests validate the catalog's AsyncAPI export against:
+# the AsyncAPI project publishes it on the npm registry only (@asyncapi/specs), not on PyPI. One
+# exact version, its tarball checked against the registry's integrity for it; only its schemas/ and
+# LICENSE are kept, under stack/.specs/asyncapi (git-ignored). Tests never fetch it.
+ASYNCAPI_SPECS_VERSION=6.11.1
+ASYNCAPI_SPECS_INTEGRITY="sha512-A3WBLqAKGoJ2+6FWFtpjBlCQ1oFCcs4GxF7zsIGvNqp/klGUHjlA3aAcZ9XMMpLGE8zPeYDz2x9FmO6DSuKraQ=="
+specs="$REPO/stack/.specs/asyncapi"
+if [ ! -f "$specs/.version-$ASYNCAPI_SPECS_VERSION" ]; then
+  command -v npm >/dev/null || fail "npm not found (it fetches the AsyncAPI JSON Schema): apt-get install npm"
+  say "fetching @asyncapi/specs@$ASYNCAPI_SPECS_VERSION from the npm registry"
+  rm -rf "$specs" && mkdir -p "$specs"
+  tarball="$(cd "$specs" && npm pack --silent "@asyncapi/specs@$ASYNCAPI_SPECS_VERSION")" \
+    || fail "npm could not fetch @asyncapi/specs@$ASYNCAPI_SPECS_VERSION"
+  [ "sha512-$(openssl dgst -sha512 -binary "$specs/$tarball" | base64 -w0)" = "$ASYNCAPI_SPECS_INTEGRITY" ] \
+    || fail "@asyncapi/specs@$ASYNCAPI_SPECS_VERSION does not match its pinned integrity"
+  tar -xzf "$specs/$tarball" -C "$specs" --strip-components=1 package/schemas package/LICENSE
+  rm "$specs/$tarball"
+  touch "$specs/.version-$ASYNCAPI_SPECS_VERSION"
+fi
+
 "$PY" -m control_plane.codegen
 "$PY" -m stack.certs --out "$RUN/certs" >/dev/null
 say "setup complete"
