@@ -215,6 +215,11 @@ class DeliveryService:
         return max(start, now - HISTORY_WINDOW_MS), end
 
     def _check_replayable(self, principal: Principal, summary: DeliverySummary) -> None:
+        if summary.status is DeliveryStatus.SKIPPED:
+            # Sending it now would hand the endpoint a major it said it does not read; a new pin
+            # does not make old events its own either.
+            raise FailedPrecondition("the delivery was skipped: the event's schema major is not one the endpoint "
+                                     "is pinned to, so it was never meant for this endpoint and cannot be replayed")
         if summary.created_at_ms < self._d.now_ms() - HISTORY_WINDOW_MS:
             raise FailedPrecondition("the delivery is older than the 30-day replay window")
         endpoint = self._d.endpoints.get_endpoint(principal.tenant_id, summary.endpoint_id)

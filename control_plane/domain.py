@@ -187,6 +187,9 @@ class DeliveryStatus(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     EXPIRED = "expired"
+    # Never sent: fan-out left the endpoint out because it is pinned to other schema majors
+    # (core.fanout.SkippedDelivery); the reason is in the delivery's last_error_class.
+    SKIPPED = "skipped"
 
     @staticmethod
     def parse(value: str | None) -> DeliveryStatus:

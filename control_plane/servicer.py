@@ -61,6 +61,7 @@ _DELIVERY_TO_PB = {
     DeliveryStatus.SUCCEEDED: pb.DELIVERY_STATUS_SUCCEEDED,
     DeliveryStatus.FAILED: pb.DELIVERY_STATUS_FAILED,
     DeliveryStatus.EXPIRED: pb.DELIVERY_STATUS_EXPIRED,
+    DeliveryStatus.SKIPPED: pb.DELIVERY_STATUS_SKIPPED,
 }
 _DELIVERY_FROM_PB = {v: k for k, v in _DELIVERY_TO_PB.items()}
 
@@ -361,7 +362,7 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
     def ListDeliveries(self, request: Any, context: grpc.ServicerContext) -> Any:
         unknown = [s for s in request.statuses if s not in _DELIVERY_FROM_PB]
         if unknown:
-            raise errors.InvalidArgument("statuses must be PENDING, SUCCEEDED, FAILED or EXPIRED")
+            raise errors.InvalidArgument("statuses must be PENDING, SUCCEEDED, FAILED, EXPIRED or SKIPPED")
         page = self._deliveries.list(
             self._principal(context),
             request.endpoint_id,

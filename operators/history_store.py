@@ -149,6 +149,17 @@ class CassandraHistory:
         self._select_new = p(history_rows.SELECT_NEW)
         self._select_old_delivery = p(history_rows.SELECT_OLD_DELIVERY)
         self._select_old_attempts = p(history_rows.SELECT_OLD_ATTEMPTS)
+        # A pair fan-out skipped (core.fanout.SkippedDelivery): the delivery's cells, final, with
+        # no attempt row and the reason where a failure's class goes; and its endpoint index row.
+        self._insert_skipped = p(
+            "INSERT INTO delivery_history (delivery_id, event_id, tenant_id, endpoint_id, endpoint_config_version,"
+            " event_type, created_at, status, attempt_count, auto_retry_active, last_error_class, updated_at)"
+            " VALUES (?,?,?,?,?,?,?,'skipped',0,false,?,?) USING TIMESTAMP ?"
+        )
+        self._insert_skipped_by_endpoint = p(
+            "INSERT INTO endpoint_deliveries (tenant_id, endpoint_id, day, bucket, created_at, delivery_id, event_id,"
+            " event_type, status, attempt_count, updated_at) VALUES (?,?,?,?,?,?,?,?,'skipped',0,?) USING TIMESTAMP ?"
+        )
         self._insert_snapshot = p(
             "INSERT INTO fanout_snapshots (hour, bucket, arrived_at, event_id, tenant_id, endpoints, degraded,"
             " source) VALUES (?,?,?,?,?,?,?,'job') USING TIMESTAMP ?"
@@ -211,11 +222,20 @@ class CassandraHistory:
         return AllOf([self._batcher.add(statements), alone])
 
     def write_snapshot(self, s: FanoutSnapshot) -> Completion:
-        """Fan-out's decision for one event (identical cells on every re-write)."""
+        """Fan-out's decision for one event, with the history rows of the pairs it skipped
+        (identical cells on every re-write: all at the event's arrival time)."""
         hour_ms, bucket = s.partition
-        return self._batcher.add([(self._insert_snapshot, (
-            hour_ms, bucket, s.arrived_at_ms, s.event_id, s.tenant_id, dict(s.endpoints), s.degraded,
-            s.arrived_at_ms * 1000))])
+        at, wts = s.arrived_at_ms, s.arrived_at_ms * 1000
+        statements: list[Statement] = [(self._insert_snapshot, (
+            hour_ms, bucket, at, s.event_id, s.tenant_id, dict(s.endpoints), s.degraded, wts))]
+        for k in s.skipped:
+            statements.append((self._insert_skipped, (
+                k.delivery_id, s.event_id, s.tenant_id, k.endpoint_id, k.endpoint_config_version, k.event_type,
+                at, k.reason, at, wts)))
+            statements.append((self._insert_skipped_by_endpoint, (
+                s.tenant_id, k.endpoint_id, _day(at), bucket_of(k.delivery_id), at, k.delivery_id, s.event_id,
+                k.event_type, at, wts)))
+        return self._batcher.add(statements)
 
     def report_backlog(self, r: EndpointReport) -> Completion:
         """What this job holds of the endpoint, and its breaker (see endpoint_backlogs)."""

@@ -5,6 +5,10 @@ it shares no key with an endpoint. The snapshot stays in keyed state until Cassa
 row: a checkpoint taken meanwhile carries it (and its confirmation timer), so a TaskManager lost
 after the source committed the event's offset still writes the row after the restore. A failed
 write is counted and redone on the next timer; reconciliation reports any row still missing.
+
+The pairs fan-out skipped (endpoints pinned to other schema majors) ride in the snapshot, so their
+history rows (status ``skipped``, listed for their endpoint) are written in the same batch, kept
+and redone with it (:meth:`operators.history_store.CassandraHistory.write_snapshot`).
 """
 
 from __future__ import annotations

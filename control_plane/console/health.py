@@ -55,6 +55,8 @@ def summarise(last_hour: Iterable[DeliverySummary]) -> tuple[dict[str, int], flo
     classes: Counter[str] = Counter()
     finished = succeeded = 0
     for d in last_hour:
+        if d.status is DeliveryStatus.SKIPPED:  # never sent: no answer to classify
+            continue
         code = d.last_http_status
         classes["no answer" if not code else f"{min(max(code // 100, 2), 5)}xx"] += 1
         if d.status in FINAL_STATUSES:

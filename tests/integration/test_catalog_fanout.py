@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
+from control_plane.api import pb, rpc
 from control_plane.catalog_api import cpb, crpc
 from core.records import delivery_id_for
 from core.settings import Settings
@@ -108,7 +109,8 @@ def test_warn_delivers_the_invalid_event_and_counts_it(relay: OutboxRelay, tenan
 
 
 def test_an_endpoint_pinned_to_major_2_receives_v2_and_not_v1(relay: OutboxRelay, tenant: Tenant,
-                                                               delivery_job: str, receiver: Receiver) -> None:
+                                                               delivery_job: str, receiver: Receiver,
+                                                               grpc_channel: grpc.Channel) -> None:
     skipped_before = operator_metric(delivery_job, "skipped_schema_major")
     with relay.connect() as conn:
         v1 = write_event(conn, tenant.tenant_id, "order.paid", GOOD, schema_version="1")
@@ -120,3 +122,21 @@ def test_an_endpoint_pinned_to_major_2_receives_v2_and_not_v1(relay: OutboxRelay
     # Flink's REST metrics trail the operator by up to a reporting interval.
     eventually(lambda: operator_metric(delivery_job, "skipped_schema_major") > skipped_before, timeout=30,
                what="the skipped counter")
+    # Not silently dropped: the v1 event is in the pinned endpoint's history, skipped, with why.
+    api, skipped_id = rpc.ControlPlaneStub(grpc_channel), delivery_id_for(v1, v2_ep)
+
+    def listed_skipped() -> list[Any]:
+        # The module's other tests send v1 events too: each is skipped for this endpoint.
+        return [d for d in api.ListDeliveries(pb.ListDeliveriesRequest(
+            endpoint_id=v2_ep, statuses=[pb.DELIVERY_STATUS_SKIPPED]), metadata=tenant.md).deliveries
+            if d.delivery_id == skipped_id]
+
+    [listed] = eventually(listed_skipped, timeout=30, what="the skipped delivery in the listing")
+    assert (listed.delivery_id, listed.event_id, listed.status, listed.attempt_count) == (
+        skipped_id, v1, pb.DELIVERY_STATUS_SKIPPED, 0)
+    detail = api.GetDelivery(pb.GetDeliveryRequest(delivery_id=skipped_id), metadata=tenant.md)
+    assert (detail.last_error_class, list(detail.attempts)) == ("schema major 1 not accepted (pinned: 2)", [])
+    with pytest.raises(grpc.RpcError) as refused:
+        api.ReplayDelivery(pb.ReplayDeliveryRequest(delivery_id=skipped_id, reason="try"), metadata=tenant.md)
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "never meant for this endpoint" in (refused.value.details() or "")

@@ -141,6 +141,8 @@ def _d(status: DeliveryStatus, http: int | None, created: int) -> DeliverySummar
       _d(DeliveryStatus.PENDING, 503, T0), _d(DeliveryStatus.PENDING, None, T0)],
      {"2xx": 1, "4xx": 1, "5xx": 1, "no answer": 1}, 0.5),
     ([_d(DeliveryStatus.EXPIRED, 302, T0)], {"3xx": 1}, 0.0),
+    # Never sent (schema pin): no answer to classify, nothing finished.
+    ([_d(DeliveryStatus.SKIPPED, None, T0), _d(DeliveryStatus.SUCCEEDED, 200, T0)], {"2xx": 1}, 1.0),
 ])
 def test_the_health_strip_summary(last_hour, classes, ratio) -> None:  # type: ignore[no-untyped-def]
     by_class, success = summarise(last_hour)

@@ -19,6 +19,9 @@ class RecordingStub:
             self.calls.append((name, request))
             if name == "RecoverFailedDeliveries":
                 return iter([pb.RecoverProgress(total=2), pb.RecoverProgress(total=2, replayed=2, done=True)])
+            if name == "ListDeliveries":
+                return pb.ListDeliveriesResponse(deliveries=[
+                    pb.DeliverySummary(delivery_id="dlv_1", status=pb.DELIVERY_STATUS_SKIPPED)])
             if name == "Reconcile":
                 return pb.ReconcileReport(
                     tenant_id=request.tenant_id, counts={"events_on_topic": 3, "succeeded": 4,
@@ -199,3 +202,14 @@ def test_versions_show_each_versions_payload_and_ordering_or_that_they_are_unkno
     assert "PAYLOAD" in header and "ORDERING" in header
     assert "fields:/id,/customer/id" in v2 and "object_id" in v2
     assert v1.split()[-2:] == ["?", "?"]
+
+
+def test_a_skipped_delivery_is_listed_as_skipped_and_its_detail_says_why() -> None:
+    stub, shown = run(["deliveries", "list", "ep_1", "--status", "skipped"])
+    assert list(stub.calls[0][1].statuses) == [pb.DELIVERY_STATUS_SKIPPED]
+    assert "dlv_1" in shown[0] and " skipped " in shown[0]
+    summary = pb.DeliverySummary(delivery_id="dlv_1", status=pb.DELIVERY_STATUS_SKIPPED)
+    text = cli.delivery_detail(pb.DeliveryDetail(delivery=summary,
+                                                 last_error_class="schema major 1 not accepted (pinned: 2)"))
+    assert "skipped, never sent: schema major 1 not accepted (pinned: 2)" in text
+    assert "never sent" not in cli.delivery_detail(pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d")))

@@ -756,6 +756,9 @@ def test_replay_preconditions(w: World) -> None:
         w.deliveries.replay(ALICE, old, "")
     with pytest.raises(errors.PermissionDenied, match="read-only"):
         w.deliveries.replay(ALICE_RO, did, "")
+    skipped = add_delivery(w, e, 3, DeliveryStatus.SKIPPED)
+    with pytest.raises(errors.FailedPrecondition, match="skipped.*never meant for this endpoint"):
+        w.deliveries.replay(ALICE, skipped, "")
     w.endpoints.set_enabled(ALICE, e.endpoint_id, enabled=False)
     with pytest.raises(errors.FailedPrecondition, match="disabled"):
         w.deliveries.replay(ALICE, did, "")
@@ -771,6 +774,7 @@ def test_bulk_recover_replays_failed_and_expired_with_progress(w: World) -> None
     failed.append(add_delivery(w, e, 4, DeliveryStatus.EXPIRED))
     add_delivery(w, e, 5, DeliveryStatus.SUCCEEDED)
     add_delivery(w, e, 6, DeliveryStatus.PENDING)
+    add_delivery(w, e, 7, DeliveryStatus.SKIPPED)  # never sent: nothing to recover
     progress = list(w.deliveries.recover(ALICE, e.endpoint_id, w.clock.now - DAY_MS, w.clock.now + 1))
     assert [(p.total, p.replayed, p.done) for p in progress] == [
         (4, 0, False), (4, 2, False), (4, 4, False), (4, 4, True)

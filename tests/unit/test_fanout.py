@@ -12,10 +12,13 @@ from core.fanout import (
     RELEASE,
     ClockFollower,
     NewDelivery,
+    SkippedDelivery,
     deliveries_for,
     filter_accepts,
+    leave_out_pinned,
     newer,
     select_endpoints,
+    snapshot_for,
     tick_covers,
 )
 from core.records import EndpointConfig, EndpointStatus, EventRecord, delivery_id_for
@@ -290,3 +293,16 @@ def test_filter_covered(f: str, allowed: list[str], covered: bool) -> None:
     from core.fanout import filter_covered
 
     assert filter_covered(f, allowed) is covered
+
+
+def test_pinned_endpoints_of_other_majors_are_left_out_with_their_reason_and_named_in_the_snapshot() -> None:
+    v1 = replace(EVENT, schema_version="1.2")
+    pins = {"ep_v2": (2,), "ep_v1": (1,)}
+    chosen, skipped = leave_out_pinned(v1, [endpoint("ep_any"), endpoint("ep_v2", config_version=4),
+                                            endpoint("ep_v1")], lambda e: pins.get(e, ()))
+    assert [c.endpoint_id for c in chosen] == ["ep_any", "ep_v1"]
+    assert skipped == [SkippedDelivery(delivery_id_for("evt_1", "ep_v2"), "ep_v2", 4, "invoice.paid",
+                                       "schema major 1 not accepted (pinned: 2)")]
+    snap = snapshot_for(v1, chosen, NOW, skipped=skipped)
+    assert snap.skipped == tuple(skipped)
+    assert set(snap.delivery_ids().values()) == {"ep_any", "ep_v1"}  # what reconciliation expects

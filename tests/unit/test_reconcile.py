@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from core import reconcile as rc
-from core.fanout import SNAPSHOT_BUCKETS, FanoutSnapshot, snapshot_partition
+from core.fanout import SNAPSHOT_BUCKETS, FanoutSnapshot, SkippedDelivery, snapshot_partition
 from core.records import delivery_id_for
 
 NOW = 1_700_000_000_000
@@ -143,3 +143,14 @@ def test_a_pending_delivery_past_its_deadline_by_the_jobs_give_up_bound_is_orpha
         r = rc.reconcile(replace(base, deliveries={**base.deliveries, did: stuck}, backlog_reported_at=reported),
                          NOW - 60 * MIN, NOW, None, NOW, OVERDUE, given_up_after_ms=give_up)
         assert [g.kind for g in r.gaps] == kind, expired_ago
+
+
+def test_a_pair_fan_out_skipped_is_neither_expected_nor_a_gap() -> None:
+    # e1's snapshot also carries ep_c, skipped (pinned to another schema major): it has no
+    # delivery to find, and the window stays clean with the same counts.
+    inputs = clean_inputs()
+    skipped = SkippedDelivery(delivery_id_for("e1", "ep_c"), "ep_c", 1, "order.paid", "schema major 1 not accepted")
+    inputs = replace(inputs, snapshots=[replace(inputs.snapshots[0], skipped=(skipped,)), *inputs.snapshots[1:]])
+    assert delivery_id_for("e1", "ep_c") not in rc.expected_deliveries(inputs.snapshots)
+    r = run(inputs)
+    assert r.clean and r.counts == run(clean_inputs()).counts

@@ -15,7 +15,16 @@ from core.records import (
     SchemaPinsRecord,
     parse_endpoint_topic_value,
 )
-from core.schema_check import SEND, CatalogIndex, Refuse, Send, TenantCatalog, accepts_major, check_event
+from core.schema_check import (
+    SEND,
+    CatalogIndex,
+    Refuse,
+    Send,
+    TenantCatalog,
+    accepts_major,
+    check_event,
+    skip_reason,
+)
 
 SCHEMA = {"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}
 
@@ -77,6 +86,18 @@ def test_validators_are_compiled_once_per_tenant_type_and_version() -> None:
 ])
 def test_schema_pins(pins: tuple[int, ...], event_type: str, version: str, sent: bool) -> None:
     assert accepts_major(pins, event(event_type, version)) is sent
+
+
+@pytest.mark.parametrize(("pins", "event_type", "version", "reason"), [
+    ((), "invoice.paid", "1", ""),
+    ((2,), "invoice.paid", "2.3", ""),
+    ((2,), "invoice.paid", "1.0", "schema major 1 not accepted (pinned: 2)"),
+    ((3, 2), "invoice.paid", "1", "schema major 1 not accepted (pinned: 2, 3)"),
+    ((2,), "invoice.paid", "2026-01-01", "schema version '2026-01-01' has no major (pinned: 2)"),
+    ((2,), "webhook.ping", "1", ""),
+])
+def test_a_skipped_pin_says_why(pins: tuple[int, ...], event_type: str, version: str, reason: str) -> None:
+    assert skip_reason(pins, event(event_type, version)) == reason
 
 
 @pytest.mark.parametrize("record", [
