@@ -40,6 +40,13 @@ bench-history: setup up ## Cassandra CPU per delivery of the history writes alon
 bench-backlog: setup up ## N pending deliveries behind a failing endpoint, TaskManager kill, drain (BACKLOG_ARGS="--pending 50000")
 	@$(PY) -m bench.backlog $(BACKLOG_ARGS)
 
+.PHONY: bench-archive archive
+bench-archive: setup up ## archive tier: bytes per delivery in Cassandra and in Parquet, archive/verify/release rates (ARCHIVE_ARGS="--events 5000")
+	@$(PY) -m bench.archive_sizing $(ARCHIVE_ARGS)
+
+archive: setup up ## move every closed hour older than archive.archive_after_s to Parquet, verified, then released (cron this hourly)
+	@$(PY) -m control_plane.archiver
+
 lint: ## ruff and mypy over the whole tree (make test runs it first)
 	@$(PY) -m ruff check .
 	@$(PY) -m mypy
