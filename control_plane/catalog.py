@@ -29,6 +29,7 @@ from control_plane.catalog_export import asyncapi, openapi
 from control_plane.cursor import Cursors
 from control_plane.domain import Endpoint, Page, Principal, Tenant
 from control_plane.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from control_plane.schema_pins import SchemaPins
 from control_plane.service import ADMIN_ACTOR, page_size
 from control_plane.store import HistoryStore
 from core import identifiers
@@ -41,7 +42,7 @@ from core.event_schemas import (
     compile_validator,
 )
 from core.fanout import filter_accepts
-from core.records import CatalogRecord, CatalogSettingsRecord, CatalogTypeRecord, EndpointStatus, SchemaPinsRecord
+from core.records import CatalogRecord, CatalogSettingsRecord, CatalogTypeRecord, EndpointStatus
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,6 @@ RECENT_WINDOW_MS = 7 * 24 * 3600 * 1000
 # report says it was cut short instead of scanning a busy endpoint's whole week.
 SCAN_LIMIT_PER_ENDPOINT = 20_000
 CONFLICT_RETRIES = 3
-MAX_PINNED_MAJORS = 10
 _CURSOR_KIND = "event-types"
 
 
@@ -164,6 +164,7 @@ class CatalogStore(Protocol):
 
     def put_schema_pins(self, tenant_id: str, endpoint_id: str, majors: tuple[int, ...], at_ms: int,
                         by: str) -> None: ...
+    def get_schema_pins(self, tenant_id: str, endpoint_ids: Sequence[str]) -> dict[str, tuple[int, ...]]: ...
 
 
 class TenantsAndEndpoints(Protocol):
@@ -268,6 +269,7 @@ def _json(field: str, text: str) -> Any:
 class CatalogService:
     def __init__(self, deps: CatalogDeps) -> None:
         self._d = deps
+        self._pins = SchemaPins(deps.catalog, deps.publish, deps.now_ms)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -419,13 +421,7 @@ class CatalogService:
             endpoint_id or "") else None
         if endpoint is None or endpoint.status is EndpointStatus.DELETED:
             raise NotFound(f"endpoint {endpoint_id} not found")
-        pinned = tuple(sorted(set(majors)))
-        if len(pinned) > MAX_PINNED_MAJORS or any(not 1 <= m <= 999_999 for m in pinned):
-            raise InvalidArgument(f"schema_majors must hold at most {MAX_PINNED_MAJORS} majors from 1 to 999999")
-        now = self._d.now_ms()
-        self._d.catalog.put_schema_pins(principal.tenant_id, endpoint_id, pinned, now, principal.key_id)
-        self._d.publish([SchemaPinsRecord(principal.tenant_id, endpoint_id, pinned, now)])
-        return pinned
+        return self._pins.set(principal.tenant_id, endpoint_id, majors, principal.key_id)
 
     def set_writer(self, tenant_id: str, key_id: str, allowed: bool) -> None:
         if self._d.tenants.get_tenant(tenant_id) is None:

@@ -40,6 +40,8 @@ class CassandraCatalogStore:
             "event_version": "SELECT schema_version FROM events WHERE event_id = ?",
             "pins_put": "INSERT INTO endpoint_schema_pins (tenant_id, endpoint_id, schema_majors, updated_at, "
                         "updated_by) VALUES (?, ?, ?, ?, ?)",
+            "pins_get": "SELECT endpoint_id, schema_majors FROM endpoint_schema_pins "
+                        "WHERE tenant_id = ? AND endpoint_id IN ?",
         }
         self._p: dict[str, PreparedStatement] = {}
         for name, text in cql.items():
@@ -120,6 +122,12 @@ class CassandraCatalogStore:
     def put_schema_pins(self, tenant_id: str, endpoint_id: str, majors: tuple[int, ...], at_ms: int,
                         by: str) -> None:
         self._rows("pins_put", (tenant_id, endpoint_id, list(majors), _dt(at_ms), by))
+
+    @_unavailable_on_driver_error
+    def get_schema_pins(self, tenant_id: str, endpoint_ids: Sequence[str]) -> dict[str, tuple[int, ...]]:
+        # One partition (the tenant's), the ids as clustering keys: a page of endpoints is one read.
+        rows = self._rows("pins_get", (tenant_id, list(endpoint_ids)))
+        return {r["endpoint_id"]: tuple(r["schema_majors"] or ()) for r in rows}
 
 
 def _versions(entry: EventTypeEntry) -> dict[str, str]:

@@ -95,6 +95,7 @@ def endpoint_detail(e: Any) -> str:
         ("metadata", ", ".join(f"{k}={v}" for k, v in sorted(e.metadata.items())) or "-"),
         ("payload", (e.payload_mode or "full") + (f" {', '.join(e.payload_fields)}" if e.payload_fields else "")),
         ("ordering key", e.ordering_key or "none"),
+        ("schema majors", ", ".join(map(str, e.schema_majors)) or "all"),
         *([("challenge", f"{e.challenge_event_id}, answer by {_when(e.challenge_expires_at)} "
                          "(then: endpoints verify)")] if e.challenge_event_id else []),
         ("updated", _when(e.updated_at)),
@@ -293,7 +294,8 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
             event_types=args.event_type, rate_limit_per_s=args.rate_limit,
             max_in_flight=args.max_in_flight, metadata=_metadata(args.metadata),
             signature_scheme=args.signature_scheme or "", payload_mode=args.payload_mode or "",
-            payload_fields=args.payload_field or [], ordering_key=args.ordering_key or ""))
+            payload_fields=args.payload_field or [], ordering_key=args.ordering_key or "",
+            schema_majors=args.schema_major or []))
         out(r, lambda r: f"{endpoint_detail(r.endpoint)}\n\n" + _key_shown(r))
     elif cmd == "get":
         out(tenant.GetEndpoint(ref), endpoint_detail)
@@ -306,10 +308,12 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
         values.payload_mode = args.payload_mode or ""
         values.payload_fields.extend(args.payload_field or [])
         values.ordering_key = args.ordering_key or ""
+        values.schema_majors.extend(args.schema_major or [])
         paths = [p for p, given in (("url", args.url), ("description", args.description),
                                     ("event_types", args.event_type), ("metadata", args.metadata),
                                     ("payload_mode", args.payload_mode), ("payload_fields", args.payload_field),
-                                    ("ordering_key", args.ordering_key))
+                                    ("ordering_key", args.ordering_key),
+                                    ("schema_majors", args.schema_major or args.clear_schema_majors or None))
                  if given is not None]
         for field, value, clear in (("rate_limit_per_s", args.rate_limit, args.clear_rate_limit),
                                     ("max_in_flight", args.max_in_flight, args.clear_max_in_flight)):
@@ -460,6 +464,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--ordering-key", metavar="object_id|JSON_POINTER",
                    help="one delivery at a time per key, in object version order; a failing one holds "
                    "its key's later deliveries (default: not ordered)")
+    c.add_argument("--schema-major", type=int, action="append", metavar="MAJOR",
+                   help="repeat; the schema majors of its event types the endpoint accepts (default: all)")
     for name, text in (("get", "show one endpoint"),
                        ("disable", "stop deliveries; pending ones wait until enabled"),
                        ("enable", "resume deliveries to a disabled endpoint"),
@@ -486,6 +492,8 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--payload-field", action="append", metavar="JSON_POINTER", help="replaces the allow-list")
     u.add_argument("--ordering-key", metavar="object_id|JSON_POINTER",
                    help="'' turns ordering off (held deliveries go at once); existing deliveries keep their key")
+    u.add_argument("--schema-major", type=int, action="append", metavar="MAJOR", help="replaces the accepted majors")
+    u.add_argument("--clear-schema-majors", action="store_true", help="accept every major again")
     bk = ep.add_parser("blocked-keys", help="ordering keys whose head keeps failing, holding later deliveries")
     bk.add_argument("endpoint_id")
     bk.add_argument("--page-size", type=int, default=0)

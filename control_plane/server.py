@@ -29,6 +29,7 @@ from control_plane.api import pb, rpc
 from control_plane.archive_store import ArchiveStore
 from control_plane.auth import Authenticator
 from control_plane.catalog import FilterCheck
+from control_plane.catalog_publisher import CatalogPublisher
 from control_plane.catalog_servicer import SERVICE_NAME as CATALOG_SERVICE
 from control_plane.catalog_servicer import add_to_server as add_catalog
 from control_plane.catalog_store import CassandraCatalogStore
@@ -39,6 +40,7 @@ from control_plane.ordering import OrderingDeps, OrderingService
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import KafkaPublisher, Publisher, PublishError
 from control_plane.reconcile import Reconciler
+from control_plane.schema_pins import SchemaPins
 from control_plane.service import Deps, EndpointService
 from control_plane.servicer import AdminServicer, ControlPlaneServicer
 from control_plane.signals import SignalConsumer
@@ -147,6 +149,7 @@ def build(
     publisher = publisher or KafkaPublisher(settings.kafka)
     publication = ConfigPublication(store, publisher, now_ms, lease_ms=cp.config_lease_ms,
                                     hold_scan_interval_ms=cp.hold_scan_interval_ms)
+    catalog_store = CassandraCatalogStore(session, settings.cassandra.consistency)
     endpoints = EndpointService(
         Deps(
             store=store,
@@ -160,7 +163,9 @@ def build(
             fault=faults.killer(cp.kill_at),
             history=store,
             challenge_ttl_s=cp.challenge_ttl_s,
-            check_filters=FilterCheck(CassandraCatalogStore(session, settings.cassandra.consistency)),
+            check_filters=FilterCheck(catalog_store),
+            schema_pins=SchemaPins(catalog_store, CatalogPublisher(settings.kafka, cp.config_lease_ms).publish_records,
+                                   now_ms),
         )
     )
     cursors = Cursors.from_keyring(keyring)

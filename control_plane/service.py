@@ -50,6 +50,7 @@ from control_plane.errors import (
 )
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import Publisher, PublishError
+from control_plane.schema_pins import SchemaPins, pinned_majors
 from control_plane.store import EndpointStore, HistoryStore
 from core import minimise, signing, target_proof
 from core.fanout import filter_covered
@@ -68,7 +69,7 @@ PING_SCHEMA_VERSION = "2026-01-01"
 CHALLENGE_EVENT_TYPE = "webhook.challenge"
 UPDATABLE_FIELDS = frozenset(
     {"url", "description", "event_types", "rate_limit_per_s", "max_in_flight", "metadata", "payload_mode",
-     "payload_fields", "ordering_key"}
+     "payload_fields", "ordering_key", "schema_majors"}
 )
 MAX_OVERLAP_S = 7 * 24 * 3600
 # A rotation adds a key and an overlap keeps old ones signing; every live key adds a signature
@@ -135,6 +136,9 @@ class Deps:
     # Subscription filters against the tenant's event-type catalog (control_plane.catalog.FilterCheck):
     # raises InvalidArgument for a filter that matches no catalogued type.
     check_filters: Callable[[str, Sequence[str]], None] = lambda tenant_id, filters: None
+    # The schema majors endpoints accept, kept by the event-type catalog (control_plane.schema_pins);
+    # None where the catalog is not wired (unit tests of other features): no endpoint is pinned.
+    schema_pins: SchemaPins | None = None
 
 
 def require_write(principal: Principal) -> None:
@@ -171,6 +175,12 @@ class EndpointService:
     def get(self, principal: Principal, endpoint_id: str) -> Endpoint:
         return self._load(principal, endpoint_id)
 
+    def schema_majors(self, endpoints: Sequence[Endpoint]) -> dict[str, tuple[int, ...]]:
+        """The pins of those of ``endpoints`` (one tenant's) that are pinned."""
+        if self._d.schema_pins is None or not endpoints:
+            return {}
+        return self._d.schema_pins.of(endpoints[0].tenant_id, [e.endpoint_id for e in endpoints])
+
     def list(self, principal: Principal, size: int, page_cursor: str) -> Page[Endpoint]:
         limit = page_size(size)
         after = ""
@@ -201,10 +211,12 @@ class EndpointService:
     # -- create -----------------------------------------------------------------------------
 
     def create(self, principal: Principal, raw: EndpointSpec, request_id: str,
-               signature_scheme: str = "") -> Created:
+               signature_scheme: str = "", schema_majors: Sequence[int] = ()) -> Created:
         require_write(principal)
         scheme = validation.signature_scheme(signature_scheme)
         spec = validation.spec(raw, self._d.destination)
+        pinned = pinned_majors(schema_majors)
+        pins = self._pins() if pinned else None
         tenant = self._d.store.get_tenant(principal.tenant_id)
         _authorise_event_types(tenant, spec.event_types)
         self._d.check_filters(principal.tenant_id, spec.event_types)
@@ -215,12 +227,12 @@ class EndpointService:
                 IdempotencyRecord(
                     tenant_id=principal.tenant_id,
                     request_id=request_id,
-                    fingerprint=_fingerprint(spec, scheme),
+                    fingerprint=_fingerprint(spec, scheme, pinned),
                     endpoint_id=endpoint_id,
                     created_at_ms=self._d.now_ms(),
                 )
             )
-            if claim.fingerprint != _fingerprint(spec, scheme):
+            if claim.fingerprint != _fingerprint(spec, scheme, pinned):
                 raise AlreadyExists(
                     f"request_id {request_id!r} was already used for a different endpoint; use a "
                     "new request_id for a new endpoint"
@@ -229,6 +241,11 @@ class EndpointService:
             existing = self._d.store.get_endpoint(principal.tenant_id, endpoint_id)
             if existing is not None:
                 return self._created_again(self._published(existing))
+        if pins is not None:
+            # Before the endpoint reaches the delivery job, so no event of another major is ever
+            # sent to it. A create that fails after this leaves pins for an id no endpoint has
+            # (they only ever narrow); its retry with the request_id sets them again.
+            pins.set(principal.tenant_id, endpoint_id, pinned, principal.key_id)
         now = self._d.now_ms()
         secret = generate_key(scheme, self._d.random_bytes(SECRET_BYTES))
         key = self._seal(principal.tenant_id, endpoint_id, 1, secret, now)
@@ -279,7 +296,8 @@ class EndpointService:
     # -- changes ----------------------------------------------------------------------------
 
     def update(
-        self, principal: Principal, endpoint_id: str, values: EndpointSpec, mask: Sequence[str]
+        self, principal: Principal, endpoint_id: str, values: EndpointSpec, mask: Sequence[str],
+        schema_majors: Sequence[int] = (),
     ) -> Endpoint:
         require_write(principal)
         paths = set(mask)
@@ -313,6 +331,7 @@ class EndpointService:
         if "ordering_key" in paths:
             # Any time: the job keeps each delivery's key as fanned out, and "" releases held ones.
             changes["ordering_key"] = validation.ordering_key(values.ordering_key)
+        pinned, pins = (pinned_majors(schema_majors), self._pins()) if "schema_majors" in paths else ((), None)
 
         verifies = "url" in changes and tenant is not None and tenant.verify_endpoints
         issued: list[Challenge] = []  # the challenge this update made (apply may run more than once)
@@ -339,6 +358,10 @@ class EndpointService:
         updated = self._change(principal, endpoint_id, apply)
         if issued and updated.challenge == issued[0]:
             self._send_challenge(updated, raise_unavailable=False)
+        if pins is not None:
+            # After the endpoint's own change (checked in full, applied or not needed): a failure
+            # here is answered as an error, and the retried update completes it.
+            pins.set(principal.tenant_id, updated.endpoint_id, pinned, principal.key_id)
         return updated
 
     def set_enabled(self, principal: Principal, endpoint_id: str, enabled: bool) -> Endpoint:
@@ -584,6 +607,11 @@ class EndpointService:
 
     # -- helpers ----------------------------------------------------------------------------
 
+    def _pins(self) -> SchemaPins:
+        if self._d.schema_pins is None:
+            raise FailedPrecondition("schema_majors needs the event-type catalog, which this control plane lacks")
+        return self._d.schema_pins
+
     def _load(self, principal: Principal, endpoint_id: str, include_deleted: bool = False) -> Endpoint:
         return load_endpoint(self._d.store, principal, endpoint_id, include_deleted)
 
@@ -663,7 +691,7 @@ def _created(endpoint: Endpoint, secret: str, key: StoredKey) -> Created:
     return Created(endpoint, secret)
 
 
-def _fingerprint(spec: EndpointSpec, scheme: str = HMAC_SHA256) -> str:
+def _fingerprint(spec: EndpointSpec, scheme: str = HMAC_SHA256, schema_majors: tuple[int, ...] = ()) -> str:
     fields: list[object] = [spec.url, spec.description, list(spec.event_types), spec.rate_limit_per_s,
                             spec.max_in_flight, sorted(spec.metadata.items())]
     if scheme != HMAC_SHA256:  # HMAC keeps the fingerprints stored before schemes existed
@@ -672,5 +700,7 @@ def _fingerprint(spec: EndpointSpec, scheme: str = HMAC_SHA256) -> str:
         fields.append([spec.payload_mode, list(spec.payload_fields)])
     if spec.ordering_key:  # likewise: unordered keeps them
         fields.append(["ordering_key", spec.ordering_key])
+    if schema_majors:  # likewise: unpinned keeps them
+        fields.append(["schema_majors", list(schema_majors)])
     canonical = json.dumps(fields, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -123,7 +123,7 @@ def key_pb(key: StoredKey) -> Any:
     )
 
 
-def endpoint_pb(e: Endpoint, now_ms: int) -> Any:
+def endpoint_pb(e: Endpoint, now_ms: int, schema_majors: Sequence[int] = ()) -> Any:
     return pb.Endpoint(
         endpoint_id=e.endpoint_id,
         url=e.spec.url,
@@ -143,6 +143,7 @@ def endpoint_pb(e: Endpoint, now_ms: int) -> Any:
         ordering_key=e.spec.ordering_key,
         challenge_event_id=e.challenge.event_id if e.challenge else "",
         challenge_expires_at=ts(e.challenge.expires_at_ms) if e.challenge else None,
+        schema_majors=list(schema_majors),
     )
 
 
@@ -272,12 +273,16 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
         return self._auth.tenant(context.invocation_metadata())
 
     def _endpoint(self, e: Endpoint) -> Any:
-        return endpoint_pb(e, self._now_ms())
+        return self._endpoints_pb([e])[0]
+
+    def _endpoints_pb(self, endpoints: Sequence[Endpoint]) -> list[Any]:
+        pins = self._endpoints.schema_majors(endpoints)  # kept beside the endpoint's row: one read
+        return [endpoint_pb(e, self._now_ms(), pins.get(e.endpoint_id, ())) for e in endpoints]
 
     @mapped
     def CreateEndpoint(self, request: Any, context: grpc.ServicerContext) -> Any:
         created = self._endpoints.create(self._principal(context), spec_of(request), request.request_id,
-                                         request.signature_scheme)
+                                         request.signature_scheme, list(request.schema_majors))
         return pb.CreateEndpointResponse(
             endpoint=self._endpoint(created.endpoint), signing_secret=created.signing_secret,
             public_key=created.public_key,
@@ -291,7 +296,7 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
     def ListEndpoints(self, request: Any, context: grpc.ServicerContext) -> Any:
         page = self._endpoints.list(self._principal(context), request.page_size, request.cursor)
         return pb.ListEndpointsResponse(
-            endpoints=[self._endpoint(e) for e in page.items], next_cursor=page.next_cursor
+            endpoints=self._endpoints_pb(page.items), next_cursor=page.next_cursor
         )
 
     @mapped
@@ -301,6 +306,7 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
             request.endpoint_id,
             spec_of(request.endpoint),
             list(request.update_mask.paths),
+            list(request.endpoint.schema_majors),
         )
         return self._endpoint(updated)
 

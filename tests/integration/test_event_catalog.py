@@ -23,6 +23,7 @@ from openapi_spec_validator import validate as validate_openapi
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from control_plane import cli
 from control_plane.api import pb, rpc
 from control_plane.catalog_api import cpb, crpc
 from control_plane.server import ControlPlaneServer, build
@@ -479,3 +480,51 @@ def test_a_subscription_filter_matching_no_catalogued_type_is_refused_with_close
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "invoice.*" in err.details()
     for filters in (["invoice.paid"], ["invoice.*"], ["*"]):
         assert api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=filters), metadata=t.md).endpoint
+
+
+def test_an_endpoint_is_pinned_on_create_and_update_and_get_shows_it(stack: Stack) -> None:
+    t = new_tenant(stack, writer=False)  # pins need a read-write key, not catalog writing
+    api = rpc.ControlPlaneStub(stack.channel)
+    topic = stack.settings.kafka.endpoints_topic
+
+    def published(endpoint_id: str, count: int) -> tuple[int, ...]:
+        found = consume(stack, topic, lambda k, _v: k == schema_pins_key(endpoint_id).encode(),  # type: ignore[arg-type]
+                        count=count)
+        record = parse_endpoint_topic_value(found[-1][1])
+        assert isinstance(record, SchemaPinsRecord) and record.tenant_id == t.tenant_id
+        return record.schema_majors
+
+    def update(endpoint_id: str, majors: list[int], key: Tenant = t) -> Any:
+        return api.UpdateEndpoint(pb.UpdateEndpointRequest(
+            endpoint_id=endpoint_id, endpoint=pb.Endpoint(schema_majors=majors),
+            update_mask=FieldMask(paths=["schema_majors"])), metadata=key.md)
+
+    created = api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=["invoice.*"],
+                                                          schema_majors=[3, 2, 2]), metadata=t.md).endpoint
+    endpoint_id = created.endpoint_id
+    assert list(created.schema_majors) == [2, 3] and published(endpoint_id, 1) == (2, 3)
+    got = api.GetEndpoint(pb.GetEndpointRequest(endpoint_id=endpoint_id), metadata=t.md)
+    assert list(got.schema_majors) == [2, 3] and "schema majors:  2, 3" in cli.endpoint_detail(got)
+
+    updated = update(endpoint_id, [1])
+    assert list(updated.schema_majors) == [1] and updated.config_version == created.config_version
+    assert published(endpoint_id, 2) == (1,)
+    # The catalog's pin and the endpoint's are one: either one's change shows in the other.
+    stack.catalog.SetEndpointSchemaMajors(cpb.SetEndpointSchemaMajorsRequest(endpoint_id=endpoint_id,
+                                                                             schema_majors=[4]), metadata=t.md)
+    assert list(api.GetEndpoint(pb.GetEndpointRequest(endpoint_id=endpoint_id), metadata=t.md).schema_majors) == [4]
+    plain = api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=["*"]), metadata=t.md).endpoint
+    listed = api.ListEndpoints(pb.ListEndpointsRequest(), metadata=t.md).endpoints
+    assert {e.endpoint_id: list(e.schema_majors) for e in listed} == {endpoint_id: [4], plain.endpoint_id: []}
+    assert list(update(endpoint_id, []).schema_majors) == [] and published(endpoint_id, 4) == ()
+
+    err = rpc_error(lambda: api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=["*"],
+                                                                        schema_majors=[0]), metadata=t.md))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "schema_majors" in err.details()
+    assert len(api.ListEndpoints(pb.ListEndpointsRequest(), metadata=t.md).endpoints) == 2  # nothing created
+    assert rpc_error(lambda: update(endpoint_id, [2], new_tenant(stack))).code() == grpc.StatusCode.NOT_FOUND
+    issued = stack.admin.CreateApiKey(pb.CreateApiKeyRequest(tenant_id=t.tenant_id, read_only=True),
+                                      metadata=stack.admin_md())
+    reader = Tenant(t.tenant_id, issued.api_key, issued.key_id)
+    assert rpc_error(lambda: update(endpoint_id, [2], reader)).code() == grpc.StatusCode.PERMISSION_DENIED
+    assert list(api.GetEndpoint(pb.GetEndpointRequest(endpoint_id=endpoint_id), metadata=t.md).schema_majors) == []

@@ -213,3 +213,19 @@ def test_a_skipped_delivery_is_listed_as_skipped_and_its_detail_says_why() -> No
                                                  last_error_class="schema major 1 not accepted (pinned: 2)"))
     assert "skipped, never sent: schema major 1 not accepted (pinned: 2)" in text
     assert "never sent" not in cli.delivery_detail(pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d")))
+
+
+def test_schema_major_flags_on_create_and_update_and_get_shows_them() -> None:
+    stub, _ = run(["endpoints", "create", "--url", "https://h.example.com/", "--event-type", "a.b",
+                   "--schema-major", "2", "--schema-major", "3"])
+    assert list(stub.calls[0][1].schema_majors) == [2, 3]
+    stub, _ = run(["endpoints", "update", "ep_1", "--schema-major", "2"])
+    request = stub.calls[0][1]
+    assert list(request.update_mask.paths) == ["schema_majors"] and list(request.endpoint.schema_majors) == [2]
+    stub, _ = run(["endpoints", "update", "ep_1", "--clear-schema-majors"])  # every major again
+    request = stub.calls[0][1]
+    assert list(request.update_mask.paths) == ["schema_majors"] and list(request.endpoint.schema_majors) == []
+    stub, _ = run(["endpoints", "update", "ep_1", "--description", "d"])
+    assert "schema_majors" not in stub.calls[0][1].update_mask.paths
+    assert "schema majors:  2, 3" in cli.endpoint_detail(pb.Endpoint(schema_majors=[2, 3]))
+    assert "schema majors:  all" in cli.endpoint_detail(pb.Endpoint())
