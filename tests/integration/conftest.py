@@ -22,6 +22,7 @@ from cassandra.cluster import Session
 from confluent_kafka.admin import AdminClient
 
 from core.settings import REPO_ROOT, Settings
+from operators.history_store import CassandraHistory
 from stack.flink_jobs import cancel, job_sh, wait_all_running
 from stack.isolation import isolated_env, keyspace_session, settings_with
 from stack.outbox_relay import OutboxRelay
@@ -203,3 +204,19 @@ def second_stack(job_env: dict[str, str], run: str,
         finally:
             cancel(job_id)
             server.stop(grace_s=2)
+
+
+# A keyspace of the module's own for tests of the history store: a module defines `own_settings`
+# (e.g. settings_with(isolated_env(..., own_keyspace=True))), these give it a session and a store.
+@pytest.fixture(scope="module")
+def session(own_settings: Settings) -> Iterator[Session]:
+    with keyspace_session(own_settings) as s:
+        s.set_keyspace(own_settings.cassandra.keyspace)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def history(own_settings: Settings, session: Session) -> Iterator[CassandraHistory]:
+    h = CassandraHistory(own_settings.cassandra)
+    yield h
+    h.close()

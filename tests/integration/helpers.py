@@ -15,6 +15,8 @@ from confluent_kafka import Consumer, Producer
 from control_plane.api import pb, rpc
 from core.records import EventRecord
 from core.settings import Settings
+from operators.history_store import CassandraHistory
+from operators.write_batcher import Completion
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -173,3 +175,15 @@ def create_endpoints(channel: grpc.Channel, api_key: str, urls: list[str], event
 
     with ThreadPoolExecutor(max_workers=12) as pool:
         return list(pool.map(create, urls))
+
+
+def durable(h: CassandraHistory, *completions: Completion, timeout: float = 20) -> None:
+    """Send the history store's open batch and wait for these writes to complete (the dispatcher
+    polls the same way)."""
+    h.flush()
+    deadline = time.monotonic() + timeout
+    for c in completions:
+        while not c.done():
+            assert time.monotonic() < deadline, "history write did not complete"
+            time.sleep(0.005)
+        c.result()

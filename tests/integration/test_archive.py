@@ -30,8 +30,8 @@ from core.fanout import FanoutSnapshot, NewDelivery
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, ArchiveSettings, Settings
 from operators.history_store import CassandraHistory
-from operators.write_batcher import Completion
-from stack.isolation import isolated_env, keyspace_session, settings_with
+from stack.isolation import isolated_env, settings_with
+from tests.integration.helpers import durable
 
 pytestmark = pytest.mark.integration
 
@@ -51,28 +51,7 @@ def own_settings(env: dict[str, str]) -> Settings:
     return settings_with(env)
 
 
-@pytest.fixture(scope="module")
-def session(own_settings: Settings) -> Iterator[Session]:
-    with keyspace_session(own_settings) as s:
-        s.set_keyspace(own_settings.cassandra.keyspace)
-        yield s
 
-
-@pytest.fixture(scope="module")
-def history(own_settings: Settings, session: Session) -> Iterator[CassandraHistory]:
-    h = CassandraHistory(own_settings.cassandra)
-    yield h
-    h.close()
-
-
-def durable(h: CassandraHistory, *cs: Completion) -> None:
-    h.flush()
-    deadline = time.monotonic() + 20
-    for c in cs:
-        while not c.done():
-            assert time.monotonic() < deadline, "history write did not complete"
-            time.sleep(0.005)
-        c.result()
 
 
 def attempt(i: Intent, at_ms: int, outcome: str, status: str | None, http: int, manual: bool = False,

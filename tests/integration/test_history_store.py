@@ -8,7 +8,6 @@ import asyncio
 import datetime as dt
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -24,8 +23,8 @@ from core.ordering import KeyRowChange
 from core.records import EventRecord, delivery_id_for
 from core.settings import Settings
 from operators.history_store import CassandraHistory
-from operators.write_batcher import Completion
-from stack.isolation import isolated_env, keyspace_session, settings_with
+from stack.isolation import isolated_env, settings_with
+from tests.integration.helpers import durable
 
 pytestmark = pytest.mark.integration
 
@@ -35,28 +34,7 @@ def own_settings() -> Settings:
     return settings_with(isolated_env(f"hist-{uuid.uuid4().hex[:8]}", own_keyspace=True))
 
 
-@pytest.fixture(scope="module")
-def session(own_settings: Settings) -> Iterator[Session]:
-    with keyspace_session(own_settings) as s:
-        s.set_keyspace(own_settings.cassandra.keyspace)
-        yield s
 
-
-@pytest.fixture(scope="module")
-def history(own_settings: Settings, session: Session) -> Iterator[CassandraHistory]:
-    h = CassandraHistory(own_settings.cassandra)
-    yield h
-    h.close()
-
-
-def durable(h: CassandraHistory, c: Completion, timeout: float = 10) -> None:
-    """Send the open batch and wait for this write's completion (the dispatcher polls the same way)."""
-    h.flush()
-    deadline = time.monotonic() + timeout
-    while not c.done():
-        assert time.monotonic() < deadline, "history write did not complete"
-        time.sleep(0.005)
-    c.result()
 
 
 def delivery(created_at_ms: int | None = None) -> NewDelivery:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from cassandra.cluster import Session
@@ -21,8 +20,8 @@ from core.fanout import FanoutSnapshot, SkippedDelivery
 from core.records import delivery_id_for
 from core.settings import Settings
 from operators.history_store import CassandraHistory
-from operators.write_batcher import Completion
-from stack.isolation import isolated_env, keyspace_session, settings_with
+from stack.isolation import isolated_env, settings_with
+from tests.integration.helpers import durable
 
 pytestmark = pytest.mark.integration
 
@@ -34,27 +33,7 @@ def own_settings() -> Settings:
     return settings_with(isolated_env(f"skip-{uuid.uuid4().hex[:8]}", own_keyspace=True))
 
 
-@pytest.fixture(scope="module")
-def session(own_settings: Settings) -> Iterator[Session]:
-    with keyspace_session(own_settings) as s:
-        s.set_keyspace(own_settings.cassandra.keyspace)
-        yield s
 
-
-@pytest.fixture(scope="module")
-def history(own_settings: Settings, session: Session) -> Iterator[CassandraHistory]:
-    h = CassandraHistory(own_settings.cassandra)
-    yield h
-    h.close()
-
-
-def durable(h: CassandraHistory, c: Completion, timeout: float = 10) -> None:
-    h.flush()
-    deadline = time.monotonic() + timeout
-    while not c.done():
-        assert time.monotonic() < deadline, "history write did not complete"
-        time.sleep(0.005)
-    c.result()
 
 
 def test_a_skipped_pair_is_listed_for_its_endpoint_and_not_in_the_snapshot(history: CassandraHistory,
