@@ -25,8 +25,8 @@ down: ## stop everything the stack scripts started (data stays in .run/)
 status:
 	@bash stack/status.sh
 
-bench: setup up ## end-to-end benchmark; last line is the comparable summary
-	@$(PY) -m bench.run
+bench: setup up ## end-to-end benchmark; last line is the comparable summary (BENCH_ARGS="--catalog": fan-out validates every event)
+	@$(PY) -m bench.run $(BENCH_ARGS)
 
 .PHONY: chaos
 chaos: setup ## the brief's fault matrix on the real stack; report and charts in .run/chaos/
