@@ -1,15 +1,16 @@
 """End-to-end delivery benchmark on the local stack: rates, first-attempt latency and the CPU per
 delivery of every process on the delivery path (bench/cpu.py), with a report (bench/report_md.py).
 
-    python -m bench.run [--events 2000 --endpoints 10 --tenants 1 --raw-duration 5 ...]
+    python -m bench.run [--events 2000 --endpoints 10 --tenants 1 --raw-duration 5 --catalog ...]
 
 One run, loopback only, bounded in count and time:
 
 1. a standalone receiver (`tests.support.receiver`, count mode) on OS-chosen ports;
 2. the raw aiohttp POST rate to that receiver (`bench.raw_http`), the ceiling on this box now;
 3. unique topics and keyspace, the run's control plane (a process of its own), T tenants x M
-   endpoints, and a bench job (`stack/job.sh submit`, job name `webhooks-bench-<id>`) on the running
-   Flink cluster;
+   endpoints (with ``--catalog``, each tenant first catalogues the bench's event type through the
+   EventCatalog API, so fan-out validates every bench event: bench/catalog.py), and a bench job
+   (`stack/job.sh submit`, job name `webhooks-bench-<id>`) on the running Flink cluster;
 4. N events produced at full speed (each matching all M endpoints of its tenant); deliveries/s
    and first-attempt latency (produce call -> request received) from the receiver's recordings;
    the same through the transactional outbox (`--outbox`, on by default: one PostgreSQL
@@ -27,8 +28,9 @@ One run, loopback only, bounded in count and time:
 8. the job is cancelled, the receiver and the control plane stopped by pid, topics and keyspace deleted.
 
 The last line is the comparable summary (a `bench-outbox:` line before it gives the outbox path's,
-a `bench-idle:` line the idle stack's cores by process); `.run/bench/report.md` and its charts say
-where the time and the CPU went:
+a `bench-idle:` line the idle stack's cores by process, a `catalog:` line whether fan-out validated
+the events, a `schema_check:` line what that validation costs per event); `.run/bench/report.md`
+and its charts say where the time and the CPU went:
 
     bench: deliveries_per_s=N raw_http_per_s=N ratio=R p50_first_attempt_ms=N p99_first_attempt_ms=N
            half_p50_first_attempt_ms=N half_p99_first_attempt_ms=N cpu_ms_per_delivery=X
@@ -76,6 +78,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from bench import cassandra_writes, cpu, raw_http, report_md, schema_validation
+from bench import catalog as bench_catalog
 from bench.raw_http import percentile
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
@@ -91,6 +94,11 @@ RUN = REPO_ROOT / ".run"
 CERTS = RUN / "certs"
 PY = str(REPO_ROOT / ".venv/bin/python")
 EVENT_TYPE = "bench.event"
+# The schema versions bench events carry when their tenant has no catalog: what each path always
+# stamped (the direct producer a date, the outbox's write_event its default), kept so a default
+# run stays comparable with earlier ones. With --catalog both carry bench_catalog.EVENT_VERSION.
+UNCATALOGUED_VERSION = "2026-01-01"
+UNCATALOGUED_OUTBOX_VERSION = "1"
 # Endpoint creations in flight at once (the control plane serves 16 requests at a time).
 CREATE_CONCURRENCY = 12
 # A phase gives up when no delivery arrived for this long (--stall-timeout).
@@ -238,6 +246,7 @@ def bench_job(env: dict[str, str], timeout_s: float = 180) -> Iterator[str]:
 class Tenant:
     tenant_id: str
     endpoints: list[tuple[str, str]]  # (endpoint_id, receiver path)
+    schema_version: str | None = None  # the catalogued version its events carry; None: no catalog
 
 
 def _auth(token: str) -> list[tuple[str, str]]:
@@ -245,11 +254,16 @@ def _auth(token: str) -> list[tuple[str, str]]:
 
 
 def create_tenant(channel: grpc.Channel, settings: Settings, base_url: str, n_endpoints: int,
-                  label: str) -> Tenant:
+                  label: str, catalog_body: bytes | None = None) -> Tenant:
+    """A tenant with ``n_endpoints`` endpoints; with ``catalog_body``, the bench's event type is
+    catalogued first (bench.catalog), with that payload as the version's example."""
     admin = rpc.AdminStub(channel)
-    md = _auth(settings.control_plane.admin_token.get_secret_value())
+    admin_token = settings.control_plane.admin_token.get_secret_value()
+    md = _auth(admin_token)
     tenant_id = f"ten_bench_{label}_{uuid.uuid4().hex[:8]}"
     admin.CreateTenant(pb.CreateTenantRequest(tenant_id=tenant_id, name=f"bench {label}"), metadata=md)
+    if catalog_body is not None:
+        bench_catalog.catalogue(channel, admin_token, tenant_id, EVENT_TYPE, catalog_body)
     key = admin.CreateApiKey(pb.CreateApiKeyRequest(tenant_id=tenant_id, description="bench"), metadata=md)
     cp = rpc.ControlPlaneStub(channel)
 
@@ -264,7 +278,7 @@ def create_tenant(channel: grpc.Channel, settings: Settings, base_url: str, n_en
     # it, so a thousand endpoints created one after another would take a thousand seconds.
     with ThreadPoolExecutor(max_workers=CREATE_CONCURRENCY) as pool:
         endpoints = list(pool.map(create, range(n_endpoints)))
-    return Tenant(tenant_id, endpoints)
+    return Tenant(tenant_id, endpoints, bench_catalog.EVENT_VERSION if catalog_body is not None else None)
 
 
 # ---- producing and measuring ----------------------------------------------------------------------
@@ -278,10 +292,10 @@ class Sent:
     last_produce: float = 0.0
 
 
-def _event(tenant_id: str, body: bytes) -> EventRecord:
-    return EventRecord(event_id=f"evt_{uuid.uuid4().hex}", tenant_id=tenant_id, event_type=EVENT_TYPE,
-                       schema_version="2026-01-01", object_id="obj_bench", object_version=1,
-                       occurred_at_ms=int(time.time() * 1000), payload=body)
+def _event(t: Tenant, body: bytes) -> EventRecord:
+    return EventRecord(event_id=f"evt_{uuid.uuid4().hex}", tenant_id=t.tenant_id, event_type=EVENT_TYPE,
+                       schema_version=t.schema_version or UNCATALOGUED_VERSION, object_id="obj_bench",
+                       object_version=1, occurred_at_ms=int(time.time() * 1000), payload=body)
 
 
 _PRODUCERS: dict[str, Producer] = {}
@@ -324,7 +338,7 @@ def produce(settings: Settings, tenants: list[Tenant], n_events: int, body: byte
     sent = Sent(paths=[path for t in tenants for _, path in t.endpoints])
     begin = time.time()
     for t in _paced(tenants, n_events, rate_per_s):
-        ev = _event(t.tenant_id, body)
+        ev = _event(t, body)
         now = time.time()
         p.produce(settings.kafka.events_topic, value=ev.to_json(), key=ev.event_id)
         p.poll(0)
@@ -344,7 +358,8 @@ def produce_outbox(relay: OutboxRelay, tenants: list[Tenant], n_events: int, bod
     begin = time.time()
     with relay.connect() as conn:
         for t in _paced(tenants, n_events, rate_per_s):
-            event_id = write_event(conn, t.tenant_id, EVENT_TYPE, body)
+            event_id = write_event(conn, t.tenant_id, EVENT_TYPE, body,
+                                   schema_version=t.schema_version or UNCATALOGUED_OUTBOX_VERSION)
             conn.commit()
             _expect(sent, event_id, t, time.time())
     sent.first_produce, sent.last_produce = begin, time.time()
@@ -508,7 +523,8 @@ def phase(name: str, settings: Settings, rx: ReceiverControl, tenants: list[Tena
 def fairness(settings: Settings, rx: ReceiverControl, channel: grpc.Channel, base_url: str,
              healthy: Tenant, args: argparse.Namespace, body: bytes, rate: float) -> None:
     """Tenant A: many hanging endpoints; tenant B (healthy): its p99 alone vs alongside A."""
-    hanging = create_tenant(channel, settings, base_url, args.fair_hanging_endpoints, "hang")
+    hanging = create_tenant(channel, settings, base_url, args.fair_hanging_endpoints, "hang",
+                            body if args.catalog else None)
     for _, path in hanging.endpoints:
         rx.set_behaviour(path, "hang")
     n_b = max(10, int(rate * args.fair_seconds))
@@ -657,9 +673,12 @@ def run(args: argparse.Namespace) -> int:
         cp_pid = RUN / f"bench-{run_id}-control-plane.pid"
         channel = stack.enter_context(control_plane_process(env, cp_pid))
         EXTRA_GROUPS["control-plane"] = [cp_pid]
-        tenants = [create_tenant(channel, settings, rxp.base_url, args.endpoints, str(i))
+        # Catalogued before the job starts: its first event of each tenant is already checked.
+        tenants = [create_tenant(channel, settings, rxp.base_url, args.endpoints, str(i),
+                                 body if args.catalog else None)
                    for i in range(args.tenants)]
-        say(f"{args.tenants} tenant(s) x {args.endpoints} endpoints; submitting {env['WEBHOOKS_FLINK__JOB_NAME']}")
+        say(f"{args.tenants} tenant(s) x {args.endpoints} endpoints"
+            f"{', bench event type catalogued' if args.catalog else ''}; submitting {env['WEBHOOKS_FLINK__JOB_NAME']}")
         t0 = time.monotonic()
         job_id = stack.enter_context(bench_job(env))
         say(f"job {job_id} running after {time.monotonic() - t0:.1f}s")
@@ -704,6 +723,7 @@ def run(args: argparse.Namespace) -> int:
         lines.append(outbox_line + direct)
     if idle is not None:
         lines.append(idle_line(idle))
+    lines.append(bench_catalog.catalog_line(args.catalog, EVENT_TYPE))
     lines.append(schema_validation.report_line(body))  # fan-out's catalog check, per event
     costs = None
     if full is not None:
@@ -769,6 +789,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="wait after loading tenant A before measuring tenant B")
     ap.add_argument("--fair-seconds", type=float, default=20.0,
                     help="length of each fairness phase (p99 of ~6,000 deliveries at the default rate)")
+    ap.add_argument("--catalog", action=argparse.BooleanOptionalAction, default=False,
+                    help="catalogue the bench's event type for every bench tenant before the load, so "
+                         "fan-out validates every event against its JSON Schema (bench/catalog.py)")
     ap.add_argument("--latency-dir", help="write each phase's per-delivery latencies here as CSV")
     ap.add_argument("--fair-rate", type=float, default=0.0,
                     help="healthy tenant's deliveries/s (default: a quarter of the full-speed rate)")
