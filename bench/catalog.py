@@ -11,7 +11,10 @@ schema does not describe stops the run at set-up instead of dead-lettering every
 The catalog goes through the real EventCatalog API with the admin token naming the tenant, as an
 operator would. The API answers a change one config lease after Kafka confirmed its records, and
 fan-out holds events until the endpoints topic's clock has passed them, so an event produced after
-the call returns is checked against the catalog.
+the call returns is checked against the catalog. Before the load the run still sends each tenant
+one probe off the schema and waits for its ``schema_invalid`` dead letter: a TaskManager running
+Python modules loaded before fan-out had the catalog check would deliver every event unchecked,
+and an A/B would then compare two runs that both validate nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import grpc
 from bench import schema_validation
 from control_plane.catalog_api import cpb, crpc
 from core.event_schemas import SchemaVersion
+from core.schema_check import SCHEMA_INVALID
 
 # The schema version catalogued and carried by bench events with --catalog. "1" is also what
 # outbox.producer.write_event stamps by default, so the outbox phases need no other change.
@@ -52,6 +56,21 @@ def catalogue(channel: grpc.Channel, admin_token: str, tenant_id: str, event_typ
     create, version = catalog_requests(tenant_id, event_type, body)
     stub.CreateEventType(create, metadata=md)
     stub.AddSchemaVersion(version, metadata=md)
+
+
+def off_schema(body: bytes) -> bytes:
+    """The probe's payload: the bench's with a ``type`` the schema refuses."""
+    probe = body.replace(b'"type":"bench.raw_http"', b'"type":"bench.probe"')
+    if probe == body:
+        raise ValueError("not a bench payload (bench.raw_http.make_body)")
+    return probe
+
+
+def refused_event_id(letter: bytes) -> str | None:
+    """The event id of a dead letter fan-out wrote for a payload failing its schema, else None."""
+    d = json.loads(letter)
+    extra = d.get("extra") or {}
+    return extra.get("event_id") if d.get("reason") == SCHEMA_INVALID else None
 
 
 def catalog_line(enabled: bool, event_type: str) -> str:

@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from bench import cassandra_writes, cpu, raw_http, report_md, schema_validation
@@ -490,6 +490,36 @@ def warm_up(settings: Settings, rx: ReceiverControl, tenants: list[Tenant], body
     rx.clear()
 
 
+def confirm_validating(settings: Settings, tenants: list[Tenant], body: bytes, timeout_s: float) -> None:
+    """With --catalog: one event per tenant off the schema must come back as a schema_invalid dead
+    letter, showing the job's fan-out has the catalog and validates (bench.catalog says why)."""
+    p = _producer(settings.kafka.bootstrap_servers)
+    waiting = set()
+    for t in tenants:
+        ev = _event(t, bench_catalog.off_schema(body))
+        p.produce(settings.kafka.events_topic, value=ev.to_json(), key=ev.event_id)
+        waiting.add(ev.event_id)
+    if p.flush(60) != 0:
+        raise RuntimeError("Kafka did not acknowledge the catalog probes")
+    # The run's own dead-letter topic, from its start: nothing else of the run is refused.
+    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers,
+                         "group.id": f"bench-probe-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe([settings.kafka.dlq_topic])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while waiting and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error() and msg.value():
+                waiting.discard(bench_catalog.refused_event_id(msg.value()))
+    finally:
+        consumer.close()
+    if waiting:
+        raise RuntimeError(f"--catalog: {len(waiting)} of {len(tenants)} probe(s) off the schema not dead-lettered "
+                           f"within {timeout_s:.0f}s: the job's fan-out does not validate (a TaskManager still "
+                           "running Python modules loaded before the catalog check?)")
+
+
 def raw_ceiling(base_url: str, concurrency: int, duration_s: float, body: bytes) -> raw_http.Result:
     ctx = ssl.create_default_context(cafile=str(CERTS / "ca.pem"))
     return asyncio.run(raw_http.run(base_url + "/raw", ctx, concurrency, duration_s, 1_000_000, body))
@@ -684,6 +714,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"job {job_id} running after {time.monotonic() - t0:.1f}s")
         warm_up(settings, rx, tenants, body, timeout_s=120)
         say(f"warm: configs broadcast, one event per tenant delivered ({time.monotonic() - started:.0f}s in)")
+        if args.catalog:
+            confirm_validating(settings, tenants, body, timeout_s=60)
+            say("catalog: each tenant's probe off the schema was dead-lettered (schema_invalid): fan-out validates")
 
         full: PhaseResult | None = None
         half: PhaseResult | None = None

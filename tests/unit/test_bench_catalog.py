@@ -15,6 +15,7 @@ from bench.run import EVENT_TYPE, UNCATALOGUED_VERSION, Tenant, _event, main
 from core.event_schemas import SchemaVersion, ValidatorCache, check_schema, compile_validator
 from core.records import CatalogSettingsRecord, CatalogTypeRecord
 from core.schema_check import SCHEMA_INVALID, SCHEMA_UNKNOWN, SEND, CatalogIndex, Refuse, check_event
+from operators.fanout import _schema_letter
 
 TENANT = "ten_bench_0_abcdef12"
 SIZES = [len(b'{"type":"bench.raw_http","data":""}'), 200, raw_http.DEFAULT_BODY_BYTES, 10_000]
@@ -79,6 +80,28 @@ def test_without_the_catalogued_version_the_bench_event_would_be_refused_as_unkn
     assert event.schema_version == UNCATALOGUED_VERSION
     verdict = check_event(event, job_catalog(body).tenant(TENANT), ValidatorCache())
     assert isinstance(verdict, Refuse) and verdict.reason == SCHEMA_UNKNOWN
+
+
+def test_the_probe_is_refused_schema_invalid_and_its_dead_letter_names_it() -> None:
+    """The probe the run sends before the load to see fan-out validate: refused by the schema, and
+    found again in the dead letter the job writes for it (operators.fanout's own writer)."""
+    body = raw_http.make_body(raw_http.DEFAULT_BODY_BYTES)
+    index = job_catalog(body)
+    probe = _event(Tenant(TENANT, [], bench_catalog.EVENT_VERSION), bench_catalog.off_schema(body))
+    refused = check_event(probe, index.tenant(TENANT), ValidatorCache())
+    assert isinstance(refused, Refuse) and refused.reason == SCHEMA_INVALID
+    letter = _schema_letter(probe, refused, "webhooks.events.x").encode()
+    assert bench_catalog.refused_event_id(letter) == probe.event_id
+    # A letter for any other reason does not count as the probe's.
+    unknown = _event(Tenant(TENANT, []), body)
+    unknown_refused = check_event(unknown, index.tenant(TENANT), ValidatorCache())
+    assert isinstance(unknown_refused, Refuse)
+    assert bench_catalog.refused_event_id(_schema_letter(unknown, unknown_refused, "t").encode()) is None
+
+
+def test_the_probe_needs_a_bench_payload() -> None:
+    with pytest.raises(ValueError, match="not a bench payload"):
+        bench_catalog.off_schema(b'{"id":"x"}')
 
 
 def test_the_report_line_says_whether_fan_out_validated() -> None:
