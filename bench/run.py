@@ -202,6 +202,13 @@ def control_plane(settings: Settings) -> Iterator[grpc.Channel]:
         cluster.shutdown()
 
 
+def control_plane_env(env: dict[str, str], port: int) -> dict[str, str]:
+    """The run's env for its control plane process: its gRPC API on ``port``, no /metrics, and no
+    console (the stack's control plane serves it on its default port: binding it again failed)."""
+    return {**env, "WEBHOOKS_CONTROL_PLANE__PORT": str(port), "WEBHOOKS_CONTROL_PLANE__METRICS_PORT": "0",
+            "WEBHOOKS_CONTROL_PLANE__CONSOLE_PORT": "0"}
+
+
 @contextmanager
 def control_plane_process(env: dict[str, str], pid_file: Path, timeout_s: float = 60) -> Iterator[grpc.Channel]:
     """The run's control plane as a process of its own (`python -m control_plane.server`), so its
@@ -211,8 +218,7 @@ def control_plane_process(env: dict[str, str], pid_file: Path, timeout_s: float 
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [PY, "-m", "control_plane.server"], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, **env, "WEBHOOKS_CONTROL_PLANE__PORT": str(port),
-                 "WEBHOOKS_CONTROL_PLANE__METRICS_PORT": "0"})
+            env={**os.environ, **control_plane_env(env, port)})
     pid_file.write_text(str(proc.pid))
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
