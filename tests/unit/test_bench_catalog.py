@@ -120,4 +120,3 @@ def test_the_option_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("bench.run.run", run)
     assert main([]) == 0 and main(["--catalog"]) == 0
     assert seen == [False, True]
-
