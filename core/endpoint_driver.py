@@ -141,10 +141,10 @@ class DriverPolicy:
     load_retry_max_ms: int = 300_000
     # Fresh deliveries (never attempted) one endpoint keeps in memory; fresh waiting ones beyond it
     # go to the overflow queue in keyed state (core.endpoint_store) and come back a page at a
-    # time, so a backlog of millions behind a failing endpoint costs memory for the window only
-    #. Retries do not count against it, or a window of retries the receiver keeps
-    # refusing would hold every fresh delivery in the queue for a day; memory as a
-    # whole is bounded at twice the window, past which fresh work waits in the queue again.
+    # time, so a backlog of millions behind a failing endpoint costs memory for the window only.
+    # Retries do not count against it, or a window of retries the receiver keeps refusing would
+    # hold every fresh delivery in the queue for a day; memory as a whole is bounded at twice the
+    # window, past which fresh work waits in the queue again.
     memory_window: int = 20_000
     page_size: int = 1_000
     # A delivery whose history write or read has kept failing this long, and is this far past its
@@ -538,8 +538,8 @@ class EndpointDriver:
     def _storage(self, now_ms: int, budget: int, dec: Decision) -> None:
         for did in list(self._work):
             p = self.items[did]
-            give_up_at = max(p.delivery.expires_at_ms, p.failing_since_ms) + self.policy.storage_give_up_ms
-            if p.write_failures and now_ms >= give_up_at:
+            if p.write_failures and now_ms >= (max(p.delivery.expires_at_ms, p.failing_since_ms)
+                                               + self.policy.storage_give_up_ms):
                 # Failing for the whole bound, and past its deadline (a replay of an old delivery
                 # is always past it: the bound counts from the first failure). Manual requests it
                 # carried end with it, counted: no row can be written for them either.

@@ -44,6 +44,7 @@ from outbox.migrate import apply_migrations, ensure_database
 from outbox.producer import OutboxError, write_event
 from outbox.schemas import SchemaGuard
 from stack.isolation import keyspace_session
+from tests.integration.helpers import auth
 from tests.integration.test_control_plane import consume
 from tests.support.asyncapi import asyncapi_3_errors
 
@@ -80,7 +81,7 @@ class Stack:
         return rpc.AdminStub(self.channel)
 
     def admin_md(self) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {self.settings.control_plane.admin_token.get_secret_value()}")]
+        return auth(self.settings.control_plane.admin_token.get_secret_value())
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ class Tenant:
 
     @property
     def md(self) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {self.key}")]
+        return auth(self.key)
 
 
 def new_tenant(stack: Stack, writer: bool = True, read_only: bool = False) -> Tenant:

@@ -293,7 +293,7 @@ def test_a_grant_not_taken_within_the_pickup_interval_lapses_and_its_slot_goes_t
 
 
 def test_uncontended_retries_leave_the_headroom_for_new_work():
-    # retries keep the share kept for new work
+    # retries taken without contention leave the share kept for new work
     s = FairScheduler(pool_size=10, tenant_quota=10, retry_headroom=0.1)
     assert s.acquire_uncontended("a", 10, "retry") == 9
     assert s.acquire_uncontended("b", 1, "new") == 1
