@@ -34,6 +34,7 @@ from typing import Any
 
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.query import PreparedStatement
 from confluent_kafka import Consumer, TopicPartition
 
 from control_plane.archive_store import ArchiveStore
@@ -107,6 +108,7 @@ class Reconciler:
         self._q_history = p(history_rows.SELECT_NEW)
         self._q_old_delivery = p(history_rows.SELECT_OLD_DELIVERY)
         self._q_old_attempts = p(history_rows.SELECT_OLD_ATTEMPTS)
+        self._q_pins: PreparedStatement | None = None
         self._q_backlog = p("SELECT endpoint_id, pending, reported_at FROM endpoint_backlogs WHERE endpoint_id=?")
         # Deliveries whose hour the archiver released are read from the archive (their pointer rows).
         self._archived = ArchivedDeliveries(session, ArchiveStore.from_settings(settings.archive))
@@ -308,7 +310,12 @@ class Reconciler:
     def _fan_out_again(self, gap: rc.Gap, w: _Window, requested_by: str) -> list[Repair]:
         event, arrived = w.events[gap.id]
         configs = [e.to_config(self._now_ms()) for e in self._tenant_endpoints(event.tenant_id)]
-        chosen = {c.endpoint_id: c.config_version for c in fanout.select_endpoints(event, configs)}
+        matched = fanout.select_endpoints(event, configs)
+        # Fan-out's rule, not only its match: an endpoint pinned to other schema majors is left out
+        # (its history lists the pair as skipped; fan-out wrote that row if it ran at all).
+        pins = self._schema_pins(event.tenant_id, [c.endpoint_id for c in matched])
+        sent, _ = fanout.leave_out_pinned(event, matched, lambda endpoint_id: pins.get(endpoint_id, ()))
+        chosen = {c.endpoint_id: c.config_version for c in sent}
         snap = fanout.FanoutSnapshot(event.event_id, event.tenant_id, arrived, tuple(sorted(chosen.items())))
         hour, bucket = snap.partition
         self._session.execute(self._w_snapshot, (_ts(hour), bucket, _ts(arrived), snap.event_id, snap.tenant_id,
@@ -384,6 +391,15 @@ class Reconciler:
                            schema_version=row.schema_version or "", object_id=row.object_id or "",
                            object_version=row.object_version or 0, occurred_at_ms=_ms(row.occurred_at) or 0,
                            payload=bytes(row.payload))
+
+    def _schema_pins(self, tenant_id: str, endpoint_ids: list[str]) -> dict[str, tuple[int, ...]]:
+        if not endpoint_ids:
+            return {}
+        if self._q_pins is None:  # prepared on first use: only a fan-out repair needs it
+            self._q_pins = self._session.prepare(
+                "SELECT endpoint_id, schema_majors FROM endpoint_schema_pins WHERE tenant_id=? AND endpoint_id IN ?")
+        return {r.endpoint_id: tuple(r.schema_majors or ())
+                for r in self._session.execute(self._q_pins, (tenant_id, endpoint_ids))}
 
     def _tenant_endpoints(self, tenant_id: str) -> Iterable[Any]:
         after = ""
