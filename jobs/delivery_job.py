@@ -8,6 +8,7 @@ operators, so the TaskManagers need no configuration of their own.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from pyflink.common import Configuration, WatermarkStrategy
 from pyflink.common.serialization import SimpleStringSchema
@@ -79,7 +80,21 @@ def _endpoint_topic(env: StreamExecutionEnvironment, settings: Settings) -> Data
             'value.format' = 'raw',
             'value.fields-include' = 'EXCEPT_KEY'
         )""")
-    return t_env.to_changelog_stream(t_env.from_path("endpoint_topic"))
+    configs = t_env.to_changelog_stream(t_env.from_path("endpoint_topic"))
+    # Translating the table leaves the planner's parallelism (1) as the environment's default: every
+    # operator added after it (fan-out, dispatch) ran on one subtask whatever flink.parallelism said,
+    # and the planner's own operators get their one subtask only from that default. So pin those
+    # and give the environment the job's parallelism back.
+    _one_subtask(configs._j_data_stream.getTransformation())
+    env.set_parallelism(settings.flink.parallelism)
+    return configs
+
+
+def _one_subtask(j_transformation: Any) -> None:
+    """A (Java) transformation and everything upstream of it at parallelism 1."""
+    j_transformation.setParallelism(1)
+    for j_input in j_transformation.getInputs():
+        _one_subtask(j_input)
 
 
 def _string_sink(settings: Settings, topic: str) -> KafkaSink:
