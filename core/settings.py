@@ -37,6 +37,18 @@ class KafkaSettings(BaseModel):
     consumer_group: str = "webhooks-delivery-job"
     # Partitions for the event topics when the scripts create them; a real cluster sets its own.
     partitions: int = Field(default=4, ge=1)
+    # Replicas of every topic the scripts create, and how many must have a write before an
+    # acks=all producer (all of ours) is answered. The cluster topology (stack/topologies/
+    # cluster.env) sets 3 and 2: one broker may be lost with nothing acknowledged lost.
+    replication_factor: int = Field(default=1, ge=1)
+    min_insync_replicas: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _min_insync_within_replicas(self) -> KafkaSettings:
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(f"kafka.min_insync_replicas ({self.min_insync_replicas}) exceeds "
+                             f"kafka.replication_factor ({self.replication_factor}): no write could succeed")
+        return self
 
 
 class CassandraSettings(BaseModel):
@@ -154,6 +166,13 @@ class FlinkSettings(BaseModel):
     rest_address: str = "127.0.0.1"
     rest_port: int = 8081
     parallelism: int = Field(default=1, ge=1)
+    # Key groups of the job's keyed state: the most subtasks it can ever be rescaled to from a
+    # savepoint, fixed for the state's life (changing it needs a state migration). None: Flink's
+    # own choice (128 at these parallelisms, or the restored savepoint's), which is what every
+    # existing savepoint of the single-node stack was taken with. The cluster topology sets 256
+    # for the brief's peak: ~55 subtasks (README, scale-out sheet) get 4-5 key groups each, the
+    # busiest 1.07x the mean (with 128: 2-3 each, 1.29x), and rescaling has room to 256.
+    max_parallelism: int | None = Field(default=None, ge=1, le=32768)
     checkpoint_interval_ms: int = Field(default=5000, ge=100)
     # Dedupe memory for event_ids: longer than any replay window of the events topic.
     dedupe_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
@@ -174,6 +193,13 @@ class FlinkSettings(BaseModel):
     # of a second, so 100 ms more on their way costs no event a wait (core/fanout.py), and a
     # replay or a config change is not measured in milliseconds.
     control_buffer_timeout_ms: int = Field(default=100, ge=1)
+
+    @model_validator(mode="after")
+    def _parallelism_within_max(self) -> FlinkSettings:
+        if self.max_parallelism is not None and self.parallelism > self.max_parallelism:
+            raise ValueError(f"flink.parallelism ({self.parallelism}) exceeds flink.max_parallelism "
+                             f"({self.max_parallelism})")
+        return self
 
 
 DEV_ADMIN_TOKEN = "dev-admin-token"

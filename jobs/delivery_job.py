@@ -104,6 +104,11 @@ def _string_sink(settings: Settings, topic: str) -> KafkaSink:
             .set_record_serializer(KafkaRecordSerializationSchema.builder()
                                    .set_topic(topic).set_value_serialization_schema(RAW).build())
             .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
+            # What every producer of the platform uses (the Kafka client's own default, stated
+            # here): a write is acknowledged once min.insync.replicas replicas have it, and the
+            # producer's retries neither duplicate nor reorder.
+            .set_property("acks", "all")
+            .set_property("enable.idempotence", "true")
             .build())
 
 
@@ -176,6 +181,8 @@ def make_env(settings: Settings) -> StreamExecutionEnvironment:
         conf.set_string("pipeline.jars", ";".join(settings.flink.pipeline_jars))
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     env.set_parallelism(settings.flink.parallelism)
+    if settings.flink.max_parallelism is not None:
+        env.set_max_parallelism(settings.flink.max_parallelism)
     # Every exchange but the event path's two (set on their streams in build_pipeline): configs,
     # ticks, replays, dead letters, and the table planner's own.
     env.set_buffer_timeout(settings.flink.control_buffer_timeout_ms)

@@ -1,6 +1,7 @@
 """Apply the CQL schema in cassandra/schema/ (file-name order), or check Cassandra answers.
 
-Re-applying is harmless: the keyspace and every table use IF NOT EXISTS. `--keyspace` lets tests
+Re-applying is harmless: the keyspace and every table use IF NOT EXISTS. The keyspace's
+replication factor is the settings' (cassandra.replication_factor: 3 in the cluster topology). `--keyspace` lets tests
 build a private keyspace with the same tables.
 """
 
@@ -46,13 +47,17 @@ def apply(session: Session, keyspace: str, replication_factor: int) -> int:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--check", action="store_true", help="exit 0 when Cassandra answers CQL")
+    p.add_argument("--nodes", type=int, default=1, help="with --check: how many nodes must be up in the ring")
     p.add_argument("--keyspace", default=load_settings().cassandra.keyspace)
     args = p.parse_args()
     cluster, session = connect()
     try:
         if args.check:
             session.execute("SELECT release_version FROM system.local")
-            return 0
+            # A ring is ready for an RF 3 keyspace and quorum writes once every node is up in
+            # the driver's view (gossip reached it and its native port answers).
+            up = [h for h in cluster.metadata.all_hosts() if h.is_up]
+            return 0 if len(up) >= args.nodes else 1
         n = apply(session, args.keyspace, load_settings().cassandra.replication_factor)
         print(f"schema applied to keyspace {args.keyspace}: {n} statements")
         return 0

@@ -4,11 +4,11 @@
 source "$(dirname "$0")/lib.sh"
 "$REPO/stack/job.sh" cancel-all || true
 stop_part receiver 5
-stop_part control-plane 10
+"$REPO/stack/control_plane.sh" stop  # every replica
 "$REPO/stack/flink.sh" stop  # every TaskManager (also those `flink.sh add-tm` added), then the JobManager
 "$REPO/stack/connect.sh" stop
 "$REPO/stack/postgres.sh" stop
-stop_part cassandra 40
-stop_part kafka 30
+"$REPO/stack/cassandra.sh" stop  # every node of the topology
+"$REPO/stack/kafka.sh" stop
 "$REPO/stack/prometheus.sh" stop
-say "stack stopped"
+say "stack stopped (topology $TOPOLOGY)"

@@ -6,6 +6,7 @@
 source "$(dirname "$0")/lib.sh"
 DIR="$RUN/flink"; CONF="$DIR/conf"
 REST_PORT="${WEBHOOKS_FLINK_REST_PORT:-8081}"
+RPC_PORT="${WEBHOOKS_FLINK_RPC_PORT:-6123}"; BLOB_PORTS="${WEBHOOKS_FLINK_BLOB_PORTS:-6124-6130}"
 export FLINK_HOME="$("$PY" -c 'import os, pyflink; print(os.path.dirname(pyflink.__file__))')"
 export FLINK_CONF_DIR="$CONF" FLINK_LOG_DIR="$DIR/log" FLINK_PID_DIR="$DIR"
 SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -15,6 +16,7 @@ render_conf() {
   cp "$FLINK_HOME"/conf/log4j*.properties "$CONF/"
   sed -e "s#__RUN__#$RUN#g" -e "s#__PY__#$PY#g" -e "s#__REST_PORT__#$REST_PORT#g" \
       -e "s#__PYTHONPATH__#$REPO:$SITE#g" -e "s#__PUSHGATEWAY_PORT__#${WEBHOOKS_PUSHGATEWAY_PORT:-9091}#g" \
+      -e "s#__RPC_PORT__#$RPC_PORT#g" -e "s#__BLOB_PORTS__#$BLOB_PORTS#g" \
       "$REPO/flink-conf/config.yaml" > "$CONF/config.yaml"
   # WEBHOOKS_METRICS_REPORTER=off: no Prometheus reporter (the benchmark's "without" figure). The
   # metrics block is the last one of flink-conf/config.yaml.
@@ -44,6 +46,13 @@ start() {
     say "starting flink taskmanager"
     start_bg flink-tm "$DIR/log/taskmanager.log" "$FLINK_HOME/bin/taskmanager.sh" start-foreground
   fi
+  # The topology's other TaskManagers (WEBHOOKS_FLINK_TASKMANAGERS): flink-tm-2, ...
+  local part
+  for part in $(replica_parts flink-tm "$FLINK_TASKMANAGERS" | tail -n +2); do
+    if running "$part"; then say "flink $part already running (pid $(cat "$RUN/$part/pid"))"; continue; fi
+    say "starting flink taskmanager $part"
+    start_bg "$part" "$DIR/log/$part.log" "$FLINK_HOME/bin/taskmanager.sh" start-foreground
+  done
 }
 
 # tm_registered [n]: at least n (default 1) TaskManagers registered with the JobManager.
@@ -68,7 +77,7 @@ add_tm() {
 }
 
 ready() {
-  wait_until flink-jm "$DIR/log/jobmanager.log" 120 tm_registered
+  wait_until flink-jm "$DIR/log/jobmanager.log" 120 tm_registered "$FLINK_TASKMANAGERS"
   running flink-tm || explain_failure flink-tm "$DIR/log/taskmanager.log" "process exited during start-up"
   say "flink ready: dashboard http://127.0.0.1:$REST_PORT"
 }

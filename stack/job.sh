@@ -8,7 +8,9 @@ eval "$("$REPO/stack/flink.sh" env)"
 export PATH="$VENV/bin:$PATH"
 REST="http://127.0.0.1:${WEBHOOKS_FLINK_REST_PORT:-8081}"
 JOB_NAME="${WEBHOOKS_FLINK__JOB_NAME:-webhooks-delivery}"
+# Each topology keeps its job's restore points apart: they hold Kafka offsets of its own brokers.
 STATE="$RUN/flink/state-$JOB_NAME"
+if [ "$TOPOLOGY" != single ]; then STATE="$RUN/flink/state-$TOPOLOGY-$JOB_NAME"; fi
 mkdir -p "$STATE"
 
 running_job_id() {

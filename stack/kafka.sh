@@ -1,39 +1,83 @@
 #!/usr/bin/env bash
-# Start/stop the local Kafka (KRaft single node) from the jars Maven resolved into stack/.jars/kafka.
+# Start/stop the local Kafka from the jars Maven resolved into stack/.jars/kafka: one KRaft node
+# (part kafka), or in the cluster topology WEBHOOKS_KAFKA_NODES of them (parts kafka-1..N), each
+# broker and controller, node n on ports PORT + 100 (n-1) (stack/topologies/cluster.env).
 source "$(dirname "$0")/lib.sh"
 PORT="${WEBHOOKS_KAFKA_PORT:-9092}"
 CONTROLLER_PORT="${WEBHOOKS_KAFKA_CONTROLLER_PORT:-9093}"
-DIR="$RUN/kafka"; LOG="$DIR/kafka.log"; CONF="$DIR/server.properties"
 CP="$JARS/kafka/*"
-JAVA_OPTS=(-Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true -Djava.io.tmpdir="$RUN/tmp"
-           -Dlog4j2.configurationFile="$REPO/stack/conf/kafka-log4j2.yaml" -Dkafka.logs.dir="$DIR")
+
+java_opts() {  # java_opts <dir>: sets JAVA_OPTS for the node whose logs go to <dir>
+  JAVA_OPTS=(-Xms256m -Xmx"${WEBHOOKS_KAFKA_HEAP:-512m}" -XX:+UseG1GC -Djava.awt.headless=true
+             -Djava.io.tmpdir="$RUN/tmp" -Dlog4j2.configurationFile="$REPO/stack/conf/kafka-log4j2.yaml"
+             -Dkafka.logs.dir="$1")
+}
+
+new_cluster_id() {
+  # "--cluster-id=ID", not "-t ID": one id in 64 starts with "-" and was taken for an option.
+  "$PY" -c "import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip('='))"
+}
+
+# start_node <part> <properties template> <port> <controller port> <storage format args...>
+# (format args: used once, on a node whose storage is not formatted yet)
+start_node() {
+  local part="$1" template="$2" port="$3" cport="$4"; shift 4
+  local dir="$RUN/$part"; local log="$dir/kafka.log" conf="$dir/server.properties"
+  if running "$part"; then say "$part already running (pid $(cat "$dir/pid"))"; return; fi
+  mkdir -p "$dir/data"
+  sed -e "s#__RUN__#$RUN#g" -e "s#__DIR__#$dir#g" -e "s#__PORT__#$port#g" -e "s#__CONTROLLER_PORT__#$cport#g" \
+      -e "s#__NODE_ID__#${part##*-}#g" -e "s#__VOTERS__#${VOTERS:-}#g" "$template" > "$conf"
+  java_opts "$dir"
+  if [ ! -f "$dir/data/meta.properties" ]; then
+    say "formatting $part storage"
+    java "${JAVA_OPTS[@]}" -cp "$CP" kafka.tools.StorageTool format "$@" -c "$conf" >>"$log" 2>&1 \
+      || explain_failure "$part" "$log" "storage format failed"
+  fi
+  say "starting $part on 127.0.0.1:$port"
+  start_bg "$part" "$log" java "${JAVA_OPTS[@]}" -cp "$CP" kafka.Kafka "$conf"
+}
+
+node_port() { echo $(( $1 + 100 * ($2 - 1) )); }  # node_port <base> <n>
 
 start() {
   [ -d "$JARS/kafka" ] || fail "kafka jars missing: run 'make setup'"
-  if running kafka; then say "kafka already running (pid $(cat "$DIR/pid"))"; return; fi
-  mkdir -p "$DIR/data"
-  sed -e "s#__RUN__#$RUN#g" -e "s#__PORT__#$PORT#g" -e "s#__CONTROLLER_PORT__#$CONTROLLER_PORT#g" \
-      "$REPO/stack/conf/kafka.properties" > "$CONF"
-  if [ ! -f "$DIR/data/meta.properties" ]; then
-    say "formatting kafka storage"
-    # "--cluster-id=ID", not "-t ID": one id in 64 starts with "-" and was taken for an option.
-    java "${JAVA_OPTS[@]}" -cp "$CP" kafka.tools.StorageTool format --standalone \
-      --cluster-id="$("$PY" -c "import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip('='))")" \
-      -c "$CONF" >>"$LOG" 2>&1 \
-      || explain_failure kafka "$LOG" "storage format failed"
+  if (( KAFKA_NODES == 1 )); then
+    start_node kafka "$REPO/stack/conf/kafka.properties" "$PORT" "$CONTROLLER_PORT" \
+      --standalone --cluster-id="$(new_cluster_id)"
+    return
   fi
-  say "starting kafka on 127.0.0.1:$PORT"
-  start_bg kafka "$LOG" java "${JAVA_OPTS[@]}" -cp "$CP" kafka.Kafka "$CONF"
+  # Every node formatted with one cluster id, kept for nodes formatted later (a wiped node).
+  local id_file="$RUN/kafka-cluster-id" n
+  [ -f "$id_file" ] || new_cluster_id > "$id_file"
+  VOTERS=""
+  for n in $(seq 1 "$KAFKA_NODES"); do
+    VOTERS="${VOTERS:+$VOTERS,}$n@127.0.0.1:$(node_port "$CONTROLLER_PORT" "$n")"
+  done
+  for n in $(seq 1 "$KAFKA_NODES"); do
+    start_node "kafka-$n" "$REPO/stack/conf/kafka-cluster.properties" "$(node_port "$PORT" "$n")" \
+      "$(node_port "$CONTROLLER_PORT" "$n")" --cluster-id="$(cat "$id_file")"
+  done
 }
 
 ready() {
-  wait_until kafka "$LOG" 120 "$PY" -m stack.topics --check --bootstrap "127.0.0.1:$PORT"
-  say "kafka ready"
+  local part bootstrap="127.0.0.1:$PORT"
+  if (( KAFKA_NODES > 1 )); then bootstrap="${WEBHOOKS_KAFKA__BOOTSTRAP_SERVERS:?the cluster topology sets it}"; fi
+  # Every node must be up and registered: topics at RF 3 cannot be created with fewer brokers.
+  for part in $(node_parts kafka "$KAFKA_NODES"); do
+    wait_until "$part" "$RUN/$part/kafka.log" 120 "$PY" -m stack.topics --check --bootstrap "$bootstrap" \
+      --brokers "$KAFKA_NODES"
+  done
+  say "kafka ready ($KAFKA_NODES node(s))"
+}
+
+stop() {
+  local part
+  for part in $(node_parts kafka "$KAFKA_NODES"); do stop_part "$part" 30; done
 }
 
 case "${1:-}" in
   start) start ;;
   ready) ready ;;
-  stop) stop_part kafka 30 ;;
+  stop) stop ;;
   *) echo "usage: $0 start|ready|stop" >&2; exit 2 ;;
 esac

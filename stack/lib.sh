@@ -14,6 +14,41 @@ mkdir -p "$RUN/tmp"
 say()  { printf '\033[1m[stack]\033[0m %s\n' "$*"; }
 fail() { printf '\033[31m[stack] %s\033[0m\n' "$*" >&2; exit 1; }
 
+# The topology: "single" (the default, one of each server) or a file stack/topologies/<name>.env
+# ("cluster": 3 Kafka brokers, a 3-node Cassandra ring, 2 TaskManagers, 2 control planes). Same
+# code, same job: the file only sets WEBHOOKS_* variables, each one the environment does not set
+# already. Chosen once with TOPOLOGY=<name> (make up TOPOLOGY=cluster); up.sh records it in
+# $RUN/topology, so status, job and down act on the topology that was started.
+load_env_file() {
+  local line key
+  while IFS= read -r line || [ -n "$line" ]; do
+    case "$line" in ''|'#'*) continue ;; esac
+    key="${line%%=*}"
+    [ -n "${!key+x}" ] || export "$key=${line#*=}"
+  done < "$1"
+}
+TOPOLOGY_RECORDED="$(cat "$RUN/topology" 2>/dev/null || echo single)"
+TOPOLOGY="${TOPOLOGY:-$TOPOLOGY_RECORDED}"
+if [ "$TOPOLOGY" != single ]; then
+  [ -f "$REPO/stack/topologies/$TOPOLOGY.env" ] \
+    || fail "unknown TOPOLOGY '$TOPOLOGY': single, or one of stack/topologies/*.env"
+  load_env_file "$REPO/stack/topologies/$TOPOLOGY.env"
+fi
+# Servers per part (the topology's file sets them): one part "kafka", or kafka-1..N, and so on.
+KAFKA_NODES="${WEBHOOKS_KAFKA_NODES:-1}"
+CASSANDRA_NODES="${WEBHOOKS_CASSANDRA_NODES:-1}"
+FLINK_TASKMANAGERS="${WEBHOOKS_FLINK_TASKMANAGERS:-1}"
+CONTROL_PLANES="${WEBHOOKS_CONTROL_PLANE_REPLICAS:-1}"
+node_parts() { if (( $2 > 1 )); then seq -f "$1-%g" 1 "$2"; else echo "$1"; fi; }
+# The second TaskManager and control plane are flink-tm-2 and control-plane-2 (flink.sh add-tm's
+# names), the first keeps the single-node name.
+replica_parts() { echo "$1"; if (( $2 > 1 )); then seq -f "$1-%g" 2 "$2"; fi; }
+topology_parts() {
+  node_parts kafka "$KAFKA_NODES"; node_parts cassandra "$CASSANDRA_NODES"
+  echo flink-jm; replica_parts flink-tm "$FLINK_TASKMANAGERS"; replica_parts control-plane "$CONTROL_PLANES"
+  echo postgres connect pushgateway prometheus | tr ' ' '\n'
+}
+
 # A killed server whose parent is gone can stay a zombie where nothing reaps orphans; a zombie is
 # not alive (kill -0 alone would say it is).
 pid_alive() {
@@ -74,4 +109,21 @@ stop_part() {
     if pid_alive "$pid"; then kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; fi
   fi
   rm -f "$f"
+}
+
+# refuse_other_topology: before starting anything. One run directory runs one topology at a time
+# (they use the same ports), so while a Kafka, Cassandra or control-plane part of another one runs,
+# starting fails and says what runs. Then the topology being started is recorded.
+refuse_other_topology() {
+  if [ "$TOPOLOGY" != "$TOPOLOGY_RECORDED" ]; then
+    local mine part
+    mine=" $(topology_parts | tr '\n' ' ') "
+    for part in kafka kafka-{1..9} cassandra cassandra-{1..9} control-plane control-plane-{2..9}; do
+      case "$mine" in *" $part "*) continue ;; esac
+      if running "$part"; then
+        fail "the $TOPOLOGY_RECORDED topology runs in $RUN ($part, pid $(cat "$RUN/$part/pid")): 'make down' first, then 'make up TOPOLOGY=$TOPOLOGY'"
+      fi
+    done
+  fi
+  echo "$TOPOLOGY" > "$RUN/topology"
 }

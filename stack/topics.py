@@ -1,7 +1,8 @@
 """Create the platform's Kafka topics (idempotent), or check that the broker answers.
 
-`python -m stack.topics --check` exits 0 once the broker serves metadata; without --check it
-creates the topics named in the settings. webhooks.endpoints is compacted (latest config per
+`python -m stack.topics --check [--brokers N]` exits 0 once the broker serves metadata (naming N
+brokers); without --check it creates the topics named in the settings, at the settings'
+replication factor and min.insync.replicas. webhooks.endpoints is compacted (latest config per
 endpoint) and single-partition, so the config clock heartbeat orders after every config
 published before it. Tests and the benchmark create their own per-run topics with the same specs.
 """
@@ -17,22 +18,27 @@ from core.settings import KafkaSettings, load_settings
 
 
 def topic_specs(k: KafkaSettings) -> list[NewTopic]:
+    rf = k.replication_factor
+    # Every topic: an acks=all write is answered once this many replicas have it (the cluster
+    # topology: 2 of 3, so one broker down loses nothing acknowledged and writes go on).
+    durable = {"min.insync.replicas": str(k.min_insync_replicas)}
     return [
         # The broker stamps each event's arrival (LogAppendTime): fan-out compares it with the
         # config clock, and a delivery's deadline counts from it -- the producers' clocks
         # (CreateTime, any application host's) decide neither. Set it on real clusters too.
-        NewTopic(k.events_topic, num_partitions=k.partitions, replication_factor=1,
-                 config={"message.timestamp.type": "LogAppendTime"}),
+        NewTopic(k.events_topic, num_partitions=k.partitions, replication_factor=rf,
+                 config={**durable, "message.timestamp.type": "LogAppendTime"}),
         NewTopic(
             k.endpoints_topic,
             num_partitions=1,
-            replication_factor=1,
-            config={"cleanup.policy": "compact", "min.compaction.lag.ms": "60000", "segment.ms": "3600000"},
+            replication_factor=rf,
+            config={**durable, "cleanup.policy": "compact", "min.compaction.lag.ms": "60000",
+                    "segment.ms": "3600000"},
         ),
-        NewTopic(k.replays_topic, num_partitions=k.partitions, replication_factor=1),
-        NewTopic(k.signals_topic, num_partitions=1, replication_factor=1),
-        NewTopic(k.dlq_topic, num_partitions=1, replication_factor=1,
-                 config={"retention.ms": str(30 * 24 * 3600 * 1000)}),
+        NewTopic(k.replays_topic, num_partitions=k.partitions, replication_factor=rf, config=durable),
+        NewTopic(k.signals_topic, num_partitions=1, replication_factor=rf, config=durable),
+        NewTopic(k.dlq_topic, num_partitions=1, replication_factor=rf,
+                 config={**durable, "retention.ms": str(30 * 24 * 3600 * 1000)}),
     ]
 
 
@@ -56,10 +62,11 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--bootstrap", default=load_settings().kafka.bootstrap_servers)
     p.add_argument("--check", action="store_true")
+    p.add_argument("--brokers", type=int, default=1, help="with --check: how many brokers must answer")
     args = p.parse_args()
     if args.check:
         admin = AdminClient({"bootstrap.servers": args.bootstrap, "socket.timeout.ms": 3000})
-        return 0 if admin.list_topics(timeout=3).brokers else 1
+        return 0 if len(admin.list_topics(timeout=3).brokers) >= args.brokers else 1
     try:
         for topic in create_topics(load_settings().kafka):
             print(f"created topic {topic}")
