@@ -13,6 +13,7 @@ deliveries retried once (the brief's peak: 2,315 retries per 23,148 deliveries),
   the endpoint indexes, snapshots), replication factor 1;
 * the archiver on hour A: archive (rows/s), verify, release (TTL rewrite) times, and the Parquet
   bytes per delivery by kind from the manifest;
+* one archiver shard of ``--shards`` (0/N) on hour B: its share of the hour and how fast;
 * hour B let go by DELETE instead (one partition tombstone per delivery and per event, at a
   timestamp above the job's status bands): the bytes each way adds as written (flushed) and
   after a major compaction (what is left until the expired cells / tombstones are purged, after
@@ -24,6 +25,7 @@ The last line is the comparable summary (``archive-bench: ...``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import time
@@ -36,6 +38,7 @@ from cassandra.cluster import Session
 from bench.raw_http import make_body
 from control_plane.archive_store import ArchiveStore
 from control_plane.archiver import Archiver
+from core.archive_layout import shard_buckets
 from core.archive_settings import ArchiveSettings
 from core.dispatch import AttemptRecord, Intent
 from core.fanout import FanoutSnapshot, NewDelivery
@@ -139,6 +142,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=5000)
     ap.add_argument("--body-bytes", type=int, default=1536)
     ap.add_argument("--random-body", action="store_true", help="incompressible payloads (hex of random bytes)")
+    ap.add_argument("--shards", type=int, default=4,
+                    help="also time one archiver shard of this many (shard 0/N) on hour B: its share of the hour")
     args = ap.parse_args()
     settings: Settings = settings_with(isolated_env(f"archbench-{uuid.uuid4().hex[:6]}", own_keyspace=True))
     ks = settings.cassandra.keyspace
@@ -163,18 +168,30 @@ def main() -> None:
         t = time.monotonic()
         manifest = a.archive(hour_a)
         t_archive = time.monotonic() - t
+        assert manifest is not None  # one process, every bucket: the hour is complete
         t = time.monotonic()
         problems = a.verify(hour_a)
         t_verify = time.monotonic() - t
         assert not problems, problems
         t = time.monotonic()
-        a._releaser.release(hour_a, archive.release_ttl_s, settings.cassandra.history_ttl_s, int(time.time() * 1000))
+        a._releaser.release(manifest, archive.release_ttl_s, settings.cassandra.history_ttl_s, int(time.time() * 1000))
         t_release = time.monotonic() - t
         # Added bytes as written (flushed, before any compaction could merge them with what they
         # shadow), then after a major compaction.
         ttl_flushed = sum(table_bytes(ks, compact=False).values()) - total
         base = sum(table_bytes(ks, compact=True).values())
         ttl_compacted = base - total
+        # One shard of N on hour B (archived only: the DELETE below lets it go): each shard pages
+        # through all the hour's snapshots but reads only its buckets' history, so its rate
+        # against its share of the deliveries says how far N processes divide the work.
+        shard_root = root.with_name(root.name + "-shard")
+        shard_settings = archive.model_copy(update={"uri": str(shard_root)})
+        shard = Archiver(shard_settings, settings.cassandra.history_ttl_s, session,
+                         ArchiveStore.from_settings(shard_settings), shard_buckets(0, args.shards))
+        t = time.monotonic()
+        shard.archive(hour_b)
+        t_shard = time.monotonic() - t
+        shard_n = sum(int(json.loads(p.read_text())["counts"]["deliveries"]) for p in shard_root.rglob("part.json"))
         t = time.monotonic()
         delete_hour(session, hour_b)
         t_delete = time.monotonic() - t
@@ -189,6 +206,8 @@ def main() -> None:
     print(f"parquet bytes by kind (hour A, {len(manifest.files)} files):", by_kind)
     print(f"archive {n / t_archive:.0f} deliveries/s ({t_archive:.1f} s), verify {t_verify:.1f} s, "
           f"release by TTL rewrite {t_release:.1f} s, by DELETE {t_delete:.1f} s")
+    print(f"shard 0/{args.shards} on hour B: {shard_n} of {n} deliveries in {t_shard:.1f} s "
+          f"({shard_n / t_shard:.0f} deliveries/s of its share; one process on all: {n / t_archive:.0f}/s)")
     print(f"archive-bench: deliveries={n} body_bytes={len(body)} random_body={args.random_body} "
           f"cassandra_bytes_per_delivery={cass_pd:.0f} parquet_bytes_per_delivery={parquet / n:.0f} "
           f"archive_deliveries_per_s={n / t_archive:.0f} verify_deliveries_per_s={n / t_verify:.0f} "

@@ -6,11 +6,15 @@ snapshot (core/fanout.py), which is also their deliveries' created_at. Its files
 Hive-style by date, hour and tenant-hash bucket, one file per kind of row:
 
     date=2026-11-29/hour=19/tenant_bucket=07/{events,deliveries,attempts,replays}.parquet
+    date=2026-11-29/hour=19/tenant_bucket=07/part.json       (the bucket's own manifest)
+    date=2026-11-29/hour=19/tenant_bucket=07/released.json   (its hot rows were let go)
     date=2026-11-29/hour=19/manifest.json
 
-The manifest is written last and is the only mark of a complete hour: a reader (or a rerun)
-trusts no file a manifest does not list with its checksum, so a run killed half way leaves
-nothing that looks complete. Everything in a manifest is derived from the rows (no wall-clock
+The hour's manifest is assembled from its 16 bucket parts once all exist, and is the only mark
+of a complete hour: a reader trusts no file the manifest does not list with its checksum, so a
+run killed half way leaves nothing that looks complete. Parts let several archiver processes
+share an hour (:func:`shard_buckets`: each writes, verifies and releases its own buckets) and let
+a rerun skip the buckets already written. Everything in a manifest is derived from the rows (no wall-clock
 time, keys sorted), so archiving the same rows twice yields the same bytes.
 
 Pure: no I/O; tested table-driven in tests/unit/test_archive_layout.py.
@@ -33,7 +37,10 @@ KINDS = ("events", "deliveries", "attempts", "replays")
 # The column naming each kind's row (a manifest keeps its smallest and largest value per file).
 ID_COLUMN = {"events": "event_id", "deliveries": "delivery_id", "attempts": "delivery_id", "replays": "delivery_id"}
 MANIFEST_NAME = "manifest.json"
+PART_NAME = "part.json"
+RELEASED_NAME = "released.json"
 TMP_MARK = ".tmp-"
+ALL_BUCKETS = tuple(range(TENANT_BUCKETS))
 
 
 def tenant_bucket(tenant_id: str) -> int:
@@ -62,6 +69,33 @@ def data_path(hour_ms: int, bucket: int, kind: str) -> str:
 
 def manifest_path(hour_ms: int) -> str:
     return f"{hour_prefix(hour_ms)}/{MANIFEST_NAME}"
+
+
+def part_path(hour_ms: int, bucket: int) -> str:
+    return f"{bucket_prefix(hour_ms, bucket)}/{PART_NAME}"
+
+
+def released_path(hour_ms: int, bucket: int) -> str:
+    return f"{bucket_prefix(hour_ms, bucket)}/{RELEASED_NAME}"
+
+
+def shard_buckets(index: int, count: int) -> tuple[int, ...]:
+    """The tenant buckets archiver ``index`` of ``count`` works on: every ``count``-th one, so
+    any number of shards up to 16 splits every hour into disjoint sets of files, and together
+    they cover all buckets. A bucket is the unit: more shards than buckets would only idle."""
+    if not 1 <= count <= TENANT_BUCKETS or not 0 <= index < count:
+        raise ValueError(f"shard {index}/{count}: need 0 <= index < count <= {TENANT_BUCKETS}")
+    return tuple(range(index, TENANT_BUCKETS, count))
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/N"`` (e.g. ``"0/4"``) -> (i, N), checked as :func:`shard_buckets` checks it."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard {text!r}: expected i/N, e.g. 0/4") from None
+    shard_buckets(index, count)
+    return index, count
 
 
 def tmp_path(final: str, run_id: str) -> str:
@@ -107,6 +141,21 @@ class Manifest:
 
     def files_of(self, bucket: int, kind: str) -> list[FileEntry]:
         return [f for f in self.files if f.bucket == bucket and f.kind == kind]
+
+    def of_buckets(self, buckets: Iterable[int]) -> Manifest:
+        """The part of the hour in these buckets (what one shard verifies and releases)."""
+        keep = set(buckets)
+        return Manifest(self.hour_ms, tuple(f for f in self.files if f.bucket in keep), self.format)
+
+    @staticmethod
+    def assemble(hour_ms: int, parts: Iterable[Manifest]) -> Manifest:
+        """The hour's manifest from its buckets' parts: the same bytes whichever shards wrote
+        them, and as one process writing the whole hour (to_json orders the files)."""
+        parts = tuple(parts)
+        files = tuple(f for p in parts for f in p.files)
+        if any(p.hour_ms != hour_ms for p in parts):
+            raise ValueError("a part of another hour")
+        return Manifest(hour_ms, files)
 
     def to_json(self) -> bytes:
         files = sorted(self.files, key=lambda f: (f.bucket, KINDS.index(f.kind), f.path))

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 HOUR_MS = 3_600_000
 # An hour five days ago: closed, older than archive_after (3 days), inside the 30-day window.
 HOUR = (int(time.time() * 1000) - 5 * 86_400_000) // HOUR_MS * HOUR_MS
-TENANTS = ("t-arch-a", "t-arch-b", "t-arch-c")
+TENANTS = ("t-arch-a", "t-arch-b", "t-arch-d")  # tenant buckets 5, 13 and 10: odd and even
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,18 @@ def attempt(i: Intent, at_ms: int, outcome: str, status: str | None, http: int, 
         response_prefix="ok" if http == 200 else "busy", **kw)
 
 
+def delivery(hour_ms: int, tag: str, n: int, k: int) -> NewDelivery:
+    """The delivery of the hour's event ``n`` to its tenant's endpoint ``k`` (write_hour's)."""
+    tenant = TENANTS[n % len(TENANTS)]
+    arrived = hour_ms + 1000 + n * 37
+    e = EventRecord(event_id=f"evt_{tag}_{n:04d}", tenant_id=tenant, event_type="invoice.paid",
+                    schema_version="1", object_id=f"inv_{n}", object_version=n, occurred_at_ms=arrived - 5,
+                    payload=b'{"id": "inv_%d", "amount": %d, "pad": "%s"}' % (n, n * 100, b"x" * 1400))
+    ep = f"ep-{tenant}-{k + 1}"
+    return NewDelivery(delivery_id=delivery_id_for(e.event_id, ep), event=e, endpoint_id=ep, tenant_id=tenant,
+                       endpoint_config_version=2, created_at_ms=arrived, expires_at_ms=arrived + 86_400_000)
+
+
 def write_hour(history: CassandraHistory, session: Session, hour_ms: int, events: int, tag: str) -> list[str]:
     """``events`` events of the hour, each to two endpoints of its tenant: every third delivery
     retried once before succeeding, the first one also replayed by hand (with its audit row)."""
@@ -71,14 +83,11 @@ def write_hour(history: CassandraHistory, session: Session, hour_ms: int, events
     for n in range(events):
         tenant = TENANTS[n % len(TENANTS)]
         arrived = hour_ms + 1000 + n * 37
-        e = EventRecord(event_id=f"evt_{tag}_{n:04d}", tenant_id=tenant, event_type="invoice.paid",
-                        schema_version="1", object_id=f"inv_{n}", object_version=n, occurred_at_ms=arrived - 5,
-                        payload=b'{"id": "inv_%d", "amount": %d, "pad": "%s"}' % (n, n * 100, b"x" * 1400))
-        eps = (f"ep-{tenant}-1", f"ep-{tenant}-2")
-        waits = [history.write_snapshot(FanoutSnapshot(e.event_id, tenant, arrived, tuple((ep, 2) for ep in eps)))]
-        for k, ep in enumerate(eps):
-            d = NewDelivery(delivery_id=delivery_id_for(e.event_id, ep), event=e, endpoint_id=ep, tenant_id=tenant,
-                            endpoint_config_version=2, created_at_ms=arrived, expires_at_ms=arrived + 86_400_000)
+        pair = [delivery(hour_ms, tag, n, k) for k in range(2)]
+        e = pair[0].event
+        waits = [history.write_snapshot(FanoutSnapshot(e.event_id, tenant, arrived,
+                                                       tuple((d.endpoint_id, 2) for d in pair)))]
+        for k, d in enumerate(pair):
             dids.append(d.delivery_id)
             i1 = Intent(1, f"att_{uuid.uuid4().hex}")
             waits.append(history.persist(d, i1, write_event=k == 0))
@@ -318,3 +327,116 @@ def test_get_and_list_answer_the_same_from_the_archive_and_a_rehydrated_delivery
     assert back == before[dids[0]]
     payload = session.execute("SELECT payload FROM events WHERE event_id='evt_f_0000'").one().payload
     assert payload.startswith(b'{"id": "inv_0"')
+
+
+def replay_by_hand(history: CassandraHistory, session: Session, d: NewDelivery, number: int, at_ms: int,
+                   request_id: str) -> None:
+    """A manual replay as the platform writes it: the control plane's audit row, then the job's
+    reservation and outcome of the new attempt (and the delivery's new status)."""
+    from control_plane.domain import ReplayAudit
+    from control_plane.store import CassandraStore
+
+    CassandraStore(session).record_replay(ReplayAudit(d.delivery_id, request_id, d.tenant_id, "key_ops", at_ms,
+                                                      "late replay"), if_new=True)
+    i = Intent(number, f"att_{uuid.uuid4().hex}")
+    durable(history, history.reserve(d, i, at_ms))
+    durable(history, history.record(d, attempt(i, at_ms + 50, "succeeded", "succeeded", 200, manual=True,
+                                               requested_by="key_ops", request_id=request_id), number, None))
+
+
+def test_a_replay_landing_between_verification_and_release_keeps_its_delivery_whole(
+        history, session, own_settings, tmp_path, monkeypatch):
+    from control_plane.reconcile import Reconciler
+    from control_plane.store import CassandraStore
+    from control_plane.tiered_history import TieredHistory
+
+    hour = HOUR - 6 * HOUR_MS
+    dids = write_hour(history, session, hour, 4, "g")
+    late = delivery(hour, "g", 0, 1)  # dids[1]: one attempt so far
+    hot = CassandraStore(session)
+    a = archiver(session, tmp_path, release_ttl_s=2)
+    verify = a.verify
+
+    def verify_then_replay(*args: Any) -> list[str]:
+        problems = verify(*args)
+        replay_by_hand(history, session, late, 2, int(time.time() * 1000), "rpl_late")  # after verification
+        return problems
+
+    monkeypatch.setattr(a, "verify", verify_then_replay)
+    assert a.run_hour(hour, int(time.time() * 1000)).state == RELEASED
+    before = hot.get_delivery(late.delivery_id)
+    assert before is not None and [(x.attempt_number, x.manual) for x in before.attempts] == [(1, False), (2, True)]
+    time.sleep(3)  # past the release TTL
+
+    tiers = TieredHistory(hot, session, ArchiveStore.from_settings(ArchiveSettings(uri=str(tmp_path))), 30 * 86_400)
+    assert tiers.get_delivery(late.delivery_id) == before  # nothing of it expired: the replay is still there
+    assert [r.request_id for r in before.replays] == ["rpl_late"]
+    # Its event's payload stays hot too (a further replay reads it there).
+    assert session.execute("SELECT payload FROM events WHERE event_id='evt_g_0000'").one() is not None
+    # The rest of the hour was released as usual.
+    assert hot.get_delivery(dids[2]) is None and tiers.get_delivery(dids[2]).tier == "archive"
+    # Reconciliation's read of the hour finds every delivery, each whole, in one tier or the other.
+    rec = Reconciler(own_settings.model_copy(update={"archive": ArchiveSettings(uri=str(tmp_path))}), session,
+                     None, None, lambda: 0)
+    seen = rec._histories(dids)
+    assert all(row is not None and row["event_id"] is not None for row, _ in seen.values())
+    assert [x["attempt_number"] for x in seen[late.delivery_id][1]] == [1, 2]
+
+
+def test_two_shards_share_an_hour_into_the_same_archive_as_one_process(history, session, tmp_path):
+    hour = HOUR - 7 * HOUR_MS
+    dids = write_hour(history, session, hour, 30, "h")  # 30 events, of tenants in odd and even buckets
+    one = archiver(session, tmp_path / "one").archive(hour)
+    assert one is not None
+    first, second = (Archiver(ArchiveSettings(uri=str(tmp_path / "two"), pushgateway="", release_ttl_s=2), 30 * 86_400,
+                              session, ArchiveStore.from_settings(ArchiveSettings(uri=str(tmp_path / "two"))),
+                              layout.shard_buckets(i, 2)) for i in range(2))
+    assert first.archive(hour) is None  # its buckets written; the hour is not complete without the others
+    assert not (tmp_path / "two" / layout.manifest_path(hour)).exists()
+    assert first.run_hour(hour, int(time.time() * 1000)).state == "archived"  # nothing released meanwhile
+    assert all(hot_ttl(session, did) > 86_400 for did in dids)
+
+    second_out = second.run_hour(hour, int(time.time() * 1000))  # completes the hour, releases its buckets
+    assert second_out.state == RELEASED and second.state(hour) != RELEASED  # the first shard's are still hot
+    first_out = first.run_hour(hour, int(time.time() * 1000))
+    assert first_out.state == RELEASED and first.state(hour) == RELEASED
+    # Together the shards wrote what one process writes: the same manifest and the same bytes.
+    shared = ArchiveStore.from_settings(ArchiveSettings(uri=str(tmp_path / "two"))).manifest(hour)
+    assert shared is not None and shared.to_json() == one.to_json()
+    for f in one.files:
+        assert (tmp_path / "one" / f.path).read_bytes() == (tmp_path / "two" / f.path).read_bytes()
+    assert {k: first_out.counts[k] + second_out.counts[k] for k in layout.KINDS} == one.counts()
+    assert first_out.counts["deliveries"] == 20 and second_out.counts["deliveries"] == 40  # bucket 10 | 5, 13
+    attempts = [(r["delivery_id"], r["attempt_number"]) for r in table(tmp_path / "two", "attempts")]
+    assert len(attempts) == len(set(attempts)) == 60 + 20 + 1
+    assert len({r["delivery_id"] for r in table(tmp_path / "two", "deliveries")}) == 60
+    time.sleep(3)
+    assert all(hot_delivery(session, did) == [] for did in dids)  # every bucket released, by its own shard
+
+
+def test_a_replay_landing_between_the_releases_read_and_its_rewrite_is_restored(history, session, tmp_path):
+    from control_plane.store import CassandraStore
+
+    hour = HOUR - 8 * HOUR_MS
+    write_hour(history, session, hour, 2, "i")
+    late = delivery(hour, "i", 1, 0)
+    a = archiver(session, tmp_path, release_ttl_s=2)
+    reader = a._releaser._reader
+
+    class RacingReader:  # the releaser's reader only: archive and verify read as usual
+        def held(self, parts: dict[str, Any], *args: Any) -> Any:
+            out = reader.held(parts, *args)  # the release has read the rows it will rewrite, and compared them
+            if late.delivery_id in parts:
+                replay_by_hand(history, session, late, 2, int(time.time() * 1000), "rpl_racing")
+            return out
+
+    a._releaser._reader = RacingReader()
+    outcome = a.run_hour(hour, int(time.time() * 1000))
+    assert outcome.state == RELEASED and outcome.detail == "1 deliveries changed after verification stay hot"
+    time.sleep(3)  # past the release TTL
+    d = CassandraStore(session).get_delivery(late.delivery_id)
+    assert d is not None and d.tier == "hot" and d.summary.event_id == "evt_i_0001"
+    assert [(x.attempt_number, x.manual) for x in d.attempts] == [(1, False), (2, True)]
+    assert [r.request_id for r in d.replays] == ["rpl_racing"]
+    assert session.execute("SELECT payload FROM events WHERE event_id='evt_i_0001'").one() is not None
+    assert hot_ttl(session, late.delivery_id) > 86_400  # restored with the TTL it had, not the release's
