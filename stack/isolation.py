@@ -7,8 +7,9 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from cassandra.cluster import Cluster, Session
-from cassandra.policies import ExponentialReconnectionPolicy
+from cassandra import ConsistencyLevel
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
+from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy
 
 from core.settings import Settings
 from stack.cassandra_schema import apply
@@ -45,8 +46,14 @@ def harness_cluster(settings: Settings) -> Cluster:
     # The control connection reads the whole schema on connect; the driver gives it 2 s, which a
     # loaded single node missed right after the suite had dropped a keyspace (a CI run failed the
     # setup of test_slot_wait with OperationTimedOut while Cassandra was up).
+    # Reads and writes at the settings' consistency, as the job and the control plane do: the
+    # archiver reads, verifies and releases hours through this driver, and at the driver's default
+    # (LOCAL_ONE) a replica that missed a quorum write could leave rows out of an archive.
+    profile = ExecutionProfile(load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=c.local_dc),
+                               consistency_level=ConsistencyLevel.name_to_value[c.consistency],
+                               serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL)
     return Cluster(c.contact_points, port=c.port, reconnection_policy=retry, sockopts=c.sockopts,
-                   control_connection_timeout=10)
+                   control_connection_timeout=10, execution_profiles={EXEC_PROFILE_DEFAULT: profile})
 
 
 @contextlib.contextmanager

@@ -72,6 +72,8 @@ ready() {
 
 stop() {
   local part
+  # One after the other: a broker's controlled shutdown needs the controller quorum (the others)
+  # to move its leaderships away.
   for part in $(node_parts kafka "$KAFKA_NODES"); do stop_part "$part" 30; done
 }
 

@@ -27,7 +27,9 @@ start() {
       --persistence.file="$PGW_DIR/pushgateway.data"
   fi
   if running prometheus; then say "prometheus already running (pid $(cat "$DIR/pid"))"; return; fi
-  sed -e "s#__PGW__#127.0.0.1:$PGW_PORT#g" -e "s#__CP__#127.0.0.1:$CP_METRICS_PORT#g" \
+  # Every control-plane replica's /metrics (the cluster topology runs two, on consecutive ports).
+  local cp_targets; cp_targets="$(seq -f "127.0.0.1:%g" "$CP_METRICS_PORT" "$((CP_METRICS_PORT + CONTROL_PLANES - 1))" | paste -sd' ' | sed 's/ /", "/g')"
+  sed -e "s#__PGW__#127.0.0.1:$PGW_PORT#g" -e "s#__CP__#$cp_targets#g" \
       -e "s#__RULES__#$REPO/stack/conf/prometheus-rules.yml#g" "$REPO/stack/conf/prometheus.yml" > "$DIR/prometheus.yml"
   say "starting prometheus on 127.0.0.1:$PROM_PORT"
   start_bg prometheus "$LOG" prometheus --config.file="$DIR/prometheus.yml" --storage.tsdb.path="$DIR/data" \

@@ -106,3 +106,18 @@ def test_one_topology_does_not_start_while_the_other_runs(tmp_path: Path, runnin
 def test_an_unknown_topology_is_refused(tmp_path: Path) -> None:
     out = lib(tmp_path, "true", TOPOLOGY="clustr")
     assert out.returncode != 0 and "unknown TOPOLOGY 'clustr'" in out.stderr
+
+
+def test_the_archivers_and_harnesses_driver_reads_and_writes_at_the_settings_consistency() -> None:
+    # The archiver (control_plane.archiver) reads the hour it archives, verifies it and releases
+    # it through this driver: at the driver's own default (LOCAL_ONE) a replica that missed a
+    # quorum-acknowledged write could leave it out of the archive before the release deletes it.
+    from cassandra import ConsistencyLevel
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT
+
+    from stack.isolation import harness_cluster
+
+    cluster = harness_cluster(settings_with(env_file(TOPOLOGIES / "cluster.env")))  # not connected
+    profile = cluster.profile_manager.profiles[EXEC_PROFILE_DEFAULT]
+    assert profile.consistency_level == ConsistencyLevel.LOCAL_QUORUM
+    assert profile.serial_consistency_level == ConsistencyLevel.LOCAL_SERIAL
