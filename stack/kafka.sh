@@ -72,9 +72,11 @@ ready() {
 
 stop() {
   local part
-  # One after the other: a broker's controlled shutdown needs the controller quorum (the others)
-  # to move its leaderships away.
-  for part in $(node_parts kafka "$KAFKA_NODES"); do stop_part "$part" 30; done
+  # All at once: a broker's controlled shutdown needs the controller quorum, and each node stops
+  # its broker before its controller. One after the other, the last node was alone, waited for a
+  # quorum that had gone and was killed at the end of its grace (36 s for 3 nodes; at once: 7 s).
+  for part in $(node_parts kafka "$KAFKA_NODES"); do stop_part "$part" 30 & done
+  wait
 }
 
 case "${1:-}" in
