@@ -4,7 +4,7 @@ PY := .venv/bin/python
 
 .PHONY: run test setup up down job bench lint proto clean status
 
-run: setup up job ## install, start the local stack, submit the delivery job, say where things are (LOCAL_RECEIVERS=1: deliveries to 127.0.0.1 allowed, for `webhookctl listen`; stack/local_receivers.sh)
+run: setup up job ## install, start the local stack, submit the delivery job, say where things are (LOCAL_RECEIVERS=1: deliveries to 127.0.0.1 allowed, for `webhookctl listen`; stack/local_receivers.sh; TOPOLOGY=cluster: 3 Kafka, 3 Cassandra, 2 TaskManagers, 2 control planes, stack/topologies/cluster.env)
 	@bash stack/status.sh
 
 test: setup ## bring up what is missing, run the whole suite, stop what this target started
@@ -13,7 +13,7 @@ test: setup ## bring up what is missing, run the whole suite, stop what this tar
 setup: ## venv from requirements.lock, JVM servers from Maven Central, gRPC code, test certs
 	@bash stack/setup.sh
 
-up: setup ## start Kafka, Cassandra, Flink and the control plane (idempotent)
+up: setup ## start Kafka, Cassandra, Flink and the control plane (idempotent; TOPOLOGY=cluster once: recorded in .run/topology for status, job, down)
 	@bash stack/up.sh
 
 job: ## submit the delivery job to the local Flink cluster unless it already runs
@@ -31,6 +31,14 @@ bench: setup up ## end-to-end benchmark; last line is the comparable summary (BE
 .PHONY: chaos
 chaos: setup ## the brief's fault matrix on the real stack; report and charts in .run/chaos/
 	@bash stack/test.sh --chaos
+
+.PHONY: chaos-cluster
+chaos-cluster: setup ## rescale under load and TaskManager loss (the cluster's node faults join later); report in .run/chaos-cluster/ (WEBHOOKS_CHAOS_STACK names the stack, default: default)
+	@bash stack/test.sh --chaos-cluster
+
+.PHONY: cluster-check
+cluster-check: setup ## the cluster topology from the scripts, beside a running stack (ports +10000, run dir .run/cluster-check): deliveries through both control planes, RF 3, both TaskManagers; stopped after
+	@$(PY) -m pytest -q -s -p no:cacheprovider -m cluster tests/integration/test_cluster_topology.py
 
 .PHONY: bench-history
 bench-history: setup up ## Cassandra CPU per delivery of the history writes alone (HISTORY_ARGS="--rate 300")
