@@ -387,8 +387,9 @@ class Archiver:
         return sum(1 for r in self._s.execute(self._q_failed) if r.state == FAILED)
 
 
-def push_metrics(gateway: str, failed_hours: int, outcomes: list[HourOutcome], ok: bool) -> None:
-    """The batch job's outcome for Prometheus (alert ArchiveVerificationFailed, ArchiverFailing)."""
+def push_metrics(gateway: str, failed_hours: int, outcomes: list[HourOutcome], ok: bool, shard: str = "0-of-1") -> None:
+    """The batch job's outcome for Prometheus (alert ArchiveVerificationFailed, ArchiverFailing),
+    one group per shard: shards sharing a gateway must not overwrite each other's last run."""
     from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
     reg = CollectorRegistry()
@@ -399,10 +400,10 @@ def push_metrics(gateway: str, failed_hours: int, outcomes: list[HourOutcome], o
     rows = Gauge("webhooks_archive_rows_released", "Rows released by the last run", ["kind"], registry=reg)
     for kind in layout.KINDS:
         rows.labels(kind).set(sum(o.counts.get(kind, 0) for o in outcomes if o.state == RELEASED))
-    push_to_gateway(gateway, job="webhooks_archiver", registry=reg)
+    push_to_gateway(gateway, job="webhooks_archiver", registry=reg, grouping_key={"shard": shard})
 
 
-def run_once(settings: Settings, buckets: Sequence[int], hour: int | None, stop: Callable[[], bool]) -> int:
+def run_once(settings: Settings, shard: tuple[int, int], hour: int | None, stop: Callable[[], bool]) -> int:
     """One run (every closed hour, or ``hour``), its outcome pushed and printed; the exit code.
     Connects anew each time: a loop outlives Cassandra restarts between its runs."""
     from stack.isolation import harness_cluster
@@ -414,7 +415,7 @@ def run_once(settings: Settings, buckets: Sequence[int], hour: int | None, stop:
     try:
         session = cluster.connect(settings.cassandra.keyspace)
         archiver = Archiver(settings.archive, settings.cassandra.history_ttl_s, session,
-                            ArchiveStore.from_settings(settings.archive), buckets)
+                            ArchiveStore.from_settings(settings.archive), layout.shard_buckets(*shard))
         now = int(time.time() * 1000)
         outcomes = [archiver.run_hour(hour, now)] if hour is not None else archiver.run(now, stop)
         ok = True
@@ -422,7 +423,7 @@ def run_once(settings: Settings, buckets: Sequence[int], hour: int | None, stop:
         if settings.archive.pushgateway:
             try:
                 failed = archiver.failed_hours() if archiver is not None else 0
-                push_metrics(settings.archive.pushgateway, failed, outcomes, ok)
+                push_metrics(settings.archive.pushgateway, failed, outcomes, ok, "{}-of-{}".format(*shard))
             except Exception:  # noqa: BLE001 -- the run's own outcome matters more than its report
                 log.exception("could not push the archiver's metrics")
         cluster.shutdown()
@@ -443,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --every: how long after the boundary (default 300)")
     args = parser.parse_args(argv)
     try:
-        buckets = layout.shard_buckets(*layout.parse_shard(args.shard))
+        shard = layout.parse_shard(args.shard)
         if args.every is not None:
             archive_schedule.next_run_ms(0, args.every * 1000, args.margin * 1000)
     except ValueError as exc:
@@ -454,13 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.hour:
         hour = layout.hour_start(int(datetime.fromisoformat(args.hour.replace("Z", "+00:00")).timestamp() * 1000))
     if args.every is None:
-        return run_once(settings, buckets, hour, lambda: False)
+        return run_once(settings, shard, hour, lambda: False)
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
     log.info("archiver shard %s: a run every %d s, %d s after each boundary", args.shard, args.every, args.margin)
     schedule = archive_schedule.Schedule(args.every, args.margin, lambda: int(time.time() * 1000), stopping.wait,
-                                         lambda: run_once(settings, buckets, hour, stopping.is_set))
+                                         lambda: run_once(settings, shard, hour, stopping.is_set))
     schedule.loop()
     log.info("archiver stopped after %d runs (%d failed)", schedule.runs, schedule.failures)
     return 0
