@@ -5,6 +5,7 @@ PY := .venv/bin/python
 .PHONY: run test setup up down job bench lint proto clean status
 
 run: setup up job ## install, start the local stack, submit the delivery job, say where things are (LOCAL_RECEIVERS=1: deliveries to 127.0.0.1 allowed, for `webhookctl listen`; stack/local_receivers.sh; TOPOLOGY=cluster: 3 Kafka, 3 Cassandra, 2 TaskManagers, 2 control planes, stack/topologies/cluster.env)
+	@bash stack/archiver.sh start && bash stack/archiver.sh ready  # the history archiver, hourly (not in make up: make test runs without it)
 	@bash stack/status.sh
 
 test: setup ## bring up what is missing, run the whole suite, stop what this target started
@@ -52,7 +53,7 @@ bench-backlog: setup up ## N pending deliveries behind a failing endpoint, TaskM
 bench-archive: setup up ## archive tier: bytes per delivery in Cassandra and in Parquet, archive/verify/release rates (ARCHIVE_ARGS="--events 5000")
 	@$(PY) -m bench.archive_sizing $(ARCHIVE_ARGS)
 
-archive: setup up ## move every closed hour older than archive.archive_after_s to Parquet, verified, then released (cron this hourly)
+archive: setup up ## move every closed hour older than archive.archive_after_s to Parquet, verified, then released, once (make run keeps one doing it each hour: stack/archiver.sh)
 	@$(PY) -m control_plane.archiver
 
 lint: ## ruff and mypy over the whole tree (make test runs it first)
