@@ -38,7 +38,6 @@ from cassandra.cluster import Session
 from bench.raw_http import make_body
 from control_plane.archive_store import ArchiveStore
 from control_plane.archiver import Archiver
-from core.archive_layout import shard_buckets
 from core.archive_settings import ArchiveSettings
 from core.dispatch import AttemptRecord, Intent
 from core.fanout import FanoutSnapshot, NewDelivery
@@ -187,7 +186,7 @@ def main() -> None:
         shard_root = root.with_name(root.name + "-shard")
         shard_settings = archive.model_copy(update={"uri": str(shard_root)})
         shard = Archiver(shard_settings, settings.cassandra.history_ttl_s, session,
-                         ArchiveStore.from_settings(shard_settings), shard_buckets(0, args.shards))
+                         ArchiveStore.from_settings(shard_settings), (0, args.shards))
         t = time.monotonic()
         shard.archive(hour_b)
         t_shard = time.monotonic() - t

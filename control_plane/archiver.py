@@ -1,9 +1,9 @@
 """The archiver: closed hours of delivery history from Cassandra to Parquet, verified, then let go.
 
 ``python -m control_plane.archiver`` runs once (cron, a Kubernetes CronJob, a systemd timer);
-``--every 3600`` keeps running and does the same each hour (control_plane/archive_schedule.py;
-``make run`` starts it so: stack/archiver.sh); ``--shard i/N`` is one of N processes sharing
-each hour by tenant bucket. It holds no state of its own: Cassandra's ``archive_hours`` and the
+``--every 3600`` keeps running and does the same each hour (core/archive_schedule.py; ``make run``
+starts it so: stack/archiver.sh); ``--shard i/N`` is one of N processes sharing the work by
+(hour, tenant bucket). It holds no state of its own: Cassandra's ``archive_hours`` and the
 archive's parts and manifests say where every hour stands, so a run killed anywhere is completed
 by the next one.
 
@@ -271,18 +271,18 @@ class HourOutcome:
 
 class Archiver:
     """Archives, verifies and releases hours -- of every tenant bucket, or of one shard's
-    (core/archive_layout.shard_buckets): shards write disjoint files and parts; whichever finds
+    (core/archive_layout.shard_buckets, per hour): shards write disjoint files and parts; whichever finds
     every part written assembles the hour's manifest; each then verifies and releases its own
     buckets, which are marked released one by one. The hour is ``released`` in archive_hours once
     every bucket is, ``failed`` as soon as one shard's verification fails (the alert)."""
 
     def __init__(self, settings: ArchiveSettings, history_ttl_s: int, session: Session, store: ArchiveStore,
-                 buckets: Sequence[int] = layout.ALL_BUCKETS) -> None:
+                 shard: tuple[int, int] = (0, 1)) -> None:
         self._settings = settings
         self._history_ttl_s = history_ttl_s
         self._s = session
         self._store = store
-        self._buckets = tuple(sorted(buckets))
+        self._shard = shard
         self._reader = HourReader(session, settings.page_size)
         self._releaser = Releaser(session, store, self._reader, settings.page_size)
         self._q_state = session.prepare("SELECT state FROM archive_hours WHERE hour=?")
@@ -314,7 +314,8 @@ class Archiver:
         existing = self._store.manifest(hour_ms)
         if existing is not None:
             return existing
-        todo = [b for b in (buckets or self._buckets) if not self._exists(layout.part_path(hour_ms, b))]
+        mine = layout.shard_buckets(*self._shard, hour_ms) if buckets is None else buckets
+        todo = [b for b in mine if not self._exists(layout.part_path(hour_ms, b))]
         if todo:
             for b in todo:  # a killed run's temporary files (only this shard's: others may be writing)
                 self._store.remove_leftovers(layout.bucket_prefix(hour_ms, b))
@@ -334,7 +335,7 @@ class Archiver:
         manifest = self._store.manifest(hour_ms)
         if manifest is None:
             return ["no manifest"]
-        buckets = buckets or self._buckets
+        buckets = layout.shard_buckets(*self._shard, hour_ms) if buckets is None else buckets
         mine = manifest.of_buckets(buckets)
         back = [self._store.facts(f.path) for f in mine.files]
         return layout.disagreements(mine, back, count(self._reader.rows(hour_ms, buckets)))
@@ -342,9 +343,10 @@ class Archiver:
     def run_hour(self, hour_ms: int, now_ms: int) -> HourOutcome:
         if self.state(hour_ms) == RELEASED:
             return HourOutcome(hour_ms, RELEASED, {}, "released earlier")
-        todo = [b for b in self._buckets if not self._exists(layout.released_path(hour_ms, b))]
+        todo = [b for b in layout.shard_buckets(*self._shard, hour_ms)
+                if not self._exists(layout.released_path(hour_ms, b))]
         if not todo:
-            return HourOutcome(hour_ms, RELEASED, {}, "this shard's buckets released earlier")
+            return HourOutcome(hour_ms, RELEASED, {}, "this shard's buckets of the hour are released (or it has none)")
         manifest = self.archive(hour_ms, todo)
         if manifest is None:
             self._progress(hour_ms, ARCHIVED, {}, now_ms)
@@ -415,7 +417,7 @@ def run_once(settings: Settings, shard: tuple[int, int], hour: int | None, stop:
     try:
         session = cluster.connect(settings.cassandra.keyspace)
         archiver = Archiver(settings.archive, settings.cassandra.history_ttl_s, session,
-                            ArchiveStore.from_settings(settings.archive), layout.shard_buckets(*shard))
+                            ArchiveStore.from_settings(settings.archive), shard)
         now = int(time.time() * 1000)
         outcomes = [archiver.run_hour(hour, now)] if hour is not None else archiver.run(now, stop)
         ok = True
@@ -436,8 +438,9 @@ def run_once(settings: Settings, shard: tuple[int, int], hour: int | None, stop:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m control_plane.archiver", description=__doc__.split("\n")[0])
     parser.add_argument("--hour", help="one hour (ISO, e.g. 2026-11-29T19:00Z) instead of every closed hour")
-    parser.add_argument("--shard", default="0/1", help="i/N: this process archives the hours' tenant buckets"
-                        " i, i+N, ... (N processes started with 0/N .. N-1/N share every hour); default 0/1")
+    parser.add_argument("--shard", default="0/1", help="i/N: this process takes its turn of the (hour, tenant"
+                        " bucket) units: N processes started with 0/N .. N-1/N share the work, N up to 4096 (more"
+                        " than 16 take turns by hour); default 0/1")
     parser.add_argument("--every", type=int, metavar="SECONDS",
                         help="keep running: a run at each multiple of SECONDS (3600: each UTC hour) + --margin")
     parser.add_argument("--margin", type=int, default=300, metavar="SECONDS",

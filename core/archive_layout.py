@@ -79,13 +79,22 @@ def released_path(hour_ms: int, bucket: int) -> str:
     return f"{bucket_prefix(hour_ms, bucket)}/{RELEASED_NAME}"
 
 
-def shard_buckets(index: int, count: int) -> tuple[int, ...]:
-    """The tenant buckets archiver ``index`` of ``count`` works on: every ``count``-th one, so
-    any number of shards up to 16 splits every hour into disjoint sets of files, and together
-    they cover all buckets. A bucket is the unit: more shards than buckets would only idle."""
-    if not 1 <= count <= TENANT_BUCKETS or not 0 <= index < count:
-        raise ValueError(f"shard {index}/{count}: need 0 <= index < count <= {TENANT_BUCKETS}")
-    return tuple(range(index, TENANT_BUCKETS, count))
+MAX_SHARDS = 4096
+
+
+def shard_buckets(index: int, count: int, hour_ms: int) -> tuple[int, ...]:
+    """The tenant buckets of an hour that archiver ``index`` of ``count`` works on.
+
+    The unit of work is an (hour, bucket): numbered hour by hour (hour number x 16 + bucket),
+    dealt round-robin to the shards. Up to 16 shards that divide 16 always get the same buckets
+    (4 shards: 0, 4, 8, 12 for shard 0); more shards than buckets take turns by hour (128 shards:
+    each gets one bucket every 8 hours), so the work of the brief's peak can be spread over more
+    processes than an hour has buckets, each hour still written, verified and released bucket by
+    bucket by exactly one of them. Every (hour, bucket) belongs to exactly one shard."""
+    if not 1 <= count <= MAX_SHARDS or not 0 <= index < count:
+        raise ValueError(f"shard {index}/{count}: need 0 <= index < count <= {MAX_SHARDS}")
+    first = hour_ms // HOUR_MS * TENANT_BUCKETS
+    return tuple(b for b in ALL_BUCKETS if (first + b) % count == index)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -94,7 +103,7 @@ def parse_shard(text: str) -> tuple[int, int]:
         index, count = (int(x) for x in text.split("/"))
     except ValueError:
         raise ValueError(f"shard {text!r}: expected i/N, e.g. 0/4") from None
-    shard_buckets(index, count)
+    shard_buckets(index, count, 0)
     return index, count
 
 

@@ -390,7 +390,7 @@ def test_two_shards_share_an_hour_into_the_same_archive_as_one_process(history, 
     assert one is not None
     first, second = (Archiver(ArchiveSettings(uri=str(tmp_path / "two"), pushgateway="", release_ttl_s=2), 30 * 86_400,
                               session, ArchiveStore.from_settings(ArchiveSettings(uri=str(tmp_path / "two"))),
-                              layout.shard_buckets(i, 2)) for i in range(2))
+                              (i, 2)) for i in range(2))
     assert first.archive(hour) is None  # its buckets written; the hour is not complete without the others
     assert not (tmp_path / "two" / layout.manifest_path(hour)).exists()
     assert first.run_hour(hour, int(time.time() * 1000)).state == "archived"  # nothing released meanwhile

@@ -12,19 +12,43 @@ from core import archive_layout as layout
 H = int(datetime(2026, 11, 29, 19, tzinfo=UTC).timestamp() * 1000)
 
 
-@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 8, 16])
-def test_shards_split_the_buckets_into_disjoint_sets_covering_all(count):
-    shards = [layout.shard_buckets(i, count) for i in range(count)]
-    assert sorted(b for s in shards for b in s) == list(layout.ALL_BUCKETS)
-    assert max(map(len, shards)) - min(map(len, shards)) <= 1  # even: no shard gets twice another's share
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 8, 16, 17, 128])
+def test_every_bucket_of_every_hour_belongs_to_exactly_one_shard_and_the_work_is_even(count):
+    hours = [H + k * layout.HOUR_MS for k in range(24)]
+    per_shard = [0] * count
+    for hour in hours:
+        shards = [layout.shard_buckets(i, count, hour) for i in range(count)]
+        assert sorted(b for s in shards for b in s) == list(layout.ALL_BUCKETS)
+        for i, s in enumerate(shards):
+            per_shard[i] += len(s)
+    # Over a day no shard gets more than its share, rounded up (128 shards: 3 buckets each).
+    assert max(per_shard) - min(per_shard) <= 1
 
 
-@pytest.mark.parametrize(("text", "expected"), [("0/1", (0, 1)), ("3/4", (3, 4)), ("15/16", (15, 16))])
+@pytest.mark.parametrize(("index", "count", "expected"), [
+    (0, 1, tuple(range(16))),
+    (0, 4, (0, 4, 8, 12)),   # a count dividing 16: the same buckets every hour
+    (3, 4, (3, 7, 11, 15)),
+    (0, 128, ()),            # more shards than buckets: turns by hour
+])
+def test_which_buckets_a_shard_takes(index, count, expected):
+    assert layout.shard_buckets(index, count, H) == expected
+    if count <= 16:
+        assert layout.shard_buckets(index, count, H + layout.HOUR_MS) == expected
+
+
+def test_with_more_shards_than_buckets_each_hour_goes_to_the_next_sixteen():
+    hour_number = H // layout.HOUR_MS
+    owner = {b: (hour_number * 16 + b) % 128 for b in layout.ALL_BUCKETS}
+    assert all(layout.shard_buckets(i, 128, H) == (b,) for b, i in owner.items())
+
+
+@pytest.mark.parametrize(("text", "expected"), [("0/1", (0, 1)), ("3/4", (3, 4)), ("127/128", (127, 128))])
 def test_a_shard_is_written_i_of_n(text, expected):
     assert layout.parse_shard(text) == expected
 
 
-@pytest.mark.parametrize("text", ["1/1", "4/4", "-1/2", "0/0", "0/17", "a/b", "1", "0/2/3"])
+@pytest.mark.parametrize("text", ["1/1", "4/4", "-1/2", "0/0", "0/5000", "a/b", "1", "0/2/3"])
 def test_a_shard_that_names_no_buckets_is_refused(text):
     with pytest.raises(ValueError, match="shard"):
         layout.parse_shard(text)
