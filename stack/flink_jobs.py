@@ -69,8 +69,9 @@ def cancel(job_id: str) -> None:
 
 
 @contextlib.contextmanager
-def extra_taskmanagers(n: int, say: Callable[[str], None] = lambda _msg: None) -> Iterator[None]:
-    """n more TaskManagers (stack/flink.sh add-tm) for a run or a test, stopped by their pids after."""
+def extra_taskmanagers(n: int, say: Callable[[str], None] = lambda _msg: None) -> Iterator[list[str]]:
+    """n more TaskManagers (stack/flink.sh add-tm) for a run or a test, stopped by their pids after;
+    yields their parts (flink-tm-2, ...), which a fault test may kill."""
     parts: list[str] = []
     try:
         for _ in range(n):
@@ -78,7 +79,7 @@ def extra_taskmanagers(n: int, say: Callable[[str], None] = lambda _msg: None) -
                                  capture_output=True, text=True, timeout=180)
             parts.append(out.stdout.strip().splitlines()[-1])
             say(f"started TaskManager {parts[-1]}")
-        yield
+        yield parts
     finally:
         for part in parts:
             subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "stop-tm", part], check=False,

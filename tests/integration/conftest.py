@@ -46,11 +46,19 @@ def fault_report() -> Iterator[None]:
     """After the session: the fault matrix's report (.run/chaos/report.md) and its summary line,
     if any fault ran (tests/integration/faults.py)."""
     yield
-    from tests.integration.faults import RESULTS, summary, write_report
+    from tests.integration.chaos_cluster import MATRIX, STACK, cluster_summary
+    from tests.integration.faults import RESULTS, RUN, summary, write_report
 
-    if RESULTS:
-        path = write_report(RESULTS)
-        print(f"\n{summary(RESULTS)}\nreport: {path}")
+    matrix = [r for r in RESULTS if r.matrix == "chaos"]
+    if matrix:
+        path = write_report(matrix)
+        print(f"\n{summary(matrix)}\nreport: {path}")
+    # `make chaos-cluster`'s faults (tests/integration/chaos_cluster.py): their own report and line.
+    cluster = [r for r in RESULTS if r.matrix == MATRIX]
+    if cluster:
+        line = cluster_summary(cluster)
+        path = write_report(cluster, title=f"Cluster fault matrix (stack: {STACK})", last_line=line, out=RUN / MATRIX)
+        print(f"\n{line}\nstack: {STACK}; report: {path}")
 
 
 @pytest.fixture(scope="session")

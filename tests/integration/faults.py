@@ -304,6 +304,10 @@ class FaultResult:
     series: list[tuple[float, int, float]] = field(default_factory=list)  # (s since start, deliveries/s, oldest age s)
     note: str = ""
     after_timeouts: int = 0  # duplicates that followed an attempt recorded as a timeout
+    # From the fault to deliveries resuming for every endpoint with work (None: not measured).
+    pause_s: float | None = None
+    # The report it joins: .run/<matrix>/ (`make chaos`, or `make chaos-cluster`'s).
+    matrix: str = "chaos"
 
     @property
     def lost(self) -> int:
@@ -326,13 +330,14 @@ class FaultResult:
                 f"(after a timeout {self.after_timeouts}; bound {self.duplicate_bound} on the rest) "
                 f"unexplained={self.unexplained_duplicates} max_oldest_new_age_s={self.max_oldest_new_age_s:.1f} "
                 f"retry_amplification={self.retry_amplification:.2f} healthy_p99_ms={p99}"
+                + ("" if self.pause_s is None else f" pause_s={self.pause_s:.1f}")
                 + (f" -- {self.note}" if self.note else ""))
 
 
 def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  # type: ignore[no-untyped-def]
             cassandra_session: Session, tenant_ids: list[str], since_ms: int, produced: dict[str, float],
             bound: int, healthy: SteadyTenant | None = None, timeout: float = 180, final_statuses: bool = False,
-            note: str = "") -> FaultResult:
+            note: str = "", pause_s: float | None = None, matrix: str = "chaos") -> FaultResult:
     """Wait for the fault's deliveries, then measure. ``produced``: delivery_id -> produce time of
     its event. ``final_statuses``: the fault's deliveries may end failed/expired (a hanging tenant)
     instead of reaching the receiver; they still must all be final."""
@@ -368,7 +373,8 @@ def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  #
         # Requests the receivers saw per delivery: retries, re-sends after a crash, manual replays.
         max_oldest_new_age_s=max(ages, default=0.0), retry_amplification=sum(requests.values()) / max(1, len(expected)),
         healthy_p99_ms=healthy.p99_ms() if healthy is not None else None,
-        series=_series(receiver, expected, produced), note=note + (f"; gaps: {gaps[:5]}" if gaps else ""))
+        series=_series(receiver, expected, produced), note=note + (f"; gaps: {gaps[:5]}" if gaps else ""),
+        pause_s=pause_s, matrix=matrix)
     print("\n" + result.line())
     _record(result)
     RESULTS.append(result)
@@ -398,9 +404,10 @@ REPORT_DIR = RUN / "chaos"
 
 
 def _record(result: FaultResult) -> None:
-    REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    (REPORT_DIR / f"{result.fault}.json").write_text(json.dumps(asdict(result)))
-    _chart(result, REPORT_DIR / f"{result.fault}.png")
+    out = RUN / result.matrix  # REPORT_DIR for `make chaos`
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{result.fault}.json").write_text(json.dumps(asdict(result)))
+    _chart(result, out / f"{result.fault}.png")
 
 
 def summary(results: list[FaultResult]) -> str:
@@ -411,9 +418,11 @@ def summary(results: list[FaultResult]) -> str:
             f"retry_amplification={max((r.retry_amplification for r in results), default=0):.2f}")
 
 
-def write_report(results: list[FaultResult]) -> Path:
-    REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    lines = ["# Fault matrix", "", summary(results), "",
+def write_report(results: list[FaultResult], title: str = "Fault matrix", last_line: str | None = None,
+                 out: Path = REPORT_DIR) -> Path:
+    """The report of ``results`` in ``out``, headed by ``last_line`` (default: `summary`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"# {title}", "", last_line or summary(results), "",
              "| fault | verdict | expected | lost | gaps | duplicates (after a timeout; bound on the rest) | "
              "unexplained | oldest new age s | retry amplification | healthy p99 ms |", "|---" * 10 + "|"]
     for r in results:
@@ -429,7 +438,7 @@ def write_report(results: list[FaultResult]) -> Path:
                   f"Top: deliveries first reaching the receiver per second (peak {peak_rate}/s); bottom: age of "
                   f"the oldest delivery produced and not yet sent (peak {peak_age:.1f} s); x: {len(r.series)} s "
                   "from the fault's first event.", ""]
-    path = REPORT_DIR / "report.md"
+    path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
 
