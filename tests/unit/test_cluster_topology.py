@@ -121,3 +121,17 @@ def test_the_archivers_and_harnesses_driver_reads_and_writes_at_the_settings_con
     profile = cluster.profile_manager.profiles[EXEC_PROFILE_DEFAULT]
     assert profile.consistency_level == ConsistencyLevel.LOCAL_QUORUM
     assert profile.serial_consistency_level == ConsistencyLevel.LOCAL_SERIAL
+
+
+def test_status_lists_every_node_of_the_recorded_topology(tmp_path: Path) -> None:
+    (tmp_path / "topology").write_text("cluster\n")
+    (tmp_path / "cassandra-2").mkdir()
+    (tmp_path / "cassandra-2" / "pid").write_text(str(os.getpid()))  # alive: this test
+    out = lib(tmp_path, f'bash "{REPO_ROOT}/stack/status.sh"')
+    table = out.stdout.split("  Flink dashboard", 1)[0]  # the parts, before the addresses
+    states = dict(line.split(None, 1) for line in table.splitlines())
+    assert states.pop("topology") == "cluster"
+    assert states.pop("cassandra-2") == f"running (pid {os.getpid()})"
+    assert {"kafka-1", "kafka-2", "kafka-3", "cassandra-1", "cassandra-3", "flink-jm", "flink-tm", "flink-tm-2",
+            "control-plane", "control-plane-2", "postgres", "connect", "pushgateway", "prometheus"} <= states.keys()
+    assert set(states.values()) == {"stopped"}
