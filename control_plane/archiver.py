@@ -274,7 +274,9 @@ class Archiver:
     (core/archive_layout.shard_buckets, per hour): shards write disjoint files and parts; whichever finds
     every part written assembles the hour's manifest; each then verifies and releases its own
     buckets, which are marked released one by one. The hour is ``released`` in archive_hours once
-    every bucket is, ``failed`` as soon as one shard's verification fails (the alert)."""
+    every bucket is, ``failed`` as soon as one shard's verification fails (the alert). A failed
+    hour's buckets are archived again by the next run, unless their release began (marked before
+    it begins): rewriting those could drop rows already expiring."""
 
     def __init__(self, settings: ArchiveSettings, history_ttl_s: int, session: Session, store: ArchiveStore,
                  shard: tuple[int, int] = (0, 1)) -> None:
@@ -307,15 +309,22 @@ class Archiver:
     def _exists(self, path: str) -> bool:
         return self._store.read_bytes(path) is not None
 
-    def archive(self, hour_ms: int, buckets: Sequence[int] | None = None) -> layout.Manifest | None:
+    def archive(self, hour_ms: int, buckets: Sequence[int] | None = None,
+                again: bool = False) -> layout.Manifest | None:
         """Step 1: this shard's buckets' files and parts, each bucket unless its part exists;
         then the hour's manifest, if every bucket's part exists (None: other shards' are missing).
-        An hour whose manifest exists is never written again (its hot rows may be gone by now)."""
+        An hour whose manifest exists is not written again, except, ``again``, its buckets whose
+        release never began (an hour that failed verification: its hot rows are all there, and a
+        fresh copy takes in what was written after the first -- e.g. a replay landing between
+        archive and verification, which would otherwise fail the hour at every run)."""
         existing = self._store.manifest(hour_ms)
-        if existing is not None:
+        if existing is not None and not again:
             return existing
         mine = layout.shard_buckets(*self._shard, hour_ms) if buckets is None else buckets
-        todo = [b for b in mine if not self._exists(layout.part_path(hour_ms, b))]
+        if again:
+            todo = [b for b in mine if not self._exists(layout.releasing_path(hour_ms, b))]
+        else:
+            todo = [b for b in mine if not self._exists(layout.part_path(hour_ms, b))]
         if todo:
             for b in todo:  # a killed run's temporary files (only this shard's: others may be writing)
                 self._store.remove_leftovers(layout.bucket_prefix(hour_ms, b))
@@ -341,13 +350,14 @@ class Archiver:
         return layout.disagreements(mine, back, count(self._reader.rows(hour_ms, buckets)))
 
     def run_hour(self, hour_ms: int, now_ms: int) -> HourOutcome:
-        if self.state(hour_ms) == RELEASED:
+        state = self.state(hour_ms)
+        if state == RELEASED:
             return HourOutcome(hour_ms, RELEASED, {}, "released earlier")
         todo = [b for b in layout.shard_buckets(*self._shard, hour_ms)
                 if not self._exists(layout.released_path(hour_ms, b))]
         if not todo:
             return HourOutcome(hour_ms, RELEASED, {}, "this shard's buckets of the hour are released (or it has none)")
-        manifest = self.archive(hour_ms, todo)
+        manifest = self.archive(hour_ms, todo, again=state == FAILED)
         if manifest is None:
             self._progress(hour_ms, ARCHIVED, {}, now_ms)
             return HourOutcome(hour_ms, ARCHIVED, {}, "waiting for the other shards' buckets")
@@ -361,6 +371,8 @@ class Archiver:
             log.error("archive hour %s failed verification, its rows stay hot: %s", _ts(hour_ms), detail)
             return HourOutcome(hour_ms, FAILED, counts, detail)
         self._progress(hour_ms, VERIFIED, counts, now_ms)
+        for b in todo:
+            self._store.put_bytes(layout.releasing_path(hour_ms, b), b"{}\n")
         released = self._releaser.release(mine, self._settings.release_ttl_s, self._history_ttl_s, now_ms)
         for b in todo:
             self._store.put_bytes(layout.released_path(hour_ms, b), b"{}\n")

@@ -7,6 +7,7 @@ Hive-style by date, hour and tenant-hash bucket, one file per kind of row:
 
     date=2026-11-29/hour=19/tenant_bucket=07/{events,deliveries,attempts,replays}.parquet
     date=2026-11-29/hour=19/tenant_bucket=07/part.json       (the bucket's own manifest)
+    date=2026-11-29/hour=19/tenant_bucket=07/releasing.json  (letting its hot rows go began)
     date=2026-11-29/hour=19/tenant_bucket=07/released.json   (its hot rows were let go)
     date=2026-11-29/hour=19/manifest.json
 
@@ -39,6 +40,7 @@ ID_COLUMN = {"events": "event_id", "deliveries": "delivery_id", "attempts": "del
 MANIFEST_NAME = "manifest.json"
 PART_NAME = "part.json"
 RELEASED_NAME = "released.json"
+RELEASING_NAME = "releasing.json"
 TMP_MARK = ".tmp-"
 ALL_BUCKETS = tuple(range(TENANT_BUCKETS))
 
@@ -77,6 +79,12 @@ def part_path(hour_ms: int, bucket: int) -> str:
 
 def released_path(hour_ms: int, bucket: int) -> str:
     return f"{bucket_prefix(hour_ms, bucket)}/{RELEASED_NAME}"
+
+
+def releasing_path(hour_ms: int, bucket: int) -> str:
+    """Marks a bucket whose release began: from then on its files are never written again (its
+    hot rows may be expiring)."""
+    return f"{bucket_prefix(hour_ms, bucket)}/{RELEASING_NAME}"
 
 
 MAX_SHARDS = 4096

@@ -197,7 +197,8 @@ def test_an_hour_is_archived_verified_and_released_and_its_hot_rows_expire(histo
     assert a.archive(HOUR).to_json() == manifest.to_json()
 
 
-def test_a_manifest_disagreeing_with_cassandra_keeps_the_hour_hot(history, session, tmp_path):
+def test_a_manifest_disagreeing_with_cassandra_keeps_the_hour_hot_and_the_next_run_archives_it_again(
+        history, session, tmp_path):
     hour = HOUR - HOUR_MS
     dids = write_hour(history, session, hour, 6, "b")
     a = archiver(session, tmp_path, release_ttl_s=1)
@@ -213,6 +214,11 @@ def test_a_manifest_disagreeing_with_cassandra_keeps_the_hour_hot(history, sessi
                           (dids[0],)).one()[0]
     assert ttl > 86_400  # untouched: the 30-day TTL
     assert session.execute("SELECT * FROM archived_deliveries WHERE delivery_id=%s", (dids[0],)).one() is None
+    # The next run archives the failed hour again (none of it was let go): the late row is in, and the hour goes.
+    again = a.run_hour(hour, int(time.time() * 1000))
+    assert again.state == RELEASED and again.counts["attempts"] == outcome.counts["attempts"] + 1
+    assert a.state(hour) == RELEASED and a.failed_hours() == 0
+    assert (dids[1], 9) in {(r["delivery_id"], r["attempt_number"]) for r in table(tmp_path, "attempts")}
 
 
 def test_an_archiver_killed_mid_hour_is_completed_by_the_next_run(history, session, env, tmp_path):

@@ -74,4 +74,5 @@ def test_the_hour_manifest_from_parts_is_the_one_a_single_writer_makes_in_any_or
 def test_a_bucket_has_its_part_and_released_mark_beside_its_files():
     assert layout.part_path(H, 7) == "date=2026-11-29/hour=19/tenant_bucket=07/part.json"
     assert layout.released_path(H, 7) == "date=2026-11-29/hour=19/tenant_bucket=07/released.json"
+    assert layout.releasing_path(H, 7) == "date=2026-11-29/hour=19/tenant_bucket=07/releasing.json"
     assert not layout.is_tmp(layout.part_path(H, 7))
