@@ -8,7 +8,7 @@ recorded. Through it: an endpoint created on each control-plane replica, events 
 (the outbox through Kafka Connect, and straight to Kafka), every one delivered to both endpoints;
 then the shape itself: every platform topic at RF 3 with min.insync.replicas=2, Kafka's offsets
 topic at RF 3, the keyspace at RF 3, the job at parallelism 2 (max 256) with subtasks on both
-TaskManagers.
+TaskManagers; last, what the cluster costs at idle (stack.cluster_cost, printed).
 """
 
 from __future__ import annotations
@@ -173,6 +173,12 @@ def test_the_cluster_delivers_through_both_control_planes_at_rf3_on_two_taskmana
             hosts = {tm["taskmanager-id"] for tm in _get(f"{rest}/jobs/{job_id}/vertices/{vertex['id']}/taskmanagers")
                      ["taskmanagers"]}
             assert len(hosts) == 2, f"{vertex['name']}: subtasks on {hosts}"
+
+    # What it costs with the job running and no traffic (the README's figures come from this).
+    cost = subprocess.run([str(REPO_ROOT / ".venv/bin/python"), "-m", "stack.cluster_cost", "--seconds", "20"],
+                          cwd=REPO_ROOT, env=cluster_env, capture_output=True, text=True, timeout=60)
+    print(f"\nidle cost, job running, no traffic:\n{cost.stdout}{cost.stderr}")
+    assert cost.returncode == 0
 
 
 def _get(url: str) -> dict:  # type: ignore[type-arg]

@@ -135,3 +135,14 @@ def test_status_lists_every_node_of_the_recorded_topology(tmp_path: Path) -> Non
     assert {"kafka-1", "kafka-2", "kafka-3", "cassandra-1", "cassandra-3", "flink-jm", "flink-tm", "flink-tm-2",
             "control-plane", "control-plane-2", "postgres", "connect", "pushgateway", "prometheus"} <= states.keys()
     assert set(states.values()) == {"stopped"}
+
+
+def test_the_cost_report_reads_every_live_part_and_only_those(tmp_path: Path) -> None:
+    from stack.cluster_cost import measure
+
+    for part, pid in (("kafka-1", os.getpid()), ("kafka-2", 2**22 + 1)):  # above pid_max: never alive
+        (tmp_path / part).mkdir()
+        (tmp_path / part / "pid").write_text(str(pid))
+    rows = measure(tmp_path, 0)
+    assert [name for name, _, _ in rows] == ["kafka-1"]
+    assert rows[0][1] > 0  # this process's resident memory
