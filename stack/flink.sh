@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Start/stop a local standalone Flink cluster (one JobManager with the dashboard, one TaskManager)
-# from the apache-flink wheel, configured from flink-conf/. `add-tm` starts one more TaskManager
+# Start/stop a local standalone Flink cluster (one JobManager with the dashboard, one TaskManager,
+# or WEBHOOKS_FLINK_TASKMANAGERS of them in the cluster topology) from the apache-flink wheel,
+# configured from flink-conf/. `add-tm` starts one more TaskManager
 # (part flink-tm-2, -3, ...; the benchmark's --taskmanagers uses it): thread-mode Python runs
 # one interpreter per TaskManager, so more TaskManagers are how a job gets more Python.
 source "$(dirname "$0")/lib.sh"

@@ -111,19 +111,21 @@ stop_part() {
   rm -f "$f"
 }
 
-# refuse_other_topology: before starting anything. One run directory runs one topology at a time
-# (they use the same ports), so while a Kafka, Cassandra or control-plane part of another one runs,
-# starting fails and says what runs. Then the topology being started is recorded.
+# refuse_other_topology: one run directory runs one topology at a time (they use the same ports),
+# so while a Kafka, Cassandra or control-plane part of another one runs, any script asked for a
+# different TOPOLOGY fails at once and says what runs (a `make down TOPOLOGY=single` would leave
+# the cluster running, a `make up` would collide with it). Checked below whenever the two differ.
 refuse_other_topology() {
-  if [ "$TOPOLOGY" != "$TOPOLOGY_RECORDED" ]; then
-    local mine part
-    mine=" $(topology_parts | tr '\n' ' ') "
-    for part in kafka kafka-{1..9} cassandra cassandra-{1..9} control-plane control-plane-{2..9}; do
-      case "$mine" in *" $part "*) continue ;; esac
-      if running "$part"; then
-        fail "the $TOPOLOGY_RECORDED topology runs in $RUN ($part, pid $(cat "$RUN/$part/pid")): 'make down' first, then 'make up TOPOLOGY=$TOPOLOGY'"
-      fi
-    done
-  fi
-  echo "$TOPOLOGY" > "$RUN/topology"
+  local mine part
+  mine=" $(topology_parts | tr '\n' ' ') "
+  for part in kafka kafka-{1..9} cassandra cassandra-{1..9} control-plane control-plane-{2..9}; do
+    case "$mine" in *" $part "*) continue ;; esac
+    if running "$part"; then
+      fail "the $TOPOLOGY_RECORDED topology runs in $RUN ($part, pid $(cat "$RUN/$part/pid")): 'make down' first, then 'make up TOPOLOGY=$TOPOLOGY'"
+    fi
+  done
 }
+if [ "$TOPOLOGY" != "$TOPOLOGY_RECORDED" ]; then refuse_other_topology; fi
+
+# record_topology: up.sh, before starting anything, so later commands act on this topology.
+record_topology() { echo "$TOPOLOGY" > "$RUN/topology"; }

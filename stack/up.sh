@@ -3,7 +3,7 @@
 # Kafka Connect worker streaming it, Prometheus and its Pushgateway), create topics and apply the schemas. Every part waits for real readiness; starting twice is harmless.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO"
-refuse_other_topology  # TOPOLOGY=cluster: stack/topologies/cluster.env; recorded for later commands
+record_topology  # TOPOLOGY=cluster: stack/topologies/cluster.env (lib.sh refused it if another one runs)
 say "topology: $TOPOLOGY"
 "$REPO/stack/prometheus.sh" start
 "$REPO/stack/kafka.sh" start

@@ -78,7 +78,7 @@ def test_the_default_is_the_single_node_stack(tmp_path: Path) -> None:
 
 
 def test_the_recorded_topology_is_what_later_commands_act_on(tmp_path: Path) -> None:
-    started = lib(tmp_path, "refuse_other_topology", TOPOLOGY="cluster")
+    started = lib(tmp_path, "record_topology", TOPOLOGY="cluster")
     assert started.returncode == 0, started.stderr
     later = lib(tmp_path, "echo $TOPOLOGY $WEBHOOKS_KAFKA__REPLICATION_FACTOR; topology_parts")  # no TOPOLOGY
     assert later.stdout.split() == ["cluster", "3", "kafka-1", "kafka-2", "kafka-3", "cassandra-1", "cassandra-2",
@@ -97,10 +97,12 @@ def test_one_topology_does_not_start_while_the_other_runs(tmp_path: Path, runnin
     (tmp_path / "topology").write_text("single\n" if wanted == "cluster" else "cluster\n")
     (tmp_path / running).mkdir()
     (tmp_path / running / "pid").write_text(str(os.getpid()))  # alive: this test
-    out = lib(tmp_path, "refuse_other_topology", TOPOLOGY=wanted)
-    assert out.returncode != 0
+    out = lib(tmp_path, "echo sourced; record_topology", TOPOLOGY=wanted)  # any script: up, job, down
+    assert out.returncode != 0 and "sourced" not in out.stdout
     assert f"({running}, pid {os.getpid()}): 'make down' first" in out.stderr
     assert (tmp_path / "topology").read_text().strip() != wanted  # not recorded
+    same = lib(tmp_path, "echo sourced")  # the running topology itself is untouched
+    assert same.returncode == 0 and "sourced" in same.stdout
 
 
 def test_an_unknown_topology_is_refused(tmp_path: Path) -> None:
