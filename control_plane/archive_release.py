@@ -21,10 +21,10 @@ delivery again and
    same values at write time + 2 us, above the short-TTL copy at + 1 us and below any newer
    write, each with the TTL it had before the release), so it too stays hot whole.
 
-A write after that second read meets a delivery already released: a replay once its hot rows
-expired is brought back to the hot tier first (control_plane/tiered_history.py rehydrate); one
-before they expire is not yet, and reads it back partly (tests/integration/test_archive.py,
-the xfail test names the defect and where its fix belongs).
+A write after that second read meets a delivery already released: the control plane brings a
+delivery the archive holds back to the hot tier before queuing its replay, and reads merge a
+partial hot partition with the archive (control_plane/tiered_history.py), so the delivery reads
+whole whichever tier each of its rows ends in.
 
 Why a TTL rewrite rather than DELETE: the job writes history cells with timestamps up to two
 bands (two years) in the future, so a tombstone would need a timestamp above every band and

@@ -59,9 +59,10 @@ class DeliveryDeps:
     random_bytes: Callable[[int], bytes]
     cursors: Cursors
     progress_every: int = 25
-    # Writes an archived delivery back to Cassandra before its replay is queued (the job reads
-    # the delivery and its payload there): control_plane/tiered_history.py. None: no archive.
-    rehydrate: Callable[[str, int], None] | None = None
+    # Writes a delivery the archive holds back to Cassandra (full TTL) before its replay is
+    # queued, the job reads the delivery and its payload there; False: the archive does not hold
+    # it. control_plane/tiered_history.py. None: no archive.
+    rehydrate: Callable[[str, int], bool] | None = None
 
 
 class DeliveryService:
@@ -127,10 +128,13 @@ class DeliveryService:
         reason = validation.reason(reason)
         detail = self.get(principal, delivery_id)
         self._check_replayable(principal, detail.summary)
-        if detail.tier == ARCHIVE_TIER:
-            if self._d.rehydrate is None:
-                raise FailedPrecondition("the delivery is archived and this server reads no archive")
-            self._d.rehydrate(delivery_id, self._d.now_ms())
+        # Rehydrated whenever the archive holds it, not only when the read came from there: a
+        # released delivery still reads whole from its short-TTL rows, which may expire before
+        # the job reads them (it would skip the replay, or number attempts from a partial
+        # partition). Reads stay whole whatever lands hot later (control_plane/tiered_history.py).
+        rehydrated = self._d.rehydrate is not None and self._d.rehydrate(delivery_id, self._d.now_ms())
+        if detail.tier == ARCHIVE_TIER and not rehydrated:
+            raise FailedPrecondition("the delivery is archived and this server reads no archive")
         given = bool(request_id)
         request_id = request_id or "rpl_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         # Audited before it is queued: a replay that reaches the endpoint always has its row. A

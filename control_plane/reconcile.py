@@ -41,7 +41,7 @@ from control_plane.archive_store import ArchiveStore
 from control_plane.errors import InvalidArgument
 from control_plane.publisher import Publisher
 from control_plane.store import EndpointStore
-from control_plane.tiered_history import ArchivedDeliveries
+from control_plane.tiered_history import ArchivedDeliveries, whole
 from core import fanout, history_rows
 from core import reconcile as rc
 from core.history_buckets import bucket_of
@@ -283,16 +283,20 @@ class Reconciler:
 
     def _histories(self, delivery_ids: list[str]) -> dict[str, tuple[dict[str, Any] | None, list[dict[str, Any]]]]:
         """Each delivery and its attempts, from delivery_history and, for those it has no
-        creation cells for, the old tables."""
+        creation cells for, the old tables; then the archive under those still missing or partial."""
         out = {did: history_rows.split(rs) for did, rs in self._many(self._q_history, delivery_ids).items()}
         older = [did for did, (row, _) in out.items() if history_rows.needs_old(row)]
         old_rows = self._by_key(self._q_old_delivery, older)
         old_attempts = self._many(self._q_old_attempts, older)
         for did in older:
             out[did] = history_rows.merge(*out[did], old_rows[did], old_attempts[did])
-        gone = [did for did, (row, _) in out.items() if row is None or row["event_id"] is None]
-        for did, (_, _, row, attempts, _) in self._archived.find(gone).items():
-            out[did] = (row, attempts)
+        # Missing or partial (a replay of a released delivery outlives its released rows): the
+        # archive's rows under the hot ones, as TieredHistory reads them.
+        partial = [did for did, (row, attempts) in out.items()
+                   if not whole(row is not None and row["event_id"] is not None,
+                                (a["attempt_number"] for a in attempts))]
+        for did, (_, _, row, attempts, _) in self._archived.find(partial).items():
+            out[did] = history_rows.merge(*out[did], row, attempts)
         return out
 
     # -- repairing -----------------------------------------------------------------------------------

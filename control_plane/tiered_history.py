@@ -2,24 +2,41 @@
 
 A delivery whose hour the archiver released (control_plane/archiver.py) has no hot rows once
 their short TTL ends, but a pointer row (``archived_deliveries``: its hour and tenant) for the
-rest of the 30-day window. :class:`TieredHistory` reads the hot partition as before; finding
-none, it follows the pointer to one hour's tenant bucket of the archive -- only the files that
-hour's manifest lists -- and builds the same :class:`DeliveryDetail` from the archived rows, with
+rest of the 30-day window. :class:`TieredHistory` reads the hot partition as before; finding it
+missing or partial (:func:`whole`), it follows the pointer to one hour's tenant bucket of the
+archive -- only the files that hour's manifest lists -- and builds the same
+:class:`DeliveryDetail` from the archived rows merged under the hot ones, with
 ``tier="archive"``. Lists are answered by the endpoint index, which stays hot all 30 days.
 
-**Replaying an archived delivery** brings it back to the hot tier first (:meth:`rehydrate`):
-the job's replay path reads the delivery and its payload from Cassandra, so the archived rows
-(the payload bytes exactly as archived) are written back before the request is queued. Each cell
-is written with the write time the job gave the original (operators/history_store.py: creation
-time, status band, attempt band) + 2 us: above the released copy's expired cell (+1 us), and
-below any later write the job makes, so the job's ordering rules hold as if nothing had moved.
+**Why reads merge a partial hot partition with the archive.** A write to a released delivery
+made while its released rows are still live (a replay within the release TTL; a replay the
+control plane let through before the release reached the delivery, landing after the release's
+last read) is written hot with the full TTL, beside rows that expire within a day. Once they
+expire, the partition holds only that write: the creation cells and the archived attempts are in
+the archive alone. No check made when the replay is *requested* can rule this out (the job
+writes later, and the release may run in between), so the read is where history is made whole:
+a hot cell wins over the archived one, as it does for the job's own ordering (a later write
+outranks the released copy only if it would have outranked the original, whose tombstone
+otherwise hides it; the archive then answers with the original), attempts and replay audit rows
+are joined by key. Reconciliation reads the same way (control_plane/reconcile.py).
+
+**Replaying a delivery the archive holds** brings it back to the hot tier first
+(:meth:`rehydrate`), whether its hot rows expired or are still live: the job's replay path reads
+the delivery and its payload from Cassandra, and released rows may expire between the request and
+the job's read (the job would then skip the replay, or count attempts from a partition missing
+some). So the archived rows (the payload bytes exactly as archived) are written back with the
+full TTL before the request is queued. Each cell is written with the write time the job gave
+the original (operators/history_store.py: creation time, status band, attempt band) + 2 us:
+above the released copy's cell (+1 us, live or expired), and below any later write the job
+makes, so the job's ordering rules hold as if nothing had moved; rehydrating twice writes the
+same cells again. Reads alone would not do: the job reads Cassandra, not the archive.
 Rehydrated rows expire with the delivery's 30-day window.
 """
 
 from __future__ import annotations
 
 import calendar
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +50,7 @@ from control_plane.domain import DeliveryDetail, DeliverySummary, ReplayAudit
 from control_plane.errors import FailedPrecondition
 from control_plane.store import CassandraStore, HistoryPosition, delivery_detail
 from core import archive_layout as layout
+from core import history_rows
 from operators.history_store import BAND_US, status_write_ts
 
 ARCHIVE = "archive"
@@ -43,8 +61,25 @@ _CREATION_CELLS = ("event_id", "tenant_id", "endpoint_id", "endpoint_config_vers
 _ATTEMPT_CELLS = ("attempt_id", "config_version", "url", "started_at", "finished_at", "http_status", "latency_ms",
                   "outcome", "error_class", "response_sha256", "response_prefix", "signing_key_versions", "manual",
                   "requested_by", "request_id")
+_SELECT_REPLAYS = "SELECT * FROM replay_requests WHERE delivery_id=?"
 _EVENT_CELLS = ("tenant_id", "event_type", "schema_version", "object_id", "object_version", "occurred_at", "payload",
                 "payload_sha256", "ingested_at")
+
+
+def whole(created: bool, attempt_numbers: Iterable[int]) -> bool:
+    """Whether a hot partition can be read without the archive: it has its creation cells and
+    attempts 1..n without a gap. A released partition whose rows expired beside a later write
+    fails this (see above); so does one read while its released copies expire (they are written
+    by several statements, a few ms apart)."""
+    numbers = sorted(attempt_numbers)
+    return created and numbers == list(range(1, len(numbers) + 1))
+
+
+def merge_replays(hot: Iterable[dict[str, Any]], archived: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Replay audit rows of both tiers, joined by request id (a hot row wins: the same row)."""
+    by_id = {r["request_id"]: r for r in archived}
+    by_id.update((r["request_id"], r) for r in hot)
+    return list(by_id.values())
 
 
 def _ms(value: datetime | None) -> int | None:
@@ -126,13 +161,21 @@ class TieredHistory:
 
     def get_delivery(self, delivery_id: str) -> DeliveryDetail | None:
         detail = self._hot.get_delivery(delivery_id)
-        if detail is not None:
+        if detail is not None and whole(bool(detail.summary.tenant_id), (a.attempt_number for a in detail.attempts)):
             return detail
         archived = self._archived(delivery_id)
         if archived is None:
-            return None
+            return detail
         _, _, row, attempts, replays = archived
-        return delivery_detail(row, attempts, replays, tier=ARCHIVE)
+        if detail is None:
+            return delivery_detail(row, attempts, replays, tier=ARCHIVE)
+        hot_row, hot_attempts = history_rows.split(self._s.execute(self._prepared(history_rows.SELECT_NEW),
+                                                                   (delivery_id,)))
+        hot_replays = [history_rows.as_dict(r) for r in self._s.execute(self._prepared(_SELECT_REPLAYS),
+                                                                        (delivery_id,))]
+        merged, merged_attempts = history_rows.merge(hot_row, hot_attempts, row, attempts)
+        assert merged is not None  # the archived row is under it
+        return delivery_detail(merged, merged_attempts, merge_replays(hot_replays, replays), tier=ARCHIVE)
 
     def record_replay(self, audit: ReplayAudit, if_new: bool) -> bool:
         return self._hot.record_replay(audit, if_new)
@@ -141,11 +184,12 @@ class TieredHistory:
                                  after: HistoryPosition | None) -> Iterator[DeliverySummary]:
         return self._hot.iter_endpoint_deliveries(tenant_id, endpoint_id, start_ms, end_ms, after)
 
-    def rehydrate(self, delivery_id: str, now_ms: int) -> None:
-        """Write an archived delivery (with its event's payload) back to Cassandra; see above."""
+    def rehydrate(self, delivery_id: str, now_ms: int) -> bool:
+        """Write an archived delivery (with its event's payload) back to Cassandra; False when the
+        archive does not hold it (nothing written). See above."""
         archived = self._archived(delivery_id)
         if archived is None:
-            raise FailedPrecondition(f"delivery {delivery_id} is neither in Cassandra nor in the archive")
+            return False
         hour, tenant, row, attempts, replays = archived
         events = [e for e in self._archive.rows(hour, layout.tenant_bucket(tenant), "events", "event_id",
                                                 [row["event_id"]]) if e["tenant_id"] == tenant]
@@ -175,6 +219,7 @@ class TieredHistory:
                 now_ms * 1000, ttl))
         for stmt, params in writes:
             self._s.execute(stmt, params)
+        return True
 
     def _prepared(self, text: str) -> Any:
         if text not in self._stmts:

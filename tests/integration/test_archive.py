@@ -448,23 +448,156 @@ def test_a_replay_landing_between_the_releases_read_and_its_rewrite_is_restored(
     assert hot_ttl(session, late.delivery_id) > 86_400  # restored with the TTL it had, not the release's
 
 
-@pytest.mark.xfail(strict=True, reason="known defect, not the archiver's: a replay of a released delivery before its "
-                   "hot rows expire writes only its own rows hot; once the rest expires, the hot partition has no "
-                   "creation cells and GetDelivery (TieredHistory, reconciliation's read) does not merge it with "
-                   "the archive")
-def test_a_replay_after_release_keeps_the_delivery_readable_whole(history, session, tmp_path):
+def tiered(session: Session, root: Path) -> Any:
     from control_plane.store import CassandraStore
     from control_plane.tiered_history import TieredHistory
+
+    return TieredHistory(CassandraStore(session), session, ArchiveStore.from_settings(ArchiveSettings(uri=str(root))),
+                         30 * 86_400)
+
+
+class ActiveEndpoints:
+    """The control plane's endpoint store as a replay sees it: every endpoint active."""
+
+    def get_endpoint(self, tenant_id: str, endpoint_id: str) -> Any:
+        from types import SimpleNamespace
+
+        from core.records import EndpointStatus
+
+        return SimpleNamespace(status=EndpointStatus.ACTIVE)
+
+
+class Queued:
+    def __init__(self) -> None:
+        self.replays: list[Any] = []
+
+    def publish_replay(self, request: Any) -> None:
+        self.replays.append(request)
+
+
+def replays_of(tiers: Any) -> tuple[Any, Queued]:
+    """The control plane's replay (DeliveryService over ``tiers``, rehydrating as the server wires
+    it); what it queues for the job is kept, the job's writes are replay_by_hand's."""
+    from control_plane.deliveries import DeliveryDeps, DeliveryService
+
+    queued = Queued()
+    return DeliveryService(DeliveryDeps(endpoints=ActiveEndpoints(), history=tiers, publisher=queued,
+                                        now_ms=lambda: int(time.time() * 1000), random_bytes=os.urandom,
+                                        cursors=None, rehydrate=tiers.rehydrate)), queued
+
+
+def test_a_replay_after_release_keeps_the_delivery_readable_whole(history, session, own_settings, tmp_path):
+    from control_plane.reconcile import Reconciler
+    from control_plane.store import CassandraStore
 
     hour = HOUR - 9 * HOUR_MS
     write_hour(history, session, hour, 2, "j")
     late = delivery(hour, "j", 1, 0)
     a = archiver(session, tmp_path, release_ttl_s=2)
     assert a.run_hour(hour, int(time.time() * 1000)).state == RELEASED
-    replay_by_hand(history, session, late, 2, int(time.time() * 1000), "rpl_after")  # hot still answers: no rehydrate
+    # The job's writes of a replay within the release TTL, not gated by the control plane (one it let
+    # through before the release reached the delivery, landing after the release's last read).
+    replay_by_hand(history, session, late, 2, int(time.time() * 1000), "rpl_after")
     time.sleep(3)
-    tiers = TieredHistory(CassandraStore(session), session,
-                          ArchiveStore.from_settings(ArchiveSettings(uri=str(tmp_path))), 30 * 86_400)
-    d = tiers.get_delivery(late.delivery_id)
-    assert d is not None and d.summary.tenant_id == late.tenant_id
-    assert [x.attempt_number for x in d.attempts] == [1, 2]
+    partial = CassandraStore(session).get_delivery(late.delivery_id)
+    assert partial is not None and partial.summary.tenant_id == ""  # the hot partition alone: no creation cells
+    assert [x.attempt_number for x in partial.attempts] == [2]
+    d = tiered(session, tmp_path).get_delivery(late.delivery_id)
+    assert d is not None and d.summary.tenant_id == late.tenant_id and d.summary.event_id == "evt_j_0001"
+    assert d.tier == "archive" and d.summary.status.value == "succeeded" and d.summary.attempt_count == 2
+    assert [(x.attempt_number, x.manual) for x in d.attempts] == [(1, False), (2, True)]
+    assert [r.request_id for r in d.replays] == ["rpl_after"]
+    # Reconciliation's read merges the same way: the delivery is whole, not a status-only row.
+    rec = Reconciler(own_settings.model_copy(update={"archive": ArchiveSettings(uri=str(tmp_path))}), session,
+                     None, None, lambda: 0)
+    row, attempts = rec._histories([late.delivery_id])[late.delivery_id]
+    assert row is not None and row["event_id"] == "evt_j_0001" and row["attempt_count"] == 2
+    assert [x["attempt_number"] for x in attempts] == [1, 2]
+
+
+def test_a_replay_within_the_release_ttl_rehydrates_the_delivery_for_its_whole_window(history, session, tmp_path):
+    from control_plane.domain import Principal
+    from control_plane.store import CassandraStore
+
+    hour = HOUR - 10 * HOUR_MS
+    write_hour(history, session, hour, 2, "k")
+    d = delivery(hour, "k", 1, 0)
+    hot = CassandraStore(session)
+    assert archiver(session, tmp_path, release_ttl_s=2).run_hour(hour, int(time.time() * 1000)).state == RELEASED
+    service, queued = replays_of(tiered(session, tmp_path))
+    ops = Principal(d.tenant_id, "key_ops", read_only=False)
+    assert service.get(ops, d.delivery_id).tier == "hot"  # the released rows still answer
+    service.replay(ops, d.delivery_id, "rpl_k1")
+    replay_by_hand(history, session, d, 2, int(time.time() * 1000), "rpl_k1")  # the job, as the request asks
+    time.sleep(3)  # past the release TTL
+    first = hot.get_delivery(d.delivery_id)  # Cassandra alone: brought back whole, with the full TTL
+    assert first is not None and first.summary.tenant_id == d.tenant_id and first.summary.attempt_count == 2
+    assert [(x.attempt_number, x.manual) for x in first.attempts] == [(1, False), (2, True)]
+    assert hot_ttl(session, d.delivery_id) > 86_400
+    assert session.execute("SELECT payload FROM events WHERE event_id='evt_k_0001'").one() is not None
+    # Replayed again (the archive still holds it: rehydrated again, idempotent): nothing older wins.
+    service.replay(ops, d.delivery_id, "rpl_k2")
+    replay_by_hand(history, session, d, 3, int(time.time() * 1000), "rpl_k2")
+    again = hot.get_delivery(d.delivery_id)
+    assert again is not None and again.summary.attempt_count == 3 and again.summary.updated_at_ms is not None
+    assert again.summary.updated_at_ms > first.summary.updated_at_ms  # the job's newer status, not the archived one
+    assert [x.attempt_number for x in again.attempts] == [1, 2, 3]
+    assert [r.request_id for r in again.replays] == ["rpl_k1", "rpl_k2"]
+    assert [r.request_id for r in queued.replays] == ["rpl_k1", "rpl_k2"]
+
+
+def test_a_replay_after_the_released_rows_expired_rehydrates_a_partial_or_gone_delivery(
+        history, session, tmp_path):
+    from control_plane.domain import Principal
+    from control_plane.store import CassandraStore
+
+    hour = HOUR - 11 * HOUR_MS
+    write_hour(history, session, hour, 2, "l")
+    partial, gone = delivery(hour, "l", 1, 0), delivery(hour, "l", 1, 1)
+    hot = CassandraStore(session)
+    assert archiver(session, tmp_path, release_ttl_s=2).run_hour(hour, int(time.time() * 1000)).state == RELEASED
+    replay_by_hand(history, session, partial, 2, int(time.time() * 1000), "rpl_l1")  # hot rows of its own
+    time.sleep(3)
+    service, queued = replays_of(tiered(session, tmp_path))
+    for d, number in ((partial, 3), (gone, 2)):
+        ops = Principal(d.tenant_id, "key_ops", read_only=False)
+        before = service.get(ops, d.delivery_id)
+        assert before.tier == "archive"
+        service.replay(ops, d.delivery_id, f"rpl_l{number}")
+        back = hot.get_delivery(d.delivery_id)  # before the job reads it: whole in Cassandra
+        assert back is not None and back.summary == before.summary and back.attempts == before.attempts
+        replay_by_hand(history, session, d, number, int(time.time() * 1000), f"rpl_l{number}")
+        after = hot.get_delivery(d.delivery_id)
+        assert after is not None and [x.attempt_number for x in after.attempts] == list(range(1, number + 1))
+    assert [r.delivery_id for r in queued.replays] == [partial.delivery_id, gone.delivery_id]
+
+
+def test_a_replay_requested_between_the_releases_pointer_and_its_rewrite_keeps_the_delivery_hot(
+        history, session, tmp_path):
+    """The pointer exists, so the replay rehydrates (+2 us, full TTL) before the rewrite (+1 us,
+    short TTL) lands under it; the release's second read sees the delivery changed (its audit row
+    alone would) and restores the rest: whole and hot, whichever of the two writes came first."""
+    from control_plane.domain import Principal
+    from control_plane.store import CassandraStore
+
+    hour = HOUR - 12 * HOUR_MS
+    write_hour(history, session, hour, 2, "m")
+    d = delivery(hour, "m", 1, 0)
+    a = archiver(session, tmp_path, release_ttl_s=2)
+    service, _ = replays_of(tiered(session, tmp_path))
+    run_all = a._releaser._run_all
+
+    def pointers_then_replay(writes: list[Any]) -> None:
+        run_all(writes)
+        if writes and "archived_deliveries" in writes[0][0].query_string:  # the pointers, before the rewrite
+            service.replay(Principal(d.tenant_id, "key_ops", read_only=False), d.delivery_id, "rpl_m1")
+
+    a._releaser._run_all = pointers_then_replay
+    outcome = a.run_hour(hour, int(time.time() * 1000))
+    assert outcome.state == RELEASED and outcome.detail == "1 deliveries changed after verification stay hot"
+    replay_by_hand(history, session, d, 2, int(time.time() * 1000), "rpl_m1")
+    time.sleep(3)  # past the release TTL
+    after = CassandraStore(session).get_delivery(d.delivery_id)
+    assert after is not None and after.summary.tenant_id == d.tenant_id and after.tier == "hot"
+    assert [(x.attempt_number, x.manual) for x in after.attempts] == [(1, False), (2, True)]
+    assert hot_ttl(session, d.delivery_id) > 86_400
