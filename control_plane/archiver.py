@@ -402,8 +402,9 @@ class Archiver:
 
 
 def push_metrics(gateway: str, failed_hours: int, outcomes: list[HourOutcome], ok: bool, shard: str = "0-of-1") -> None:
-    """The batch job's outcome for Prometheus (alert ArchiveVerificationFailed, ArchiverFailing),
-    one group per shard: shards sharing a gateway must not overwrite each other's last run."""
+    """The batch job's outcome for Prometheus (alerts ArchiveVerificationFailed, ArchiverFailing,
+    ArchiverStale on the timestamp), one group per shard: shards sharing a gateway must not
+    overwrite each other's last run."""
     from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
     reg = CollectorRegistry()

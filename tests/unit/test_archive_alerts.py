@@ -41,9 +41,46 @@ tests:
               summary: "the last archiver run failed; history stays hot until a run completes"
 """
 
+# Two shards pushing hourly from t=0; shard 0 stops after its first run. Eval times are seconds
+# since the series start, as time() is.
+STALE = f"""
+rule_files: [{RULES}]
+evaluation_interval: 1m
+tests:
+  - interval: 1h
+    input_series:
+      - series: 'webhooks_archive_last_run_timestamp_seconds{{job="webhooks_archiver", shard="0-of-2"}}'
+        values: '0x5'
+      - series: 'webhooks_archive_last_run_timestamp_seconds{{job="webhooks_archiver", shard="1-of-2"}}'
+        values: '0+3600x5'
+    alert_rule_test:
+      - eval_time: 3h
+        alertname: ArchiverStale
+        exp_alerts: []
+      - eval_time: 3h1m
+        alertname: ArchiverStale
+        exp_alerts:
+          - exp_labels: {{severity: ticket, job: webhooks_archiver, shard: 0-of-2}}
+            exp_annotations:
+              summary: "archiver shard 0-of-2 last finished a run 3h 1m 0s ago"
+      - eval_time: 5h
+        alertname: ArchiverStale
+        exp_alerts:
+          - exp_labels: {{severity: ticket, job: webhooks_archiver, shard: 0-of-2}}
+            exp_annotations:
+              summary: "archiver shard 0-of-2 last finished a run 5h 0m 0s ago"
+"""
 
-def test_the_archive_alerts_fire_on_the_archivers_gauges(tmp_path: Path) -> None:
-    spec = tmp_path / "archive_alerts_test.yml"
-    spec.write_text(TESTS)
+
+def promtool(spec: Path, tests: str) -> None:
+    spec.write_text(tests)
     run = subprocess.run(["promtool", "test", "rules", str(spec)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_archive_alerts_fire_on_the_archivers_gauges(tmp_path: Path) -> None:
+    promtool(tmp_path / "archive_alerts_test.yml", TESTS)
+
+
+def test_a_shard_that_stopped_pushing_is_stale_after_3_hours_and_its_peer_is_not(tmp_path: Path) -> None:
+    promtool(tmp_path / "archiver_stale_test.yml", STALE)
