@@ -132,8 +132,7 @@ class DeliveryService:
         # released delivery still reads whole from its short-TTL rows, which may expire before
         # the job reads them (it would skip the replay, or number attempts from a partial
         # partition). Reads stay whole whatever lands hot later (control_plane/tiered_history.py).
-        rehydrated = self._d.rehydrate is not None and self._d.rehydrate(delivery_id, self._d.now_ms())
-        if detail.tier == ARCHIVE_TIER and not rehydrated:
+        if not self._rehydrate(delivery_id) and detail.tier == ARCHIVE_TIER:
             raise FailedPrecondition("the delivery is archived and this server reads no archive")
         given = bool(request_id)
         request_id = request_id or "rpl_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
@@ -192,6 +191,7 @@ class DeliveryService:
         replayed, last_id = 0, ""
         for summary in failed():
             request_id = f"{batch}-{summary.delivery_id}"
+            self._rehydrate(summary.delivery_id)  # as for one replay: the list is the hot index, never the archive
             self._audit(principal, summary, request_id, reason, if_new=False)  # fresh id: no dedupe read
             self._publish_replay(principal, summary, request_id)
             replayed, last_id = replayed + 1, summary.delivery_id
@@ -203,6 +203,10 @@ class DeliveryService:
         yield RecoverProgress(total, replayed, total - replayed, done=True, last_delivery_id=last_id)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _rehydrate(self, delivery_id: str) -> bool:
+        """Bring the delivery back to the hot tier if the archive holds it (see replay)."""
+        return self._d.rehydrate is not None and self._d.rehydrate(delivery_id, self._d.now_ms())
 
     def _endpoint(self, principal: Principal, endpoint_id: str, allow_deleted: bool) -> Endpoint:
         return load_endpoint(self._d.endpoints, principal, endpoint_id, allow_deleted)

@@ -601,3 +601,33 @@ def test_a_replay_requested_between_the_releases_pointer_and_its_rewrite_keeps_t
     assert after is not None and after.summary.tenant_id == d.tenant_id and after.tier == "hot"
     assert [(x.attempt_number, x.manual) for x in after.attempts] == [(1, False), (2, True)]
     assert hot_ttl(session, d.delivery_id) > 86_400
+
+
+def test_a_bulk_recovery_rehydrates_the_archived_deliveries_it_replays(history, session, tmp_path):
+    from control_plane.domain import Principal
+    from control_plane.store import CassandraStore
+
+    hour = HOUR - 13 * HOUR_MS
+    pair = [delivery(hour, "n", 0, k) for k in range(2)]  # one event to both endpoints of its tenant
+    e = pair[0].event
+    waits = [history.write_snapshot(FanoutSnapshot(e.event_id, e.tenant_id, pair[0].created_at_ms,
+                                                   tuple((d.endpoint_id, 2) for d in pair)))]
+    for k, d in enumerate(pair):  # the first failed for good, the second succeeded
+        i = Intent(1, f"att_{uuid.uuid4().hex}")
+        waits.append(history.persist(d, i, write_event=k == 0))
+        waits.append(history.record(d, attempt(i, d.created_at_ms + 100, *(("failed", "failed", 500) if k == 0 else
+                                                                         ("succeeded", "succeeded", 200))), 1, None))
+    durable(history, *waits)
+    assert archiver(session, tmp_path, release_ttl_s=2).run_hour(hour, int(time.time() * 1000)).state == RELEASED
+    time.sleep(3)  # the released rows expired: the job could not load them
+    hot = CassandraStore(session)
+    assert hot.get_delivery(pair[0].delivery_id) is None
+    service, queued = replays_of(tiered(session, tmp_path))
+    progress = list(service.recover(Principal(e.tenant_id, "key_ops", read_only=False), pair[0].endpoint_id, hour,
+                                    hour + HOUR_MS))
+    assert (progress[-1].total, progress[-1].replayed, progress[-1].done) == (1, 1, True)
+    assert [r.delivery_id for r in queued.replays] == [pair[0].delivery_id]
+    back = hot.get_delivery(pair[0].delivery_id)  # whole in Cassandra before the job reads it
+    assert back is not None and back.summary.status.value == "failed" and back.summary.tenant_id == e.tenant_id
+    assert session.execute("SELECT payload FROM events WHERE event_id=%s", (e.event_id,)).one() is not None
+    assert hot.get_delivery(pair[1].delivery_id) is None  # not replayed, not brought back
