@@ -64,8 +64,10 @@ def keyspace_session(settings: Settings) -> Iterator[Session]:
     try:
         session = cluster.connect()
         apply(session, c.keyspace, c.replication_factor)
-        yield session
-        session.execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=60)
+        try:
+            yield session
+        finally:  # a failed run's keyspace is dropped too: each holds ~30 tables on a shared node
+            session.execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=60)
     finally:
         cluster.shutdown()
 
