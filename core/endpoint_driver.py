@@ -35,7 +35,7 @@ from core import breaker as brk
 from core import dispatch as d
 from core import ordering, ratelimit, telemetry
 from core.dispatch import Pending, Stage, replace
-from core.endpoint_store import EndpointStore
+from core.endpoint_store import EndpointStore, RetryBucket
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
 from core.ordering import KeyQueues
@@ -142,11 +142,18 @@ class DriverPolicy:
     # Fresh deliveries (never attempted) one endpoint keeps in memory; fresh waiting ones beyond it
     # go to the overflow queue in keyed state (core.endpoint_store) and come back a page at a
     # time, so a backlog of millions behind a failing endpoint costs memory for the window only.
-    # Retries do not count against it, or a window of retries the receiver keeps refusing would
-    # hold every fresh delivery in the queue for a day; memory as a whole is bounded at twice the
-    # window, past which fresh work waits in the queue again.
+    # Memory as a whole holds twice the window, and it holds the work due soonest: when it is full
+    # and fresh work or a queued retry that is due waits for it, the retries in memory whose next
+    # attempt is latest go to the retry queue in keyed state (ordered by due time) and come back
+    # when they are due. So retries the receiver keeps refusing, however many, never keep a fresh
+    # delivery out of memory while the receiver accepts others; they cost keyed state, not memory.
     memory_window: int = 20_000
     page_size: int = 1_000
+    # The retry queue's buckets: retries due within the same bucket_ms share one (a FIFO), so the
+    # queue's index in memory is one entry per bucket that holds retries -- bounded by the longest
+    # back-off, not by how many retries wait. A bucket comes back when it starts; each retry in it
+    # is still sent at its own time.
+    retry_bucket_ms: int = 1_000
     # A delivery whose history write or read has kept failing this long, and is this far past its
     # deadline, is let go from memory (counted ``expired_unrecorded``): its row stays pending, past
     # due, and reconciliation names it orphaned and redrives it -- checked first, so it expires
@@ -206,15 +213,43 @@ class EndpointDriver:
         self._skips: set[str] = set()
         # The overflow queue: sequence numbers [head, tail) in keyed state. Entries from
         # _own_from on were spilled by this incarnation (their intent is unused); earlier ones
-        # are a restore's and are CHECKed. _superseded: spilled deliveries a replay loaded into
-        # memory meanwhile -- their spilled copy is CHECKed too when it comes back.
+        # are a restore's and are CHECKed. _superseded: queued deliveries (either queue) a replay
+        # or a re-creation loaded into memory meanwhile -- their queued copy is CHECKed too when it
+        # comes back, and the memory copy is queued without its intent (CHECKed too).
         self._spill_head, self._spill_tail = store.spill_range()
         self._own_from = self._spill_tail
         self._superseded: set[str] = set()
         self._spill_head_expires = self._peek_spill_head()
+        # The retry queue (core.endpoint_store): bucket start -> its index, each bucket a FIFO
+        # of sequence numbers in keyed state. Entries of a bucket from _rq_own_from[bucket] on
+        # were queued by this incarnation (their intent is unused); earlier ones are a restore's
+        # and are CHECKed. Both heaps skip entries of buckets gone or changed.
+        self._rq: dict[int, RetryBucket] = {}
+        self._rq_own_from: dict[int, int] = {}
+        self._rq_starts: list[int] = []
+        self._rq_deadlines: list[tuple[int, int]] = []
+        self.queued_retries = 0
+        for bucket, index in store.retry_buckets():
+            self._rq[bucket] = index
+            self._rq_own_from[bucket] = index.tail
+            self._rq_starts.append(bucket)
+            self._rq_deadlines.append((index.earliest_deadline_ms, bucket))
+            self.queued_retries += index.size
+        heapq.heapify(self._rq_starts)
+        heapq.heapify(self._rq_deadlines)
+        # Retries in memory that could go to the retry queue, latest next attempt first
+        # (-next attempt, arrival, delivery); stale entries are skipped when popped.
+        self._latest: list[tuple[int, int, str]] = []
+        # In memory, and a copy of it may wait in the retry queue (restored with one there, or
+        # paged in CHECKed): queued again, it goes without its intent, to be CHECKed when it comes
+        # back -- a queued copy sent with its intent while another was sent meanwhile would be an
+        # automatic request past the delivery's durable state. Dropped when it leaves memory.
+        self._may_have_twin: set[str] = set()
         for p in store.entries(endpoint_id):
             # Work an earlier incarnation held: its durable record decides what happens next.
             self.counts["adopted_after_restore"] += 1
+            if self.queued_retries:
+                self._may_have_twin.add(p.delivery_id)
             self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
             self._join_key(p, started=p.attempt_count > 0)
             self._put(d.adopt(p))
@@ -241,8 +276,8 @@ class EndpointDriver:
                 or now_ms - delivery.created_at_ms > self.policy.fresh_window_ms
                 or now_ms - delivery.event.occurred_at_ms > self.policy.dedupe_window_ms):
             p = replace(p, stage=Stage.CHECK)
-            if self.spilled:
-                self._superseded.add(did)  # a re-creation: its spilled copy, if any, CHECKs too
+            if self.spilled or self.queued_retries:
+                self._superseded.add(did)  # a re-creation: its queued copy, if any, CHECKs too
         else:
             p = d.reserve(p, self.rng, now_ms)
         self.store.put(p)
@@ -405,6 +440,7 @@ class EndpointDriver:
         dec = Decision(signals=self._signals)
         self._signals = []
         self._page_in(now_ms, dec)
+        self._page_in_retries(now_ms, dec)
         blocked = self._blocked(now_ms)
         if blocked == "deleted":
             self._end_all(now_ms)
@@ -426,13 +462,14 @@ class EndpointDriver:
 
     @property
     def held(self) -> int:
-        """Deliveries this driver holds: in memory and in the overflow queue."""
-        return len(self.items) + self.spilled
+        """Deliveries this driver holds: in memory, in the overflow queue and in the retry queue."""
+        return len(self.items) + self.spilled + self.queued_retries
 
     @property
     def idle(self) -> bool:
         """Nothing pending, loading or in flight: the operator may drop this driver."""
-        return not self.items and not self._loads and self.in_flight == 0 and not self.spilled
+        return (not self.items and not self._loads and self.in_flight == 0 and not self.spilled
+                and not self.queued_retries)
 
     @property
     def spilled(self) -> int:
@@ -816,8 +853,8 @@ class EndpointDriver:
         requests = valid
         self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
         p = self.items.get(did)
-        if p is None and self.spilled:
-            self._superseded.add(did)  # it may be in the overflow queue too: that copy CHECKs
+        if p is None and (self.spilled or self.queued_retries):
+            self._superseded.add(did)  # it may be in a queue too: that copy CHECKs
         if p is not None:
             self.store.add_manual(did, requests)
             self._put(_with_manual(p, requests))
@@ -875,6 +912,9 @@ class EndpointDriver:
         window, n = self.policy.memory_window, 0
         page = min(self.policy.page_size, max(1, window // 2), self.spilled)
         expired = self._spill_head_expires is not None and self._spill_head_expires <= now_ms
+        if window - len(self._fresh) >= page:
+            # Fresh work waits: retries in memory not due within a bucket make room for it.
+            self._make_room(page, now_ms + self.policy.retry_bucket_ms)
         if min(window - len(self._fresh), 2 * window - len(self.items)) >= page:
             n = page
         elif expired and len(self.items) < 2 * window:
@@ -891,13 +931,14 @@ class EndpointDriver:
                     p = replace(p, stage=Stage.READY, intent=intent)  # spilled by us, intent unused
                 else:
                     p = d.adopt(p)  # a restore's, or superseded: read its durable record first
+                    self._may_have_twin.add(did)
                 self.store.put(p)
                 self._join_key(p, started=p.attempt_count > 0)
                 self._put(p)
             self._spill_head = head + n
             self.store.put_spill_range(self._spill_head, self._spill_tail)
             self._spill_head_expires = self._peek_spill_head()
-            if not self.spilled:
+            if not self.spilled and not self.queued_retries:
                 self._superseded.clear()
         at = self._spill_head_expires
         if at is None:
@@ -916,6 +957,144 @@ class EndpointDriver:
             return None
         got = self.store.peek_spilled(self.endpoint_id, self._spill_head)
         return got.delivery.expires_at_ms if got is not None else None
+
+    # -- the retry queue ---------------------------------------------------------------------------
+
+    def _may_queue(self, p: Pending) -> bool:
+        """A retry waiting for its next attempt, with the attempt row reserved, that nothing else
+        holds in memory (a member of an ordering key stays: its key's order lives in memory)."""
+        return (p.stage is Stage.READY and not p.busy and p.auto_retry_active and not p.manual
+                and p.attempt_count > 0 and p.intent is not None and p.skip is None
+                and not self._order.key_of(p.delivery_id))
+
+    def _queue_later_retries(self, n: int, later_than_ms: int | None) -> None:
+        """Move up to ``n`` retries out of memory, latest next attempt first, each due after
+        ``later_than_ms`` (None: whenever, to make room for work past its deadline)."""
+        while n > 0 and self._latest:
+            neg_at, _, did = self._latest[0]
+            p = self.items.get(did)
+            if p is None or p.next_attempt_at_ms != -neg_at or not self._may_queue(p):
+                heapq.heappop(self._latest)  # stale
+                continue
+            if later_than_ms is not None and p.next_attempt_at_ms <= later_than_ms:
+                return  # the rest are due sooner: memory already holds what is due soonest
+            heapq.heappop(self._latest)
+            self._queue_retry(p)
+            n -= 1
+
+    def _queue_retry(self, p: Pending) -> None:
+        did = p.delivery_id
+        # (_may_queue: not fresh, not in a key, no storage work, no manual request, no skip)
+        self.items.pop(did, None)
+        self._front_since.pop(did, None)
+        if did in self._superseded or did in self._may_have_twin:
+            self._may_have_twin.discard(did)
+            p = replace(p, intent=None)  # another copy may be queued: CHECKed when it comes back
+        bucket = p.next_attempt_at_ms - p.next_attempt_at_ms % self.policy.retry_bucket_ms
+        index = self._rq.get(bucket)
+        if index is None:
+            index = self._rq[bucket] = RetryBucket()
+            heapq.heappush(self._rq_starts, bucket)
+        before = index.earliest_deadline_ms
+        self.store.queue_retry(bucket, index.append(p.delivery.expires_at_ms), p)
+        self.store.put_retry_bucket(bucket, index)
+        if index.earliest_deadline_ms != before:
+            heapq.heappush(self._rq_deadlines, (index.earliest_deadline_ms, bucket))
+        self.queued_retries += 1
+        self.counts["retries_queued"] += 1
+
+    def _page_in_retries(self, now_ms: int, dec: Decision) -> None:
+        """Bring back the retries that are due (a bucket once it starts) while memory has room or
+        can make it from retries due later; and the buckets past their earliest deadline in any
+        case (their expiries are written and leave memory; the others take the room of retries
+        moved out, due or not)."""
+        if not self.queued_retries:
+            return
+        window, budget = self.policy.memory_window, self.policy.page_size
+        page = max(1, window // 2)
+        late_paged = False
+        while budget > 0:
+            late = self._rq_top_deadline()
+            start = self._rq_top_start()
+            if late is not None and late[0] <= now_ms:
+                bucket, later_than = late[1], None
+            elif start is not None and start <= now_ms:
+                bucket, later_than = start, now_ms + self.policy.retry_bucket_ms
+            else:
+                break
+            n = self._make_room(min(budget, page, self._rq[bucket].size), later_than)
+            if n <= 0:
+                break  # memory holds work due as soon: finished work drives the endpoint
+            self._unqueue(bucket, n)
+            budget -= n
+            late_paged = late_paged or later_than is None
+        start, late = self._rq_top_start(), self._rq_top_deadline()
+        if start is None or late is None:
+            if not self.spilled:
+                self._superseded.clear()
+            return
+        room = len(self.items) < 2 * window
+        if start > now_ms:
+            dec.wake_at(start, "queued retry due")
+        elif late[0] <= now_ms and late_paged:
+            dec.wake_at(now_ms, "more deliveries past their deadline")
+        elif budget <= 0 and room:
+            dec.wake_at(now_ms, "more queued retries due")
+        elif late[0] > now_ms:
+            dec.wake_at(late[0], "deadline")  # due, waiting for memory: at the latest by its deadline
+        else:
+            # Past a deadline, memory full of what cannot be moved (in flight, being written):
+            # finished work drives the endpoint; look again within a second in any case.
+            dec.wake_at(now_ms + self.policy.slot_wait_max_ms, "retry queue waits for memory")
+
+    def _make_room(self, n: int, later_than_ms: int | None) -> int:
+        """Room for up to ``n`` in memory, made by moving retries due after ``later_than_ms`` to the
+        retry queue as needed; returns the room there is."""
+        room = 2 * self.policy.memory_window - len(self.items)
+        if room < n:
+            self._queue_later_retries(n - room, later_than_ms)
+        return min(n, 2 * self.policy.memory_window - len(self.items))
+
+    def _unqueue(self, bucket: int, n: int) -> None:
+        index = self._rq[bucket]
+        own_from = self._rq_own_from.get(bucket, 0)
+        before = index.earliest_deadline_ms
+        for seq, p, intent in self.store.unqueue_retries(self.endpoint_id, bucket, index.take(n)):
+            did = p.delivery_id
+            self.counts["retries_paged_in"] += 1
+            self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
+            if did in self.items:
+                continue  # a replay loaded it meanwhile: that copy owns its schedule
+            if intent is not None and seq >= own_from and did not in self._superseded:
+                p = replace(p, stage=Stage.READY, intent=intent)  # queued by us, intent unused
+            else:
+                p = d.adopt(p)  # a restore's, or superseded: read its durable record first
+                self._may_have_twin.add(did)
+            self.store.put(p)
+            self._join_key(p, started=p.attempt_count > 0)
+            self._put(p)
+        self.queued_retries -= n
+        self.store.put_retry_bucket(bucket, index)
+        if not index.size:
+            del self._rq[bucket]
+            self._rq_own_from.pop(bucket, None)
+        elif index.earliest_deadline_ms != before:
+            heapq.heappush(self._rq_deadlines, (index.earliest_deadline_ms, bucket))
+
+    def _rq_top_start(self) -> int | None:
+        while self._rq_starts and self._rq_starts[0] not in self._rq:
+            heapq.heappop(self._rq_starts)
+        return self._rq_starts[0] if self._rq_starts else None
+
+    def _rq_top_deadline(self) -> tuple[int, int] | None:
+        """(earliest deadline, its bucket) over the retry queue."""
+        while self._rq_deadlines:
+            at, bucket = self._rq_deadlines[0]
+            index = self._rq.get(bucket)
+            if index is not None and index.earliest_deadline_ms == at:
+                return at, bucket
+            heapq.heappop(self._rq_deadlines)
+        return None
 
     # -- ordering keys (core.ordering) ---------------------------------------------------------
 
@@ -1016,6 +1195,12 @@ class EndpointDriver:
                 if self._may_send_auto(did):  # else it waits for its key's head (_requeue)
                     self._push_due(p)
                 heapq.heappush(self._deadlines, (p.delivery.expires_at_ms, _rank(p), self._seq, did))
+                if len(self._latest) > 2 * len(self.items) + 64:  # mostly stale entries: rebuild it
+                    self._latest = [(-q.next_attempt_at_ms, 0, q.delivery_id)
+                                    for q in self.items.values() if self._may_queue(q)]
+                    heapq.heapify(self._latest)
+                elif self._may_queue(p):
+                    heapq.heappush(self._latest, (-p.next_attempt_at_ms, self._seq, did))
 
     def _oldest_manual(self, n: int) -> list[Pending]:
         """The ``n`` deliveries whose waiting manual request is oldest, oldest first (stale heap
@@ -1044,6 +1229,7 @@ class EndpointDriver:
         self._front_since.pop(did, None)
         self._work.discard(did)
         self._manual.discard(did)
+        self._may_have_twin.discard(did)
         self.store.remove(did)
 
     def _top(self, heap: list[tuple[int, int, int, str]]) -> Pending | None:

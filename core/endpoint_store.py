@@ -16,6 +16,12 @@ written rarely and lag behind:
 | waiting deliveries, intent)   | sequence no.  | memory window; moved back to the     | page at a time; entries of |
 |                               | + head/tail   | pending map a page at a time, FIFO   | an earlier incarnation are |
 |                               |               |                                      | CHECKed like the others    |
+| retry queue (retries moved    | keyed map by  | when memory is full and earlier-due  | bucket index read back;    |
+| out of memory, intent)        | bucket:seq    | work waits for it, latest next       | a bucket comes back once   |
+|                               | + keyed map   | attempt first; moved back to the     | it starts; entries of an   |
+|                               | bucket ->     | pending map once due (bucket start)  | earlier incarnation are    |
+|                               | RetryBucket   | or past the bucket's earliest        | CHECKed like the others    |
+|                               |               | deadline                             |                            |
 | ordering key, operator's skip | in the        | with the entry; a skip as it arrives | re-joins its key (a head   |
 | of a pending delivery         | pending entry |                                      | sent before stays head);   |
 |                               |               |                                      | applies the skip           |
@@ -39,11 +45,20 @@ only the window back), in arrival order, which for fresh deliveries is also next
 deadline order. A spilled entry keeps its reserved intent: paged back in by the incarnation that
 spilled it, it is sent with that intent at once; paged in after a restore it is CHECKed first,
 because that incarnation may have paged it in and sent it after the checkpoint.
+
+The retry queue keeps memory for the work due soonest: retries the receiver keeps refusing would
+otherwise fill it for a day and hold fresh work in the overflow queue behind them. Its entries
+are keyed by due-time bucket (``retry_bucket_ms``) and, within one, by a sequence number (FIFO), so
+it is read back in due-time order with an index of one entry per bucket -- bounded by the longest
+back-off, not by how many retries wait. An entry keeps its reserved intent and is CHECKed after a
+restore, like the overflow queue's. Both are new state names: a savepoint taken before they
+existed restores with both queues empty.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from core.breaker import BreakerState
@@ -116,6 +131,49 @@ def decode_spilled(t: SpilledDelivery, endpoint_id: str) -> tuple[Pending, Inten
     return decode(t[1], endpoint_id, t[0]), (Intent(t[2], t[3]) if len(t) > 2 else None)
 
 
+NO_DEADLINE = 2**62
+
+
+@dataclass
+class RetryBucket:
+    """The index of one retry-queue bucket: a FIFO of sequence numbers [head, tail), and a bound on
+    its earliest deadline kept in two parts, so that it is exact again once the entries read past
+    are gone: ``older_min`` bounds [head, mark) -- exact when the mark was set, a lower bound once
+    entries from its head have left -- and ``newer_min`` is exact for [mark, tail)."""
+
+    head: int = 0
+    mark: int = 0
+    tail: int = 0
+    older_min: int = NO_DEADLINE
+    newer_min: int = NO_DEADLINE
+
+    @property
+    def size(self) -> int:
+        return self.tail - self.head
+
+    @property
+    def earliest_deadline_ms(self) -> int:
+        return min(self.older_min if self.head < self.mark else NO_DEADLINE,
+                   self.newer_min if self.mark < self.tail else NO_DEADLINE)
+
+    def append(self, deadline_ms: int) -> int:
+        """The sequence number of a new entry."""
+        self.newer_min = min(self.newer_min, deadline_ms)
+        self.tail += 1
+        return self.tail - 1
+
+    def take(self, n: int) -> range:
+        """The sequence numbers of the ``n`` oldest entries, which leave the bucket."""
+        seqs = range(self.head, self.head + n)
+        self.head += n
+        if self.head >= self.mark:  # the older part is gone: the newer one becomes it
+            self.older_min, self.mark, self.newer_min = self.newer_min, self.tail, NO_DEADLINE
+        return seqs
+
+    def stored(self) -> tuple[int, int, int, int, int]:
+        return (self.head, self.mark, self.tail, self.older_min, self.newer_min)
+
+
 def with_manual(t: StoredDelivery, requests: tuple[ManualRequest, ...]) -> StoredDelivery:
     """The stored delivery with more manual requests owed, and nothing else of it changed."""
     return (*t[:_MANUAL], (*t[_MANUAL], *(_request(m) for m in requests)), *t[_MANUAL + 1:])
@@ -156,6 +214,12 @@ class EndpointStore(Protocol):
     def unspill(self, endpoint_id: str, seqs: range) -> list[tuple[int, Pending, Intent | None]]: ...
     def peek_spilled(self, endpoint_id: str, seq: int) -> Pending | None: ...
 
+    def retry_buckets(self) -> Iterable[tuple[int, RetryBucket]]: ...
+    def put_retry_bucket(self, bucket: int, index: RetryBucket) -> None: ...
+    def queue_retry(self, bucket: int, seq: int, p: Pending) -> None: ...
+    def unqueue_retries(self, endpoint_id: str, bucket: int,
+                        seqs: range) -> list[tuple[int, Pending, Intent | None]]: ...
+
 
 class InMemoryEndpointStore:
     """The same contract in plain dicts: unit and model-based tests, no Flink. Entries go through
@@ -171,6 +235,8 @@ class InMemoryEndpointStore:
         self.gone: int | None = None
         self.spilled: dict[int, SpilledDelivery] = {}
         self.spill_head_tail = (0, 0)
+        self.retry_queue: dict[tuple[int, int], SpilledDelivery] = {}  # (bucket, seq) -> entry
+        self.retry_bucket_index: dict[int, tuple[int, int, int, int, int]] = {}  # RetryBucket.stored()
         self.writes = 0  # state writes, for tests that bound them
 
     def entries(self, endpoint_id: str) -> Iterable[Pending]:
@@ -259,3 +325,32 @@ class InMemoryEndpointStore:
 
     def spilled_ids(self) -> set[str]:
         return {t[0] for t in self.spilled.values()}
+
+    def retry_buckets(self) -> Iterable[tuple[int, RetryBucket]]:
+        return [(bucket, RetryBucket(*t)) for bucket, t in self.retry_bucket_index.items()]
+
+    def put_retry_bucket(self, bucket: int, index: RetryBucket) -> None:
+        self.writes += 1
+        if index.size == 0:
+            self.retry_bucket_index.pop(bucket, None)
+        else:
+            self.retry_bucket_index[bucket] = index.stored()
+
+    def queue_retry(self, bucket: int, seq: int, p: Pending) -> None:
+        self.writes += 2
+        self.pending.pop(p.delivery_id, None)
+        self.retry_queue[(bucket, seq)] = encode_spilled(p)
+
+    def unqueue_retries(self, endpoint_id: str, bucket: int,
+                        seqs: range) -> list[tuple[int, Pending, Intent | None]]:
+        out = []
+        for seq in seqs:
+            t = self.retry_queue.pop((bucket, seq), None)
+            if t is None:
+                continue
+            self.writes += 1
+            out.append((seq, *decode_spilled(t, endpoint_id)))
+        return out
+
+    def queued_retry_ids(self) -> set[str]:
+        return {t[0] for t in self.retry_queue.values()}

@@ -97,8 +97,9 @@ METRICS = (
     "attempts", "succeeded", "retried", "failed", "expired", "endpoints_disabled", "adopted_after_restore",
     "final_not_resent", "history_write_failures", "expired_unrecorded", "manual_unrecorded", "replays",
     "replays_unknown", "replays_refused", "replays_duplicate", "manual_not_sent", "endpoint_holds",
-    "endpoint_internal_errors", "signing_key_errors", "spilled", "paged_in", "redrives", "redrives_known",
-    "throttled_rate_limit", "throttled_slots", "skips", "skips_not_held", "skips_not_head",
+    "endpoint_internal_errors", "signing_key_errors", "spilled", "paged_in", "retries_queued", "retries_paged_in",
+    "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots", "skips", "skips_not_held",
+    "skips_not_head",
     # The operator's own: passes made (for elements and timers), and timers that found nothing
     # finished and no driver wake due, so made none.
     "passes", "empty_polls")

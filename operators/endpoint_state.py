@@ -16,7 +16,15 @@ from pyflink.datastream.state import MapStateDescriptor, StateTtlConfig, ValueSt
 
 from core.breaker import BreakerState
 from core.dispatch import Intent, ManualRequest, Pending
-from core.endpoint_store import decode, decode_spilled, encode, encode_spilled, with_manual, with_skip
+from core.endpoint_store import (
+    RetryBucket,
+    decode,
+    decode_spilled,
+    encode,
+    encode_spilled,
+    with_manual,
+    with_skip,
+)
 from core.ratelimit import TokenBucket
 from core.records import EndpointConfig
 
@@ -51,6 +59,10 @@ class FlinkEndpointStore:
         self._gone = _value(rc, "gone-at-version", Types.LONG())
         self._spilled = rc.get_map_state(MapStateDescriptor("spilled", Types.LONG(), Types.PICKLED_BYTE_ARRAY()))
         self._spill_range = _value(rc, "spill-range")
+        # The retry queue: entries by "bucket:seq", and its index by bucket (core.endpoint_store).
+        self._retry_queue = _map(rc, "retry-queue")
+        self._retry_buckets = rc.get_map_state(
+            MapStateDescriptor("retry-queue-buckets", Types.LONG(), Types.PICKLED_BYTE_ARRAY()))
         # Deliveries whose payload entry exists, in memory: a state removal costs as much as a
         # put (a JNI call and, on RocksDB, a tombstone), and removing an entry that is not there
         # was a quarter of the dispatcher's task-thread time in a profile. A restore learns the
@@ -157,3 +169,28 @@ class FlinkEndpointStore:
     def peek_spilled(self, endpoint_id: str, seq: int) -> Pending | None:
         t = self._spilled.get(seq)
         return decode_spilled(t, endpoint_id)[0] if t is not None else None
+
+    def retry_buckets(self) -> Iterable[tuple[int, RetryBucket]]:
+        return [(bucket, RetryBucket(*t)) for bucket, t in self._retry_buckets.items()]
+
+    def put_retry_bucket(self, bucket: int, index: RetryBucket) -> None:
+        if index.size == 0:
+            self._retry_buckets.remove(bucket)
+        else:
+            self._retry_buckets.put(bucket, index.stored())
+
+    def queue_retry(self, bucket: int, seq: int, p: Pending) -> None:
+        self._pending.remove(p.delivery_id)
+        self._retry_queue.put(f"{bucket}:{seq}", encode_spilled(p))
+
+    def unqueue_retries(self, endpoint_id: str, bucket: int,
+                        seqs: range) -> list[tuple[int, Pending, Intent | None]]:
+        out = []
+        for seq in seqs:
+            key = f"{bucket}:{seq}"
+            t = self._retry_queue.get(key)
+            if t is None:
+                continue
+            self._retry_queue.remove(key)
+            out.append((seq, *decode_spilled(t, endpoint_id)))
+        return out

@@ -13,13 +13,14 @@ from cassandra import OperationTimedOut
 
 from core import dispatch
 from core.endpoint_driver import EndpointDriver
-from core.endpoint_store import InMemoryEndpointStore
+from core.endpoint_store import InMemoryEndpointStore, RetryBucket
 from core.fanout import NewDelivery
 from core.outcomes import HttpResult
 from core.records import EndpointConfig, EndpointStatus, EventRecord, SigningKey
 from core.settings import Settings
 from operators import dispatcher as dispatcher_module
 from operators.dispatcher import CONFIG, NEW, Dispatcher
+from operators.endpoint_state import FlinkEndpointStore
 from operators.write_batcher import BatchCompletion
 
 T0 = 1_700_000_000_000
@@ -96,6 +97,7 @@ class FakeRuntime:
 class FakeSender:
     def __init__(self, *_: Any) -> None:
         self.sent: list[str] = []
+        self.refuse: set[str] = set()  # deliveries the receiver answers 500
         self.fail_keys_at: int | None = None  # the how-manieth call of keys() raises, once
 
     def keys(self, cfg: EndpointConfig, now_ms: int) -> list[Any]:
@@ -108,8 +110,9 @@ class FakeSender:
 
     async def send(self, p: dispatch.Pending, payload: bytes, cfg: EndpointConfig, keys: Any) -> dispatch.SendReport:
         self.sent.append(p.delivery_id)
-        return dispatch.SendReport(result=HttpResult(status=200), started_at_ms=T0, finished_at_ms=T0, url=cfg.url,
-                                   endpoint_config_version=cfg.config_version)
+        status = 500 if p.delivery_id in self.refuse else 200
+        return dispatch.SendReport(result=HttpResult(status=status), started_at_ms=T0, finished_at_ms=T0,
+                                   url=cfg.url, endpoint_config_version=cfg.config_version)
 
     async def close(self) -> None:
         pass
@@ -418,3 +421,108 @@ def test_the_gauge_refresh_rebuilds_only_the_endpoints_a_pass_changed(monkeypatc
     w.new(2000, ep="ep_parked", tenant="t_2")  # a pass: its next refresh sees it
     w.fire_timers_until(w.timers.now + 1_000)
     assert w.d._gauges.pending_new == 101
+
+
+def test_retries_beyond_memory_are_queued_and_come_back_on_the_timer_the_driver_asks_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch, memory_window=2, page_size=1, breaker_failure_threshold=10**6)
+    refused = [f"dlv_{n}" for n in _ids(8)]
+    w.sender.refuse.update(refused)
+    for n in _ids(8):
+        w.new(n)
+        w.fire_timers_until(w.timers.now + 10)
+    for n in range(100, 104):  # fresh work the receiver accepts: memory is made for it
+        w.new(n)
+        w.fire_timers_until(w.timers.now + 500)
+    store = w.d._store.stores[w.ep]  # type: ignore[attr-defined]
+    assert store.retry_queue and all(f"dlv_{n}" in w.sender.sent for n in range(100, 104))
+    queued = store.queued_retry_ids()
+    due = min(store.retry_bucket_index)
+    assert any(at <= due for at, key in w.timers.set if key == w.ep)  # woken when the first bucket starts
+    sent_before = len(w.sender.sent)
+    w.fire_timers_until(T0 + 3_600_000)
+    assert not store.retry_queue or min(store.retry_bucket_index) > due
+    assert queued & set(w.sender.sent[sent_before:]), "queued retries were not paged back in and sent"
+
+
+class FakeMapState:
+    def __init__(self) -> None:
+        self.d: dict[Any, Any] = {}
+
+    def get(self, key: Any) -> Any:
+        return self.d.get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        self.d[key] = value
+
+    def remove(self, key: Any) -> None:
+        self.d.pop(key, None)
+
+    def contains(self, key: Any) -> bool:
+        return key in self.d
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return list(self.d.items())
+
+    def keys(self) -> list[Any]:
+        return list(self.d)
+
+
+class FakeValueState:
+    def __init__(self) -> None:
+        self.v: Any = None
+
+    def value(self) -> Any:
+        return self.v
+
+    def update(self, value: Any) -> None:
+        self.v = value
+
+    def clear(self) -> None:
+        self.v = None
+
+
+class FakeKeyedState:
+    """Flink keyed state of one key, by state name (a restore: a new store over the same one)."""
+
+    def __init__(self) -> None:
+        self.maps: dict[str, FakeMapState] = {}
+        self.values: dict[str, FakeValueState] = {}
+
+    def get_map_state(self, desc: Any) -> FakeMapState:
+        return self.maps.setdefault(desc.get_name(), FakeMapState())
+
+    def get_state(self, desc: Any) -> FakeValueState:
+        return self.values.setdefault(desc.get_name(), FakeValueState())
+
+
+def test_the_retry_queue_is_new_keyed_state_that_a_restore_reads_back() -> None:
+    state = FakeKeyedState()
+    store = FlinkEndpointStore(state)  # type: ignore[arg-type]
+    # A savepoint of the job before the retry queue restores: every state it had keeps its name
+    # (and format); the queue is two new names, empty in such a savepoint.
+    assert set(state.maps) == {"pending-v2", "payloads", "replays-to-load", "replay-request-ids", "spilled",
+                               "retry-queue", "retry-queue-buckets"}
+    assert set(state.values) == {"endpoint-config", "breaker", "bucket", "gone-at-version", "spill-range"}
+    assert list(store.retry_buckets()) == []
+    e = EventRecord(event_id="evt_1", tenant_id="t_1", event_type="invoice.paid", schema_version="1",
+                    object_id="", object_version=0, occurred_at_ms=T0, payload=b"")
+    p = dispatch.Pending(
+        delivery=NewDelivery(delivery_id="dlv_1", event=e, endpoint_id="ep_1", tenant_id="t_1",
+                             endpoint_config_version=1, created_at_ms=T0, expires_at_ms=T0 + 86_400_000),
+        stage=dispatch.Stage.READY, attempt_count=2, issued=3, next_attempt_at_ms=T0 + 65_432,
+        intent=dispatch.Intent(3, "att_3"))
+    store.put(p)
+    index = RetryBucket()
+    store.queue_retry(T0 + 65_000, index.append(p.delivery.expires_at_ms), p)
+    store.put_retry_bucket(T0 + 65_000, index)
+    assert store.entries("ep_1") == []  # out of the pending map: a restore reads it from the queue
+    restored = FlinkEndpointStore(state)  # type: ignore[arg-type]
+    ((bucket, got),) = restored.retry_buckets()
+    assert bucket == T0 + 65_000 and got == index and got.earliest_deadline_ms == T0 + 86_400_000
+    ((seq, back, intent),) = restored.unqueue_retries("ep_1", bucket, got.take(1))
+    assert seq == 0 and intent == p.intent
+    assert (back.delivery_id, back.attempt_count, back.issued, back.next_attempt_at_ms) == ("dlv_1", 2, 3, T0 + 65_432)
+    restored.put_retry_bucket(bucket, got)  # empty: the bucket leaves the index
+    assert not state.maps["retry-queue"].d and not state.maps["retry-queue-buckets"].d
+

@@ -72,7 +72,7 @@ from core.endpoint_driver import (
     Reserve,
     Send,
 )
-from core.endpoint_store import InMemoryEndpointStore
+from core.endpoint_store import InMemoryEndpointStore, decode_spilled
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
 from core.outcomes import ErrorClass, HttpResult
@@ -93,7 +93,8 @@ BAD_KEY = "does-not-decrypt"
 # Wakes the driver may ask for at (or before) now; the adapter makes them now + 1: one more pass
 # to start the work this one queued (expiries beyond one step's cap, CHECKs of restored
 # deliveries that came due), never a loop (the rate bound below would catch one).
-AT_ONCE = frozenset({"more deliveries past their deadline", "deadline", "restored deliveries due: read their records"})
+AT_ONCE = frozenset({"more deliveries past their deadline", "deadline", "restored deliveries due: read their records",
+                     "more queued retries due"})
 MAX_WAKES_PER_S = 5
 NEXT_IN_LINE = "next in line for a tenant or pool slot"
 WAKE_SLACK = 20  # back-off ramps (slot wait 10 ms -> 1 s), a few expiry passes
@@ -679,7 +680,7 @@ class Sim:
     # -- the end -----------------------------------------------------------------------------------
     def settled(self) -> bool:
         return (not self.io and all(self.db.final(did) for did in self.accepted)
-                and not any(s.pending or s.replay_requests or s.spilled for s in self.stores.values()))
+                and not any(s.pending or s.replay_requests or s.spilled or s.retry_queue for s in self.stores.values()))
 
     def drain(self, max_rounds: int = 120) -> None:
         """Receivers recover, Cassandra answers, time passes: everything must end."""
@@ -731,6 +732,7 @@ def blocked_by(drv: EndpointDriver, now: int) -> str | None:
 def check_all(sim: Sim) -> None:
     check_slots(sim)
     check_timely(sim)
+    check_memory_holds_what_is_due_soonest(sim)
     check_status_monotonic(sim)
     check_nothing_lost(sim)
     check_rows_cover_requests(sim)
@@ -778,6 +780,12 @@ def check_timely(sim: Sim) -> None:
     next retry is due, or within a slot / token back-off (<= 1 s here) when work is due now."""
     for ep, drv in sim.drivers.items():
         assert drv.config is not None or blocked_by(drv, sim.now) is not None
+        queued_due = min(drv._rq, default=None)  # the retry queue's next bucket, whatever the endpoint's state
+        if queued_due is not None and queued_due > sim.now:
+            first = min(sim.timers[ep], default=None)
+            assert first is not None and first <= queued_due, (
+                f"{ep} has queued retries due in {queued_due - sim.now} ms but its first timer is "
+                f"{'none' if first is None else first - sim.now} ms away")
         if blocked_by(drv, sim.now) is not None or drv.breaker.state is not brk.CircuitState.CLOSED:
             continue
         assert drv.config is not None
@@ -798,6 +806,29 @@ def check_timely(sim: Sim) -> None:
         assert first is not None and first <= limit, (
             f"{ep} has work due in {due - sim.now} ms but its first timer is "
             f"{'none' if first is None else first - sim.now} ms away")
+
+
+def check_memory_holds_what_is_due_soonest(sim: Sim) -> None:
+    """A fresh delivery waiting in the overflow queue while the fresh window has room for it, or a
+    queued retry that is due, is never kept out of a full memory by a retry due later (more than a
+    retry bucket from now) that could go to the retry queue instead. So on an endpoint that
+    accepts fresh work, retries refused for a day cannot delay it, however many there are."""
+    for ep, drv in sim.drivers.items():
+        policy = drv.policy
+        window = policy.memory_window
+        page = max(1, window // 2)
+        need = 0
+        if drv.spilled and window - len(drv._fresh) >= min(policy.page_size, page, drv.spilled):
+            need = min(policy.page_size, page, drv.spilled)
+        if any(b <= sim.now for b in drv._rq):
+            need = max(need, 1)
+        if not need or 2 * window - len(drv.items) >= need:
+            continue
+        later = sorted(did for did, p in drv.items.items()
+                       if drv._may_queue(p) and p.next_attempt_at_ms > sim.now + policy.retry_bucket_ms)
+        assert not later, (f"{ep}: memory full ({len(drv.items)} of {2 * window}) with work waiting for it"
+                           f" (overflow {drv.spilled}, due queued buckets {[b for b in drv._rq if b <= sim.now]}),"
+                           f" and it holds retries due later: {later}")
 
 
 def check_status_monotonic(sim: Sim) -> None:
@@ -835,22 +866,32 @@ def check_nothing_lost(sim: Sim) -> None:
         for did in drv._loading:
             assert (ep, "load", did) in in_flight, f"{did} loading with no load in flight"
         assert drv.spilled == len(sim.stores[ep].spilled), "the overflow queue's range and entries disagree"
+        index = sim.stores[ep].retry_bucket_index
+        assert drv.queued_retries == len(sim.stores[ep].retry_queue) == sum(t[2] - t[0] for t in index.values()), (
+            "the retry queue's index and entries disagree")
+        assert {b: e.stored() for b, e in drv._rq.items()} == index, "retry queue index: memory and keyed state differ"
+        for (bucket, seq), t in sim.stores[ep].retry_queue.items():
+            assert index[bucket][0] <= seq < index[bucket][2], f"queued retry {t[0]} outside its bucket's range"
+            assert bucket <= decode_spilled(t, ep)[0].next_attempt_at_ms < bucket + drv.policy.retry_bucket_ms
         # a queued copy that comes back sendable (queued by this incarnation, not superseded) is
         # the only copy: two would both be sent
         sendable_queued = {t[0] for seq, t in sim.stores[ep].spilled.items()
                            if seq >= drv._own_from and len(t) > 2 and t[0] not in drv._superseded}
+        sendable_queued |= {t[0] for (bucket, seq), t in sim.stores[ep].retry_queue.items()
+                            if seq >= drv._rq_own_from.get(bucket, 0) and len(t) > 2 and t[0] not in drv._superseded}
         assert not sendable_queued & set(drv.items), "a delivery both in memory and queued to come back sendable"
     for ep in EPS:
         live = sim.drivers.get(ep)
         if (live is not None and (live.items or live._loads)) or sim.stores[ep].pending \
-                or sim.stores[ep].replay_requests or sim.stores[ep].spilled:
+                or sim.stores[ep].replay_requests or sim.stores[ep].spilled or sim.stores[ep].retry_queue:
             assert sim.timers[ep] or sim.io_busy(ep), f"{ep} holds work with no timer and no I/O in flight"
     for did, d in sim.accepted.items():
         if sim.db.final(did):
             continue
         owner = sim.drivers.get(d.endpoint_id)
         store = sim.stores[d.endpoint_id]
-        held = (did in owner.items if owner is not None else did in store.pending) or did in store.spilled_ids()
+        held = ((did in owner.items if owner is not None else did in store.pending) or did in store.spilled_ids()
+                or did in store.queued_retry_ids())
         assert held, f"{did} is neither final in Cassandra nor held: {sim.db.status.get(did)}"
 
 
@@ -914,11 +955,16 @@ class DriverMachine(RuleBasedStateMachine):
     sim: Sim
 
     @initialize(seed=st.integers(0, 2**16), lag=st.sampled_from(EPS + [""]), pool=st.sampled_from([2, 4]),
-                quota=st.sampled_from([1, 2, 2]))
-    def init(self, seed: int, lag: str, pool: int, quota: int) -> None:
-        # A tiny memory window: the overflow queue is in play in every run.
-        window = int(os.environ.get("MODEL_WINDOW", "3"))  # explore without the queue: a large one
-        self.sim = Sim(seed=seed, pool=pool, quota=quota, policy=make_policy(memory_window=window, page_size=2))
+                quota=st.sampled_from([1, 2, 2]), patient=st.sampled_from([False, False, True]))
+    def init(self, seed: int, lag: str, pool: int, quota: int, patient: bool = False) -> None:
+        # A tiny memory window: the overflow queue is in play in every run. A patient breaker
+        # (some runs) stays closed through refusals: memory fills with retries while the receiver
+        # is sent fresh work, which is when the retry queue is in play.
+        window = int(os.environ.get("MODEL_WINDOW", "3"))  # explore without the queues: a large one
+        policy = make_policy(memory_window=window, page_size=2, retry_bucket_ms=250)
+        if patient:
+            policy = replace(policy, breaker=replace(BREAKER, failure_threshold=10**6, fast_failure_threshold=10**6))
+        self.sim = Sim(seed=seed, pool=pool, quota=quota, policy=policy)
         for ep in EPS:
             self.sim.publish(ep, deliver=ep != lag)
 
@@ -926,6 +972,24 @@ class DriverMachine(RuleBasedStateMachine):
     def new_deliveries(self, ep: str, age: int, n: int) -> None:
         for _ in range(n):
             self.sim.new_delivery(ep, age)
+
+    @rule(ep=st.sampled_from(EPS), n=st.integers(4, 10))
+    def refused_burst(self, ep: str, n: int) -> None:
+        """``n`` deliveries whose every request the receiver refuses (500) as it leaves, the
+        endpoint's storage answering meanwhile: retries fill memory (the breaker opens first
+        unless it is patient)."""
+        sim = self.sim
+        for _ in range(n):
+            sim.new_delivery(ep)
+        for _ in range(4 * n):
+            mine = [io for io in sim.io if io.ep == ep]
+            if not mine:
+                break
+            io = min(mine, key=lambda o: o.seq)
+            if io.kind == "send":
+                sim.finish(io, report=RESULTS["500"])
+            else:
+                sim.finish(io)
 
     @precondition(lambda self: any(self.sim.now - d.created_at_ms > self.sim.policy.fresh_window_ms
                                    for d in self.sim.accepted.values()))
