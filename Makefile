@@ -34,7 +34,7 @@ chaos: setup ## the brief's fault matrix on the real stack; report and charts in
 	@bash stack/test.sh --chaos
 
 .PHONY: chaos-cluster
-chaos-cluster: setup ## rescale under load and TaskManager loss (the cluster's node faults join later); report in .run/chaos-cluster/ (WEBHOOKS_CHAOS_STACK names the stack, default: default)
+chaos-cluster: setup ## rescale under load and TaskManager loss on the stack that is up, then Kafka broker, Cassandra node (kill, pause) and control-plane replica loss on a cluster topology it brings up beside it (tests/integration/test_chaos_cluster_nodes.py); report in .run/chaos-cluster/ (WEBHOOKS_CHAOS_STACK names the stack, default: default)
 	@bash stack/test.sh --chaos-cluster
 
 .PHONY: cluster-check
