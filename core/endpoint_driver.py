@@ -914,7 +914,7 @@ class EndpointDriver:
         expired = self._spill_head_expires is not None and self._spill_head_expires <= now_ms
         if window - len(self._fresh) >= page:
             # Fresh work waits: retries in memory not due within a bucket make room for it.
-            self._make_room(page, now_ms + self.policy.retry_bucket_ms)
+            self._make_room(page, now_ms + self.policy.retry_bucket_ms, now_ms)
         if min(window - len(self._fresh), 2 * window - len(self.items)) >= page:
             n = page
         elif expired and len(self.items) < 2 * window:
@@ -967,14 +967,17 @@ class EndpointDriver:
                 and p.attempt_count > 0 and p.intent is not None and p.skip is None
                 and not self._order.key_of(p.delivery_id))
 
-    def _queue_later_retries(self, n: int, later_than_ms: int | None) -> None:
+    def _queue_later_retries(self, n: int, later_than_ms: int | None, now_ms: int) -> None:
         """Move up to ``n`` retries out of memory, latest next attempt first, each due after
         ``later_than_ms`` (None: whenever, to make room for work past its deadline)."""
         while n > 0 and self._latest:
             neg_at, _, did = self._latest[0]
             p = self.items.get(did)
-            if p is None or p.next_attempt_at_ms != -neg_at or not self._may_queue(p):
-                heapq.heappop(self._latest)  # stale
+            if (p is None or p.next_attempt_at_ms != -neg_at or not self._may_queue(p)
+                    # past its deadline: it expires from memory (moved out, it would come back
+                    # for the same reason and be moved out again, for ever)
+                    or p.delivery.expires_at_ms <= now_ms):
+                heapq.heappop(self._latest)
                 continue
             if later_than_ms is not None and p.next_attempt_at_ms <= later_than_ms:
                 return  # the rest are due sooner: memory already holds what is due soonest
@@ -1022,7 +1025,7 @@ class EndpointDriver:
                 bucket, later_than = start, now_ms + self.policy.retry_bucket_ms
             else:
                 break
-            n = self._make_room(min(budget, page, self._rq[bucket].size), later_than)
+            n = self._make_room(min(budget, page, self._rq[bucket].size), later_than, now_ms)
             if n <= 0:
                 break  # memory holds work due as soon: finished work drives the endpoint
             self._unqueue(bucket, n)
@@ -1047,12 +1050,12 @@ class EndpointDriver:
             # finished work drives the endpoint; look again within a second in any case.
             dec.wake_at(now_ms + self.policy.slot_wait_max_ms, "retry queue waits for memory")
 
-    def _make_room(self, n: int, later_than_ms: int | None) -> int:
+    def _make_room(self, n: int, later_than_ms: int | None, now_ms: int) -> int:
         """Room for up to ``n`` in memory, made by moving retries due after ``later_than_ms`` to the
         retry queue as needed; returns the room there is."""
         room = 2 * self.policy.memory_window - len(self.items)
         if room < n:
-            self._queue_later_retries(n - room, later_than_ms)
+            self._queue_later_retries(n - room, later_than_ms, now_ms)
         return min(n, 2 * self.policy.memory_window - len(self.items))
 
     def _unqueue(self, bucket: int, n: int) -> None:
