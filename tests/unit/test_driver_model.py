@@ -33,7 +33,11 @@ Invariants (checked after every rule, and in every pass):
    through an open breaker, nor beyond the in-flight cap; a request never uses a config older than
    the delivery's, of another tenant, or of a disabled endpoint; a manual request only for the
    tenant and endpoint that own the delivery, and never again once its outcome was durable at the
-   last checkpoint (unless Kafka delivered the request again after a restore).
+   last checkpoint (unless Kafka delivered the request again after a restore);
+7. memory holds the work due soonest: a fresh delivery waiting in the overflow queue with room in
+   the fresh window, or a queued retry that is due, is never kept out of a full memory by a retry
+   due later that could go to the retry queue; the retry queue's index matches its entries, each in
+   its due-time bucket, and an endpoint with queued retries has a timer by the first bucket's start.
 
 At the end (teardown) the world drains: I/O succeeds, time passes; every delivery must end final
 in Cassandra, every valid manual request must have its own attempt row (sent or not_sent), and
