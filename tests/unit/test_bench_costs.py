@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -93,14 +94,20 @@ def test_the_stack_groups_on_the_delivery_path_stay_as_they_were(tmp_path: Path)
         "taskmanagers", "jobmanager", "kafka", "cassandra", "control-plane"}
 
 
-def test_every_server_of_the_stack_records_its_pid_where_the_idle_sample_looks() -> None:
+def test_every_server_of_the_stack_records_its_pid_where_the_idle_sample_looks(tmp_path: Path) -> None:
     # whole_stack_groups finds the stack's processes by lib.sh's layout (.run/<part>/pid): every
-    # server the issue lists must be started through start_bg, which records it there.
+    # server is started through start_bg, which records it there, under a part the topology names.
     stack = Path(__file__).parents[2] / "stack"
     assert 'echo $! > "$RUN/$part/pid"' in (stack / "lib.sh").read_text()
-    started = {m.group(1) for f in stack.glob("*.sh") for m in re.finditer(r"start_bg ([a-z-]+) ", f.read_text())}
-    assert started >= {"kafka", "cassandra", "flink-jm", "flink-tm", "connect", "postgres", "control-plane",
-                       "prometheus", "pushgateway"}
+    call = re.compile(r"^\s*start_bg (\S+) ", re.M)
+    starters = {m.group(1) for f in stack.glob("*.sh") for m in call.finditer(f.read_text())}
+    assert starters <= {'"$part"', "archiver", "connect", "flink-jm", "flink-tm", "postgres", "pushgateway",
+                        "prometheus", "s3proxy"}, "a server started outside start_bg's part layout"
+    env = {"PATH": os.environ["PATH"], "WEBHOOKS_RUN_DIR": str(tmp_path), "TOPOLOGY": "single"}
+    parts = subprocess.run(["bash", "-c", f"source {stack / 'lib.sh'} && topology_parts"], env=env,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert set(parts) >= {"kafka", "cassandra", "flink-jm", "flink-tm", "connect", "postgres", "control-plane",
+                          "prometheus", "pushgateway"}
 
 
 def test_cores_are_cpu_seconds_over_wall_seconds_by_group_largest_first() -> None:
