@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import signal
@@ -126,7 +127,7 @@ def _cluster_stack(receiver: Receiver, certs: Path) -> Iterator[ClusterStack]:
         # answered INTERNAL: "CAS operation result is unknown - proposal accepted by 1 but not a
         # quorum"); the faults start once a tenant can be created on each replica.
         for ch in replicas:
-            eventually(lambda ch=ch: _tenant_created(ch, settings), timeout=180, interval=3,
+            eventually(functools.partial(_tenant_created, ch, settings), timeout=180, interval=3,
                        what="a tenant created through the replica")
         try:
             yield ClusterStack(env, settings, RUN_DIR, replicas, driver.connect(settings.cassandra.keyspace), driver)
