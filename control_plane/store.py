@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from cassandra import ConsistencyLevel, DriverException
 from cassandra.cluster import NoHostAvailable, Session
+from cassandra.protocol import ErrorMessage
 from cassandra.query import PreparedStatement
 
 from control_plane.domain import (
@@ -265,6 +266,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+_CAS_WRITE_UNKNOWN = 0x1700
+
+
 def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -274,6 +278,12 @@ def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
             # A timed-out LWT may or may not have applied; the caller retries and the version
             # check (or the idempotency key) makes the retry safe.
             raise Unavailable(f"storage unavailable ({type(exc).__name__}); retry") from exc
+        except ErrorMessage as exc:
+            # Protocol v5's CAS_WRITE_UNKNOWN (a proposal a minority of replicas accepted; seen on a
+            # 3-node ring under concurrent creates) has no driver class: the same as a timed-out LWT.
+            if exc.code != _CAS_WRITE_UNKNOWN:
+                raise
+            raise Unavailable("storage unavailable (LWT result unknown); retry") from exc
 
     return wrapper
 
