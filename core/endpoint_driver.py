@@ -34,7 +34,7 @@ from typing import Literal
 from core import breaker as brk
 from core import dispatch as d
 from core import ordering, ratelimit, telemetry
-from core.dispatch import Pending, Stage, replace
+from core.dispatch import Intent, Pending, Stage, replace
 from core.endpoint_store import EndpointStore, RetryBucket
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
@@ -922,19 +922,8 @@ class EndpointDriver:
         if n:
             head = self._spill_head
             for seq, p, intent in self.store.unspill(self.endpoint_id, range(head, head + n)):
-                did = p.delivery_id
                 self.counts["paged_in"] += 1
-                self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
-                if did in self.items:
-                    continue  # a replay loaded it meanwhile: that copy owns its schedule
-                if intent is not None and seq >= self._own_from and did not in self._superseded:
-                    p = replace(p, stage=Stage.READY, intent=intent)  # spilled by us, intent unused
-                else:
-                    p = d.adopt(p)  # a restore's, or superseded: read its durable record first
-                    self._may_have_twin.add(did)
-                self.store.put(p)
-                self._join_key(p, started=p.attempt_count > 0)
-                self._put(p)
+                self._take_back(p, intent, ours=seq >= self._own_from)
             self._spill_head = head + n
             self.store.put_spill_range(self._spill_head, self._spill_tail)
             self._spill_head_expires = self._peek_spill_head()
@@ -1050,6 +1039,22 @@ class EndpointDriver:
             # finished work drives the endpoint; look again within a second in any case.
             dec.wake_at(now_ms + self.policy.slot_wait_max_ms, "retry queue waits for memory")
 
+    def _take_back(self, p: Pending, intent: Intent | None, ours: bool) -> None:
+        """One delivery paged back into memory from either queue. ``ours``: put there by this
+        incarnation (its unused reserved attempt still holds) rather than by one before a restore."""
+        did = p.delivery_id
+        self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
+        if did in self.items:
+            return  # a replay loaded it meanwhile: that copy owns its schedule
+        if intent is not None and ours and did not in self._superseded:
+            p = replace(p, stage=Stage.READY, intent=intent)  # queued by us, intent unused
+        else:
+            p = d.adopt(p)  # a restore's, or superseded: read its durable record first
+            self._may_have_twin.add(did)
+        self.store.put(p)
+        self._join_key(p, started=p.attempt_count > 0)
+        self._put(p)
+
     def _make_room(self, n: int, later_than_ms: int | None, now_ms: int) -> int:
         """Room for up to ``n`` in memory, made by moving retries due after ``later_than_ms`` to the
         retry queue as needed; returns the room there is."""
@@ -1063,19 +1068,8 @@ class EndpointDriver:
         own_from = self._rq_own_from.get(bucket, 0)
         before = index.earliest_deadline_ms
         for seq, p, intent in self.store.unqueue_retries(self.endpoint_id, bucket, index.take(n)):
-            did = p.delivery_id
             self.counts["retries_paged_in"] += 1
-            self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
-            if did in self.items:
-                continue  # a replay loaded it meanwhile: that copy owns its schedule
-            if intent is not None and seq >= own_from and did not in self._superseded:
-                p = replace(p, stage=Stage.READY, intent=intent)  # queued by us, intent unused
-            else:
-                p = d.adopt(p)  # a restore's, or superseded: read its durable record first
-                self._may_have_twin.add(did)
-            self.store.put(p)
-            self._join_key(p, started=p.attempt_count > 0)
-            self._put(p)
+            self._take_back(p, intent, ours=seq >= own_from)
         self.queued_retries -= n
         self.store.put_retry_bucket(bucket, index)
         if not index.size:

@@ -57,6 +57,10 @@ set +e
 # The fault matrix's long faults (minutes each) are `make chaos`, the rescale and node-loss faults
 # `make chaos-cluster`; faults 1-4 run here.
 # The slowest tests are listed at the end: the suite must stay well under 30 minutes on 2 cores.
+# String hashing is seeded per process, and the driver iterates sets of delivery ids: fixed here so
+# that the derandomized property and model tests explore the same cases in every run and a red run
+# reproduces (export PYTHONHASHSEED=random, or another seed, to explore other orders).
+export PYTHONHASHSEED="${PYTHONHASHSEED:-0}"
 "$PY" -m pytest -q -p no:cacheprovider --durations=20 -m "not chaos_full and not chaos_cluster and not cluster" "$@"
 rc=$?
 set -e
