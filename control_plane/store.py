@@ -14,11 +14,13 @@ import calendar
 import functools
 import heapq
 import json
+import random
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar
 
-from cassandra import ConsistencyLevel, DriverException
+from cassandra import ConsistencyLevel, DriverException, WriteTimeout, WriteType
 from cassandra.cluster import NoHostAvailable, Session
 from cassandra.protocol import ErrorMessage
 from cassandra.query import PreparedStatement
@@ -267,6 +269,19 @@ R = TypeVar("R")
 
 
 _CAS_WRITE_UNKNOWN = 0x1700
+# An LWT whose outcome Cassandra could not learn is tried this many times in all before the call
+# answers UNAVAILABLE, backing off a random 25-200 ms, doubling: on a ring, concurrent creates of
+# one tenant (one partition of `endpoints`) contend in Paxos and a few of them come back unknown.
+_LWT_TRIES = 4
+_LWT_BACKOFF_S = (0.025, 0.2)
+
+
+def _outcome_unknown(exc: BaseException) -> bool:
+    """Cassandra could not tell whether this LWT applied: a CAS write timeout, or protocol v5's
+    CAS_WRITE_UNKNOWN (a proposal a minority accepted), which has no driver class."""
+    if isinstance(exc, WriteTimeout):
+        return getattr(exc, "write_type", None) == WriteType.CAS
+    return isinstance(exc, ErrorMessage) and exc.code == _CAS_WRITE_UNKNOWN
 
 
 def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
@@ -401,7 +416,8 @@ class CassandraStore:
     @_unavailable_on_driver_error
     def create_tenant(self, tenant: Tenant) -> bool:
         return self._applied(
-            "tenant_insert", (tenant.tenant_id, tenant.name, _dt(tenant.created_at_ms), tenant.verify_endpoints)
+            "tenant_insert", (tenant.tenant_id, tenant.name, _dt(tenant.created_at_ms), tenant.verify_endpoints),
+            mine=lambda row: row.get("name") == tenant.name and _ms(row.get("created_at")) == tenant.created_at_ms,
         )
 
     @_unavailable_on_driver_error
@@ -463,19 +479,32 @@ class CassandraStore:
     @_unavailable_on_driver_error
     def insert_endpoint(self, endpoint: Endpoint) -> bool:
         s = endpoint.spec
+        keys = _keys_to_json(endpoint.signing_keys)
         return self._applied(
             "endpoint_insert",
             (endpoint.tenant_id, endpoint.endpoint_id, s.url, s.description, list(s.event_types),
              s.rate_limit_per_s, s.max_in_flight, dict(s.metadata), endpoint.status.value,
              endpoint.config_version, endpoint.published_version,
-             _keys_to_json(endpoint.signing_keys), _dt(endpoint.created_at_ms),
+             keys, _dt(endpoint.created_at_ms),
              _dt(endpoint.updated_at_ms), endpoint.changed_by, endpoint.change, _payload_policy(s),
              _challenge_json(endpoint.challenge), s.ordering_key or None),
+            # The row a retry finds is this call's own when it holds the key sealed here (its
+            # nonce is this call's): the create answers with its secret, not as a repeat.
+            mine=lambda row: row.get("signing_keys") == keys,
         )
 
     @_unavailable_on_driver_error
     def replace_endpoint(self, endpoint: Endpoint, expected_version: int) -> bool:
         s = endpoint.spec
+        keys = _keys_to_json(endpoint.signing_keys)
+
+        def mine(_row: dict[str, Any]) -> bool:
+            # A failed condition returns only config_version: read the row to tell this call's
+            # write (its version, time and sealed keys) from a concurrent change's.
+            now = self._first("endpoint_get", (endpoint.tenant_id, endpoint.endpoint_id))
+            return (now is not None and now["config_version"] == endpoint.config_version
+                    and now["signing_keys"] == keys and _ms(now["updated_at"]) == endpoint.updated_at_ms)
+
         return self._applied(
             "endpoint_replace",
             (s.url, s.description, list(s.event_types), s.rate_limit_per_s, s.max_in_flight,
@@ -484,6 +513,7 @@ class CassandraStore:
              endpoint.changed_by, endpoint.change, _payload_policy(s), _challenge_json(endpoint.challenge),
              s.ordering_key or None, endpoint.tenant_id, endpoint.endpoint_id,
              expected_version),
+            mine=mine,
         )
 
     @_unavailable_on_driver_error
@@ -562,7 +592,9 @@ class CassandraStore:
 
     @_unavailable_on_driver_error
     def claim_request(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        row = self._first(
+        # A retry after an unknown outcome that finds the claim taken finds this call's own when
+        # it applied: the same fingerprint and endpoint id, which the service treats as a repeat.
+        row, _ = self._lwt(
             "request_claim",
             (record.tenant_id, record.request_id, record.fingerprint, record.endpoint_id,
              _dt(record.created_at_ms)),
@@ -694,9 +726,35 @@ class CassandraStore:
     def _first(self, name: str, params: Sequence[Any]) -> dict[str, Any] | None:
         return next(self._execute(name, params), None)
 
-    def _applied(self, name: str, params: Sequence[Any]) -> bool:
-        row = self._first(name, params)
-        return row is not None and bool(row["[applied]"])
+    def _applied(self, name: str, params: Sequence[Any],
+                 mine: Callable[[dict[str, Any]], bool] | None = None) -> bool:
+        """Whether an LWT applied (sent by _lwt). If an earlier try's outcome was unknown and a
+        later one finds the condition false, ``mine`` says whether the row it found is that try's
+        own write (applied after all) or another writer's."""
+        row, unknown = self._lwt(name, params)
+        if row is None:
+            return False
+        if row["[applied]"]:
+            return True
+        return unknown and mine is not None and mine(row)
+
+    def _lwt(self, name: str, params: Sequence[Any]) -> tuple[dict[str, Any] | None, bool]:
+        """An LWT's result row, and whether a try before it came back unknown. A try whose
+        outcome Cassandra could not learn is sent again (the condition makes that safe) up to
+        _LWT_TRIES times; still unknown after the last, the error is raised (UNAVAILABLE at the
+        API: the caller retries)."""
+        backoff = _LWT_BACKOFF_S[0]
+        for attempt in range(_LWT_TRIES):
+            try:
+                return self._first(name, params), attempt > 0
+            except (WriteTimeout, ErrorMessage) as exc:
+                if not _outcome_unknown(exc) or attempt == _LWT_TRIES - 1:
+                    raise
+                self._sleep(random.uniform(backoff / 2, backoff))
+                backoff = min(backoff * 2, _LWT_BACKOFF_S[1])
+        raise AssertionError("unreachable")  # the last try returns or raises
+
+    _sleep = staticmethod(time.sleep)
 
 
 def _rows(result: Any) -> Iterator[dict[str, Any]]:

@@ -206,13 +206,6 @@ def list_endpoints(ch: grpc.Channel, api_key: str) -> set[str]:
         cursor = r.next_cursor
 
 
-# A known defect outside this test (control_plane/store.py, not this helper's to edit): on the
-# ring, CreateEndpoint's lightweight transaction (INSERT ... IF NOT EXISTS at LOCAL_SERIAL) under
-# concurrent creates fails with Cassandra's "CAS operation result is unknown - proposal accepted
-# by 1 but not a quorum" and the API answers INTERNAL, neither retried nor a retriable status. It
-# failed the load tenant's 4 concurrent creates before the fault in 3 of 3 runs (twice on a fresh
-# cluster). Fix: retry the CAS (its request_id makes it idempotent) or answer UNAVAILABLE.
-@pytest.mark.xfail(raises=grpc.RpcError, strict=True, reason="CreateEndpoint's CAS unknown result answers INTERNAL")
 def test_a_control_plane_replica_sigkilled_while_endpoints_are_created(cluster: ClusterStack,
                                                                        receiver: Receiver) -> None:
     c, s = cluster, cluster.settings
