@@ -63,6 +63,13 @@ class CassandraSettings(BaseModel):
     # driver's default backs off to 600 s: after a short outage every client (the dispatcher,
     # the control plane, tests) stayed unavailable for minutes after Cassandra was back.
     reconnect_max_delay_s: float = Field(default=5.0, gt=0)
+    # The dispatcher's history reads and writes (all idempotent: explicit write timestamps, no
+    # counters) go to a second replica when the first has not answered within this delay. A node
+    # that hangs (a long GC, SIGSTOP) keeps its connections open, so without it every request it
+    # coordinates waits out the 10 s request timeout, and the one history batch in flight holds
+    # back every write behind it (healthy first attempts p99 ~29 s on the 3-node ring during a 30 s
+    # hang). One node (the local stack) has no second replica: nothing is sent twice. 0: off.
+    speculative_delay_ms: int = Field(default=500, ge=0)
     # Consistency of every history write and of the reads that drive decisions (the dispatcher's
     # check before re-sending, replay loads; the control plane's reads). LOCAL_QUORUM survives one
     # replica down per DC at RF 3 and reads what a quorum acknowledged; LOCAL_ONE would let a

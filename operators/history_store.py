@@ -31,7 +31,12 @@ from typing import Any
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, ResponseFuture, Session
-from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
+from cassandra.policies import (
+    ConstantSpeculativeExecutionPolicy,
+    DCAwareRoundRobinPolicy,
+    ExponentialReconnectionPolicy,
+    TokenAwarePolicy,
+)
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
 from core import history_rows
@@ -83,7 +88,10 @@ class CassandraHistory:
         profile = ExecutionProfile(
             load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
             consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
-            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL)
+            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+            speculative_execution_policy=(
+                ConstantSpeculativeExecutionPolicy(settings.speculative_delay_ms / 1000, max_attempts=1)
+                if settings.speculative_delay_ms else None))
         self._cluster = Cluster(
             settings.contact_points,
             port=settings.port,
@@ -106,7 +114,13 @@ class CassandraHistory:
             min_interval_s=settings.history_batch_min_interval_ms / 1000)
 
     def _prepare(self) -> None:
-        p = self._session.prepare
+        def p(cql: str) -> Any:
+            # Every statement here is idempotent (explicit write timestamps or the same cells
+            # again, no counters): the driver may send it to a second replica (speculative_delay_ms).
+            stmt = self._session.prepare(cql)
+            stmt.is_idempotent = True
+            return stmt
+
         self._insert_event = p(
             "INSERT INTO events (event_id, tenant_id, event_type, schema_version, object_id, object_version,"
             " occurred_at, payload, payload_sha256, ingested_at) VALUES (?,?,?,?,?,?,?,?,?,?) USING TIMESTAMP ?"
@@ -311,6 +325,7 @@ class CassandraHistory:
             rf = self._session.execute_async(*statements[0])
         else:
             batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            batch.is_idempotent = True  # of idempotent statements (_prepare)
             for stmt, params in statements:
                 batch.add(stmt, params)
             rf = self._session.execute_async(batch)
