@@ -68,7 +68,7 @@ class CassandraSettings(BaseModel):
     # that hangs (a long GC, SIGSTOP) keeps its connections open, so without it every request it
     # coordinates waits out the 10 s request timeout, and the one history batch in flight holds
     # back every write behind it (healthy first attempts p99 ~29 s on the 3-node ring during a 30 s
-    # hang). One node (the local stack) has no second replica: nothing is sent twice. 0: off.
+    # hang). Only with more than one node at the job's start (the local stack has one). 0: off.
     speculative_delay_ms: int = Field(default=500, ge=0)
     # Consistency of every history write and of the reads that drive decisions (the dispatcher's
     # check before re-sending, replay loads; the control plane's reads). LOCAL_QUORUM survives one

@@ -88,10 +88,7 @@ class CassandraHistory:
         profile = ExecutionProfile(
             load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
             consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
-            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
-            speculative_execution_policy=(
-                ConstantSpeculativeExecutionPolicy(settings.speculative_delay_ms / 1000, max_attempts=1)
-                if settings.speculative_delay_ms else None))
+            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL)
         self._cluster = Cluster(
             settings.contact_points,
             port=settings.port,
@@ -106,6 +103,11 @@ class CassandraHistory:
             reconnection_policy=ExponentialReconnectionPolicy(0.5, settings.reconnect_max_delay_s, max_attempts=None),
         )
         self._session: Session = self._cluster.connect(settings.keyspace)
+        if settings.speculative_delay_ms and len(self._cluster.metadata.all_hosts()) > 1:
+            # A second try goes to the next replica of the query plan; a cluster of one node has
+            # none, and would only pay a timer per request for it.
+            profile.speculative_execution_policy = ConstantSpeculativeExecutionPolicy(
+                settings.speculative_delay_ms / 1000, max_attempts=1)
         self._sem: asyncio.Semaphore | None = None
         self._prepare()
         self._batcher = WriteBatcher(
