@@ -8,13 +8,15 @@ recorded. Through it: an endpoint created on each control-plane replica, events 
 (the outbox through Kafka Connect, and straight to Kafka), every one delivered to both endpoints;
 then the shape itself: every platform topic at RF 3 with min.insync.replicas=2, Kafka's offsets
 topic at RF 3, the keyspace at RF 3, the job at parallelism 2 (max 256) with subtasks on both
-TaskManagers; last, what the cluster costs at idle (stack.cluster_cost, printed).
+TaskManagers; what the cluster costs at idle (stack.cluster_cost, printed); last, the README's tour
+as written against it (test_readme_tour.walk_tour).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 import uuid
@@ -33,6 +35,7 @@ from outbox.producer import write_event
 from stack.isolation import harness_cluster, settings_with
 from stack.topics import topic_specs
 from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.integration.test_readme_tour import README, fresh_terminal, tour_commands, walk_tour
 from tests.support.receiver import Receiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -66,7 +69,7 @@ def wipe(env: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster_env(certs: Path, receiver: Receiver) -> Iterator[dict[str, str]]:
+def cluster_env(certs: Path, receiver: Receiver, listen_port: int) -> Iterator[dict[str, str]]:
     port = int((receiver.base_url or "").rsplit(":", 1)[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WEBHOOKS_", "TOPOLOGY", "LOCAL_RECEIVERS"))}
     # The beside file first: lib.sh keeps what the environment already sets.
@@ -74,9 +77,10 @@ def cluster_env(certs: Path, receiver: Receiver) -> Iterator[dict[str, str]]:
     env.update({
         "WEBHOOKS_RUN_DIR": str(RUN_DIR),
         "TOPOLOGY": "cluster",
-        # The tour's switch, with the session receiver's port and the test CA.
+        # The tour's switch, with the session receiver's and the tour listener's ports and the
+        # test CA (the stack's dev CA, .run/certs, which `webhookctl listen` serves with).
         "LOCAL_RECEIVERS": "1",
-        "WEBHOOKS_EGRESS__ALLOWED_PORTS": json.dumps([443, port]),
+        "WEBHOOKS_EGRESS__ALLOWED_PORTS": json.dumps([443, port, listen_port]),
         "WEBHOOKS_DISPATCH__CA_BUNDLE": str(certs / "ca.pem"),
     })
     wipe(env)
@@ -179,6 +183,20 @@ def test_the_cluster_delivers_through_both_control_planes_at_rf3_on_two_taskmana
                           cwd=REPO_ROOT, env=cluster_env, capture_output=True, text=True, timeout=60)
     print(f"\nidle cost, job running, no traffic:\n{cost.stdout}{cost.stderr}")
     assert cost.returncode == 0
+
+
+def test_the_readme_tour_works_against_the_cluster(cluster_env: dict[str, str], cluster_settings: Settings,
+                                                   listen_port: int) -> None:
+    """The README's tour as written, after its `make run LOCAL_RECEIVERS=1` (here: the cluster,
+    brought up with that switch by cluster_env), against control-plane replica 1 and the
+    cluster's outbox: the listener's verified delivery, `deliveries get`, the replay's attempt 2."""
+    commands = tour_commands(README.read_text())
+    make = shlex.split(commands.pop(0), comments=True)
+    assert make[:2] == ["make", "run"] and "LOCAL_RECEIVERS=1" in make[2:], make
+    assert cluster_env["LOCAL_RECEIVERS"] == "1" and cluster_env["TOPOLOGY"] == "cluster"
+    s = cluster_settings
+    lines = walk_tour(commands, fresh_terminal(s.control_plane.port, s.outbox.dsn, listen_port))
+    assert any(" attempt 2 " in line and "verified yes" in line for line in lines), lines
 
 
 def _get(url: str) -> dict:  # type: ignore[type-arg]

@@ -121,15 +121,26 @@ def test_the_readme_tour_works_as_written(control_plane: str, delivery_job: str,
     assert out.returncode == 0, out.stderr
     assert exported["WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS"] == job_env["WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS"]
 
-    # A fresh terminal: webhookctl not on PATH until the tour activates the venv, no credentials.
+    walk_tour(commands, fresh_terminal(int(control_plane.rsplit(":", 1)[1]), relay.settings.outbox.dsn, listen_port))
+
+
+def fresh_terminal(control_plane_port: int, outbox_dsn: str, listen_port: int) -> dict[str, str]:
+    """A new terminal's environment: webhookctl not on PATH until the tour activates the venv, no
+    credentials; only the addresses of the stack under test (variables webhookctl reads)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("WEBHOOKS_", "WEBHOOKCTL_")) and k not in ("VIRTUAL_ENV", "LOCAL_RECEIVERS")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != VENV_BIN)
     env.update({
-        "WEBHOOKS_CONTROL_PLANE__PORT": control_plane.rsplit(":", 1)[1],
-        "WEBHOOKS_OUTBOX__DSN": relay.settings.outbox.dsn,
+        "WEBHOOKS_CONTROL_PLANE__PORT": str(control_plane_port),
+        "WEBHOOKS_OUTBOX__DSN": outbox_dsn,
         "WEBHOOKCTL_LISTEN_PORT": str(listen_port),
     })
+    return env
+
+
+def walk_tour(commands: list[str], env: dict[str, str]) -> list[str]:
+    """Run the tour's lines after `make run` in a terminal with ``env`` (`webhookctl listen` in a
+    second one), asserting what a reader sees at each step; returns the listener's lines."""
     term = Terminal(env)
     listener: Background | None = None
     seen: dict[str, str] = {}
@@ -166,6 +177,7 @@ def test_the_readme_tour_works_as_written(control_plane: str, delivery_job: str,
         assert listener.interrupt() == 0, "\n".join(listener.lines)
         assert any("deleted endpoint" in s for s in listener.lines), "\n".join(listener.lines)
         print("\nthe listener's terminal:\n" + "\n".join(listener.lines))  # what a reader sees (-s)
+        return listener.lines
     finally:
         if listener is not None and listener.proc.poll() is None:
             os.killpg(listener.proc.pid, signal.SIGKILL)
