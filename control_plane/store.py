@@ -296,7 +296,7 @@ def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
         except ErrorMessage as exc:
             # Protocol v5's CAS_WRITE_UNKNOWN (a proposal a minority of replicas accepted; seen on a
             # 3-node ring under concurrent creates) has no driver class: the same as a timed-out LWT.
-            if exc.code != _CAS_WRITE_UNKNOWN:
+            if not _outcome_unknown(exc):
                 raise
             raise Unavailable("storage unavailable (LWT result unknown); retry") from exc
 

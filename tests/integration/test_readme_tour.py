@@ -138,9 +138,9 @@ def fresh_terminal(control_plane_port: int, outbox_dsn: str, listen_port: int) -
     return env
 
 
-def walk_tour(commands: list[str], env: dict[str, str]) -> list[str]:
+def walk_tour(commands: list[str], env: dict[str, str]) -> None:
     """Run the tour's lines after `make run` in a terminal with ``env`` (`webhookctl listen` in a
-    second one), asserting what a reader sees at each step; returns the listener's lines."""
+    second one), asserting what a reader sees at each step."""
     term = Terminal(env)
     listener: Background | None = None
     seen: dict[str, str] = {}
@@ -177,7 +177,6 @@ def walk_tour(commands: list[str], env: dict[str, str]) -> list[str]:
         assert listener.interrupt() == 0, "\n".join(listener.lines)
         assert any("deleted endpoint" in s for s in listener.lines), "\n".join(listener.lines)
         print("\nthe listener's terminal:\n" + "\n".join(listener.lines))  # what a reader sees (-s)
-        return listener.lines
     finally:
         if listener is not None and listener.proc.poll() is None:
             os.killpg(listener.proc.pid, signal.SIGKILL)
