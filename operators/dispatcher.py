@@ -225,7 +225,9 @@ class Dispatcher(KeyedProcessFunction):
         try:
             drv = self._driver(endpoint_id)
             if kind == NEW:
-                self._add_new(drv, item, now)
+                if (self._add_new(drv, item, now)
+                        and self._wakes.defer(endpoint_id, now, self._settings.dispatch.harvest_interval_ms)):
+                    return  # in keyed state already; the timer due within a harvest interval steps it
             elif kind == REDRIVE:
                 # Reconciliation's repair: CHECKed against Cassandra first, so a delivery that is
                 # final there is not sent again; one this driver already holds is left alone.

@@ -534,3 +534,44 @@ def test_the_retry_queue_is_new_keyed_state_that_a_restore_reads_back() -> None:
     restored.put_retry_bucket(bucket, got)  # empty: the bucket leaves the index
     assert not state.maps["retry-queue"].d and not state.maps["retry-queue-buckets"].d
 
+
+
+def _touched(w: World) -> list[str]:
+    """Deliveries of ep_1 with I/O started (their CHECK or creation write), in no order."""
+    return sorted(key for _, key in w.d._io._by_endpoint.get(w.ep, {}))
+
+
+def test_deliveries_arriving_while_a_look_is_due_within_the_harvest_interval_wait_for_it_together(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under load an endpoint has I/O in flight and a look due within one harvest interval: a new
+    # delivery joins the driver (and keyed state) and waits for that look, which steps them all in
+    # one pass, instead of a pass of its own each.
+    w = World(monkeypatch)
+    w.new(1)
+    assert _touched(w) == ["dlv_1"]  # nothing was due: a pass at once, its I/O in flight
+    passes = w.d._counts["passes"]
+    w.timers.now += 1
+    for n in range(2, 6):
+        w.new(n)
+    assert w.d._counts["passes"] == passes, "a pass per delivery while a look was due anyway"
+    assert _touched(w) == ["dlv_1"]
+    assert all(f"dlv_{n}" in w.d._store.stores["ep_1"].pending for n in _ids(5)), "each in keyed state at once"
+    look = min(t for t, key in w.timers.set if key == w.ep)
+    assert look <= T0 + 10  # the harvest interval
+    w.fire_timers_until(look)
+    assert w.d._counts["passes"] == passes + 1, "one pass stepped the four"
+    assert set(_touched(w)) >= {f"dlv_{n}" for n in range(2, 6)}
+    for _ in range(20):
+        w.fire_timers_until(w.timers.now + 50)
+    assert sorted(w.sender.sent) == sorted(f"dlv_{n}" for n in _ids(5))
+
+
+def test_a_delivery_to_an_endpoint_with_nothing_due_soon_is_stepped_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Light load: nothing in flight, no look due, so waiting would only add latency.
+    w = World(monkeypatch)
+    w.new(1)
+    w.fire_timers_until(T0 + 1_000)
+    assert w.sender.sent == ["dlv_1"]
+    w.timers.now += 60_000
+    w.new(2)
+    assert _touched(w) == ["dlv_2"]
