@@ -177,8 +177,8 @@ class FlinkSettings(BaseModel):
     # savepoint, fixed for the state's life (changing it needs a state migration). None: Flink's
     # own choice (128 at these parallelisms, or the restored savepoint's), which is what every
     # existing savepoint of the single-node stack was taken with. The cluster topology sets 256
-    # for the brief's peak: ~55 subtasks (README, scale-out sheet) get 4-5 key groups each, the
-    # busiest 1.07x the mean (with 128: 2-3 each, 1.29x), and rescaling has room to 256.
+    # for the brief's peak: ~42 subtasks (README, scale-out sheet) get 6-7 key groups each, the
+    # busiest 1.15x the mean (with 128: 3-4 each, 1.31x), and rescaling has room to 256.
     max_parallelism: int | None = Field(default=None, ge=1, le=32768)
     checkpoint_interval_ms: int = Field(default=5000, ge=100)
     # Dedupe memory for event_ids: longer than any replay window of the events topic.
