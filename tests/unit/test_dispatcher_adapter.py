@@ -535,7 +535,6 @@ def test_the_retry_queue_is_new_keyed_state_that_a_restore_reads_back() -> None:
     assert not state.maps["retry-queue"].d and not state.maps["retry-queue-buckets"].d
 
 
-
 def _touched(w: World) -> list[str]:
     """Deliveries of ep_1 with I/O started (their CHECK or creation write), in no order."""
     return sorted(key for _, key in w.d._io._by_endpoint.get(w.ep, {}))
