@@ -28,6 +28,7 @@ class SignalConsumer:
             "group.id": f"{settings.consumer_group}.control-plane-signals",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
+            "fetch.wait.max.ms": settings.control_fetch_max_wait_ms,  # librdkafka's name (core.settings)
         })
         self._consumer.subscribe([settings.signals_topic])
         self._endpoints = endpoints

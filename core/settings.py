@@ -42,6 +42,15 @@ class KafkaSettings(BaseModel):
     # cluster.env) sets 3 and 2: one broker may be lost with nothing acknowledged lost.
     replication_factor: int = Field(default=1, ge=1)
     min_insync_replicas: int = Field(default=1, ge=1)
+    # Longest the broker holds a fetch that found nothing (fetch.max.wait.ms), for the consumers
+    # whose records are not on an event's way to its first attempt: the job's replay requests and
+    # the control plane's endpoint signals. A fetch is answered as soon as a record is there, so
+    # this only sets how often an idle consumer asks (Kafka's 500 ms: twice a second, all day).
+    # The events and endpoints sources keep Kafka's 500 ms: after a broker dies, the partitions
+    # that moved to another broker join a consumer's fetch only when its fetch in flight there
+    # returns, up to this long later (docs/performance.md: 5 s on the events source put the
+    # healthy tenant's first-attempt p99 at 7.1 s while a broker was down).
+    control_fetch_max_wait_ms: int = Field(default=5_000, ge=1)
 
     @model_validator(mode="after")
     def _min_insync_within_replicas(self) -> KafkaSettings:
@@ -192,14 +201,16 @@ class FlinkSettings(BaseModel):
     python_execution_mode: str = "thread"
     # Longest a network buffer between operators waits to fill before it is sent, on the event
     # path (parse -> fan-out -> dispatch). Flink's default (100 ms) is paid at each exchange when
-    # traffic is light, which was most of the first-attempt latency.
-    buffer_timeout_ms: int = Field(default=2, ge=0)
+    # traffic is light, which was most of the first-attempt latency. 0 is Flink's "flush after
+    # every record": each record's buffer goes as it is written and the task has no output
+    # flusher. A flusher wakes at its period whatever the traffic (two at 2 ms were ~1 % of an
+    # idle TaskManager's core), while sending per record costs only while records flow. A cluster
+    # whose exchanges cross machines at high rates may prefer a few ms, to batch network sends.
+    buffer_timeout_ms: int = Field(default=0, ge=0)
     # The same for every other exchange (endpoint configs and clock ticks, replay requests, dead
-    # letters, the table planner's): each task's output flusher wakes at this period whatever the
-    # traffic, and eight at 2 ms were ~3 % of a core of an idle TaskManager. Ticks promise a lease
-    # of a second, so 100 ms more on their way costs no event a wait (core/fanout.py), and a
-    # replay or a config change is not measured in milliseconds.
-    control_buffer_timeout_ms: int = Field(default=100, ge=1)
+    # letters, the table planner's). They carry a few records a second, so per-record sends cost
+    # nothing, and no flusher wakes for them either (eight at 100 ms were ~0.3 % of a core).
+    control_buffer_timeout_ms: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _parallelism_within_max(self) -> FlinkSettings:

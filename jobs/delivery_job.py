@@ -40,19 +40,23 @@ from operators.replays import ParseReplays
 RAW = SimpleStringSchema("ISO-8859-1")
 
 
-def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bool) -> KafkaSource:
+def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bool,
+            fetch_max_wait_ms: int | None = None) -> KafkaSource:
+    """``fetch_max_wait_ms``: how long the broker may hold an empty fetch (None: Kafka's 500 ms)."""
     k = settings.kafka
     start = (KafkaOffsetsInitializer.earliest() if from_earliest else
              KafkaOffsetsInitializer.committed_offsets(KafkaOffsetResetStrategy.EARLIEST))
-    return (KafkaSource.builder()
-            .set_bootstrap_servers(k.bootstrap_servers)
-            .set_topics(topic)
-            .set_group_id(f"{k.consumer_group}.{group_suffix}")
-            .set_starting_offsets(start)
-            .set_value_only_deserializer(RAW)
-            .set_property("commit.offsets.on.checkpoint", "true")
-            .set_property("partition.discovery.interval.ms", "60000")
-            .build())
+    builder = (KafkaSource.builder()
+               .set_bootstrap_servers(k.bootstrap_servers)
+               .set_topics(topic)
+               .set_group_id(f"{k.consumer_group}.{group_suffix}")
+               .set_starting_offsets(start)
+               .set_value_only_deserializer(RAW)
+               .set_property("commit.offsets.on.checkpoint", "true")
+               .set_property("partition.discovery.interval.ms", "60000"))
+    if fetch_max_wait_ms is not None:
+        builder = builder.set_property("fetch.max.wait.ms", str(fetch_max_wait_ms))
+    return builder.build()
 
 
 def _endpoint_topic(env: StreamExecutionEnvironment, settings: Settings) -> DataStream:
@@ -138,7 +142,8 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                         .flat_map(ParseEndpointRecord(), Types.PICKLED_BYTE_ARRAY())
                         .set_parallelism(1)
                         .uid(uids.PARSE_ENDPOINTS).name("parse endpoint configs"))
-    replays = (env.from_source(_source(settings, k.replays_topic, "replays", False), no_wm, "replays")
+    replays = (env.from_source(_source(settings, k.replays_topic, "replays", False, k.control_fetch_max_wait_ms),
+                               no_wm, "replays")
                .uid(uids.REPLAYS_SOURCE).name("Kafka: " + k.replays_topic)
                .flat_map(ParseReplays(), DISPATCH_INPUT)
                .uid(uids.PARSE_REPLAYS).name("parse replay requests"))

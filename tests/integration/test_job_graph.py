@@ -31,3 +31,69 @@ def test_every_operator_not_pinned_to_one_subtask_runs_at_the_configured_paralle
     # translates the endpoints table: fan-out and dispatch fell to one subtask at any setting.
     assert {c: p for c, p in rest.items() if p != 3} == {}
     assert any("dispatch" in c for c in rest) and any("fan-out" in c for c in rest)
+
+
+def _edges(settings):  # (from operator name, to operator name, buffer timeout ms) of every exchange
+    from jobs.delivery_job import build_pipeline, make_env
+
+    env = make_env(settings)
+    build_pipeline(env, settings)
+    graph = env._generate_stream_graph()  # what execute() submits, after the Python operators are configured
+    nodes = list(graph.getStreamNodes().toArray())
+    names = {n.getId(): n.getOperatorName() for n in nodes}
+    return [(names[e.getSourceId()], names[e.getTargetId()], e.getBufferTimeout())
+            for n in nodes for e in n.getOutEdges()]
+
+
+@pytest.mark.parametrize(("env", "event_path_ms", "other_ms"), [
+    ({}, 0, 0),  # the defaults: no exchange of the job has an output flusher
+    ({"WEBHOOKS_FLINK__BUFFER_TIMEOUT_MS": "3", "WEBHOOKS_FLINK__CONTROL_BUFFER_TIMEOUT_MS": "7"}, 3, 7),
+])
+def test_each_exchange_gets_the_buffer_timeout_of_its_path(env, event_path_ms, other_ms):
+    # A buffer timeout belongs to the operator an edge leaves from. 0 is Flink's "flush after
+    # every record": no output flusher thread waking every few ms on an idle TaskManager.
+    edges = _edges(settings_with(env))
+    event_path = [e for e in edges if e[0] in ("parse events", "dedupe + fan-out")]
+    assert ("parse events", "dedupe + fan-out", event_path_ms) in event_path, edges
+    assert ("dedupe + fan-out", "dispatch (per endpoint)", event_path_ms) in event_path, edges
+    assert {e[2] for e in event_path} == {event_path_ms}, event_path
+    rest = [e for e in edges if e not in event_path]
+    assert len(rest) > 10 and {e[2] for e in rest} == {other_ms}, rest
+
+
+def _source_props(settings):  # source name -> the consumer properties of the KafkaSource it runs
+    from pyflink.java_gateway import get_gateway
+
+    from jobs.delivery_job import build_pipeline, make_env
+
+    env = make_env(settings)
+    build_pipeline(env, settings)
+    jvm = get_gateway().jvm
+
+    def field(cls, name):
+        f = cls._java_lang_class.getDeclaredField(name)
+        f.setAccessible(True)
+        return f
+
+    factory_source = field(jvm.org.apache.flink.streaming.api.operators.SourceOperatorFactory, "source")
+    props = field(jvm.org.apache.flink.connector.kafka.source.KafkaSource, "props")
+    out = {}
+    for node in env._generate_stream_graph().getStreamNodes().toArray():
+        factory = node.getOperatorFactory()
+        if factory is not None and factory.getClass().getSimpleName() == "SourceOperatorFactory":
+            source = factory_source.get(factory)
+            if source.getClass().getSimpleName() == "KafkaSource":
+                out[node.getOperatorName()] = props.get(source)
+    return out
+
+
+def test_the_replay_source_long_polls_the_broker_and_the_event_source_keeps_kafkas_wait():
+    # An idle consumer asks once per fetch.max.wait.ms. The events source keeps Kafka's 500 ms:
+    # after a broker dies, moved partitions join a consumer's fetch only when the one in flight
+    # returns (core/settings.py).
+    settings = settings_with({})
+    k = settings.kafka
+    sources = _source_props(settings)
+    events, replays = sources[f"Source: Kafka: {k.events_topic}"], sources[f"Source: Kafka: {k.replays_topic}"]
+    assert events.getProperty("fetch.max.wait.ms") is None
+    assert replays.getProperty("fetch.max.wait.ms") == str(k.control_fetch_max_wait_ms) == "5000"
