@@ -25,4 +25,7 @@ def test_the_signal_consumer_waits_at_the_broker_as_long_as_the_settings_say(mon
     monkeypatch.setattr(signals, "Consumer", _Recorder)
     consumer = signals.SignalConsumer(KafkaSettings(control_fetch_max_wait_ms=wait_ms), endpoints=None)  # type: ignore[arg-type]
     assert consumer._consumer.config["fetch.wait.max.ms"] == wait_ms
-    assert KafkaSettings().control_fetch_max_wait_ms == 5000  # Kafka's own default is 500
+
+
+def test_the_default_wait_is_five_seconds_not_kafkas_half_second():
+    assert KafkaSettings().control_fetch_max_wait_ms == 5000
