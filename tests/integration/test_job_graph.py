@@ -33,13 +33,17 @@ def test_every_operator_not_pinned_to_one_subtask_runs_at_the_configured_paralle
     assert any("dispatch" in c for c in rest) and any("fan-out" in c for c in rest)
 
 
-def _edges(settings):  # (from operator name, to operator name, buffer timeout ms) of every exchange
+def _stream_nodes(settings):
+    """The nodes of the stream graph execute() would submit (after the Python operators are configured)."""
     from jobs.delivery_job import build_pipeline, make_env
 
     env = make_env(settings)
     build_pipeline(env, settings)
-    graph = env._generate_stream_graph()  # what execute() submits, after the Python operators are configured
-    nodes = list(graph.getStreamNodes().toArray())
+    return list(env._generate_stream_graph().getStreamNodes().toArray())
+
+
+def _edges(settings):  # (from operator name, to operator name, buffer timeout ms) of every exchange
+    nodes = _stream_nodes(settings)
     names = {n.getId(): n.getOperatorName() for n in nodes}
     return [(names[e.getSourceId()], names[e.getTargetId()], e.getBufferTimeout())
             for n in nodes for e in n.getOutEdges()]
@@ -64,10 +68,6 @@ def test_each_exchange_gets_the_buffer_timeout_of_its_path(env, event_path_ms, o
 def _source_props(settings):  # source name -> the consumer properties of the KafkaSource it runs
     from pyflink.java_gateway import get_gateway
 
-    from jobs.delivery_job import build_pipeline, make_env
-
-    env = make_env(settings)
-    build_pipeline(env, settings)
     jvm = get_gateway().jvm
 
     def field(cls, name):
@@ -78,7 +78,7 @@ def _source_props(settings):  # source name -> the consumer properties of the Ka
     factory_source = field(jvm.org.apache.flink.streaming.api.operators.SourceOperatorFactory, "source")
     props = field(jvm.org.apache.flink.connector.kafka.source.KafkaSource, "props")
     out = {}
-    for node in env._generate_stream_graph().getStreamNodes().toArray():
+    for node in _stream_nodes(settings):
         factory = node.getOperatorFactory()
         if factory is not None and factory.getClass().getSimpleName() == "SourceOperatorFactory":
             source = factory_source.get(factory)
