@@ -160,8 +160,12 @@ class DispatchSettings(BaseModel):
     # it waits in keyed state (~250 B each) and comes back page_size at a time.
     memory_window: int = Field(default=20_000, ge=2)
     page_size: int = Field(default=1_000, ge=1)
-    # How often the dispatcher harvests finished requests (processing-time timer).
+    # How often the dispatcher harvests finished requests (processing-time timer) of an endpoint
+    # with one or two in flight; an endpoint with more is looked at less often, up to
+    # harvest_busy_max_ms (operators/io_tracker.py: each look finds several then, and costs
+    # the same). Setting both equal gives a fixed interval.
     harvest_interval_ms: int = Field(default=10, ge=1)
+    harvest_busy_max_ms: int = Field(default=40, ge=1)
     # Per-endpoint metric series (pending, consecutive failures, breaker open; label
     # endpoint_id) for `webhookctl stats`' top failing endpoints. Off by default: one series set
     # per endpoint ever held by the job, so only where endpoints number in the thousands.

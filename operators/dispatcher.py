@@ -226,7 +226,7 @@ class Dispatcher(KeyedProcessFunction):
             drv = self._driver(endpoint_id)
             if kind == NEW:
                 if (self._add_new(drv, item, now)
-                        and self._wakes.defer(endpoint_id, now, self._settings.dispatch.harvest_interval_ms)):
+                        and self._wakes.defer(endpoint_id, now, self._poll_interval(endpoint_id))):
                     return  # in keyed state already; the timer due within a harvest interval steps it
             elif kind == REDRIVE:
                 # Reconciliation's repair: CHECKed against Cassandra first, so a delivery that is
@@ -275,13 +275,21 @@ class Dispatcher(KeyedProcessFunction):
                 # Only a look at I/O in flight, and none of it finished: look again, without a pass.
                 self._counts["empty_polls"] += 1
                 self._history.flush_if_due()  # a lingering history batch is never stranded
-                poll = self._io.poll_at(key, now, self._settings.dispatch.harvest_interval_ms)
+                poll = self._poll_at(key, now)
                 self._register(ctx, self._wakes.next_timer(key, poll, now))
                 self._housekeeping(ctx, now, changed=False)
                 return
             yield from self._pass(key, self._driver(key), ctx, now)
         except Exception as exc:  # noqa: BLE001 -- see process_element
             self._contain(key, ctx, now, exc)
+
+    def _poll_interval(self, endpoint_id: str) -> int:
+        d = self._settings.dispatch
+        return self._io.poll_interval(endpoint_id, d.harvest_interval_ms, d.harvest_busy_max_ms)
+
+    def _poll_at(self, endpoint_id: str, now: int) -> int | None:
+        d = self._settings.dispatch
+        return self._io.poll_at(endpoint_id, now, d.harvest_interval_ms, d.harvest_busy_max_ms)
 
     def _driver(self, endpoint_id: str) -> EndpointDriver:
         drv = self._drivers.get(endpoint_id)
@@ -310,7 +318,7 @@ class Dispatcher(KeyedProcessFunction):
         if drv.held_until_ms > now and (wake is None or drv.held_until_ms < wake):
             wake = drv.held_until_ms  # held by send_not_started, after the step chose its wake
         self._wakes.asked(endpoint_id, wake)
-        poll = self._io.poll_at(endpoint_id, now, self._settings.dispatch.harvest_interval_ms)
+        poll = self._poll_at(endpoint_id, now)
         self._register(ctx, self._wakes.next_timer(endpoint_id, poll, now))
         self._changed.add(endpoint_id)
         moved = health.breaker_changed(self._breakers_reported.get(endpoint_id), drv.breaker.state)

@@ -70,17 +70,29 @@ class IoTracker:
     def busy(self, endpoint_id: str) -> bool:
         return bool(self._by_endpoint.get(endpoint_id))
 
-    def poll_at(self, endpoint_id: str, now_ms: int, base_ms: int) -> int | None:
+    def poll_interval(self, endpoint_id: str, base_ms: int, busy_max_ms: int) -> int:
+        """How often young I/O of this endpoint is looked at: every ``base_ms`` with one or two in
+        flight, one ``base_ms`` more for each further two, at most ``busy_max_ms``. A look costs a
+        timer and a crossing into Python whatever it finds, and a busy endpoint's looks each find
+        several completions when they are rarer: at full load (eight requests in flight, their
+        writes beside them) a look every 40 ms instead of 10, while a lightly loaded endpoint, one
+        request at a time, still has its answer noticed within 10 ms."""
+        io = self._by_endpoint.get(endpoint_id)
+        n = len(io) if io else 0
+        return max(base_ms, min(busy_max_ms, base_ms * (n // 2)))
+
+    def poll_at(self, endpoint_id: str, now_ms: int, base_ms: int, busy_max_ms: int) -> int | None:
         """When to look at this endpoint's I/O again (None: nothing in flight). Young I/O is
-        checked every ``base_ms``; I/O that has run a while at a quarter of its age (at most once
-        a second), so a thousand hanging requests cost about a thousand timer calls per second
-        instead of a hundred thousand, and a slow answer is noticed within ~25 % of its latency."""
+        checked every :meth:`poll_interval`; I/O that has run a while at a quarter of its age (at
+        most once a second), so a thousand hanging requests cost about a thousand timer calls per
+        second instead of a hundred thousand, and a slow answer is noticed within ~25 % of its
+        latency."""
         io = self._by_endpoint.get(endpoint_id)
         if not io:
             return None
         youngest = max(started for _, started, _, _ in io.values())
-        return now_ms + max(base_ms, min(1000, (now_ms - youngest) // 4))
-
+        young = self.poll_interval(endpoint_id, base_ms, busy_max_ms)
+        return now_ms + max(young, min(1000, (now_ms - youngest) // 4))
 
 def _mark_ready(ready: set[str], endpoint_id: str, _fut: Any) -> None:
     """A done-callback, on whichever thread completed the future."""

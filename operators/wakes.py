@@ -5,10 +5,10 @@ due, a breaker probe, a slot back-off...: :class:`core.endpoint_driver.Wake`) an
 its I/O in flight (:meth:`IoTracker.poll_at`). They are kept apart so that a timer that was only
 a poll, and finds nothing finished, costs a lookup and a re-armed timer instead of a pass.
 
-A new delivery for an endpoint whose timer is due within one harvest interval anyway (it has I/O in
-flight under load) waits for that timer: it is in the driver and in keyed state at once, and the
-timer's pass steps every delivery that arrived meanwhile together (:meth:`Wakes.defer`), instead of
-a pass of its own each. An endpoint with nothing due soon gets its pass at once: at light load
+A new delivery for an endpoint whose timer is due within one poll interval anyway (it has I/O
+in flight under load; :meth:`IoTracker.poll_interval`) waits for that timer: it is in the driver
+and in keyed state at once, and the timer's pass steps every delivery that arrived meanwhile
+together (:meth:`Wakes.defer`), instead of a pass of its own each. An endpoint with nothing due soon gets its pass at once: at light load
 waiting would only add latency.
 
 Which timers are set is known in memory only: after a restore Flink re-fires the checkpointed

@@ -565,6 +565,46 @@ def test_deliveries_arriving_while_a_look_is_due_within_the_harvest_interval_wai
     assert sorted(w.sender.sent) == sorted(f"dlv_{n}" for n in _ids(5))
 
 
+def _busy(w: World) -> int:
+    """Eight deliveries with their creation writes in flight; the time of the endpoint's next look."""
+    w.history.slow = True
+    for n in _ids(8):
+        w.new(n)
+    w.fire_timers_until(T0 + 10)  # the first look steps the seven that waited for it
+    assert len(_touched(w)) == 8
+    return min(t for t, key in w.timers.set if key == w.ep)
+
+
+@pytest.mark.parametrize(("busy_max", "look_after_ms"), [
+    (40, 40),  # the default: eight writes in flight, one look every 40 ms
+    (10, 10),  # both settings equal: a fixed interval
+])
+def test_a_busy_endpoint_is_looked_at_less_often(monkeypatch: pytest.MonkeyPatch, busy_max: int,
+                                                 look_after_ms: int) -> None:
+    # Each look is a timer and a crossing into Python; with many requests in flight a rarer look
+    # finds several finished.
+    w = World(monkeypatch, harvest_busy_max_ms=busy_max)
+    assert _busy(w) == T0 + 10 + look_after_ms
+
+
+def test_a_delivery_arriving_at_a_busy_endpoint_waits_for_its_look(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 35 ms before the look, more than the base interval: it joins the look due anyway.
+    w = World(monkeypatch)
+    look = _busy(w)
+    passes = w.d._counts["passes"]
+    w.timers.now = look - 35
+    w.new(9)
+    assert w.d._counts["passes"] == passes, "a pass of its own while a look was due anyway"
+    assert "dlv_9" not in _touched(w)
+    w.fire_timers_until(look)
+    assert w.d._counts["passes"] == passes + 1 and "dlv_9" in _touched(w)
+    w.history.complete_writes()
+    w.history.slow = False
+    for _ in range(20):
+        w.fire_timers_until(w.timers.now + 50)
+    assert sorted(w.sender.sent) == sorted(f"dlv_{n}" for n in _ids(9))
+
+
 def test_a_delivery_to_an_endpoint_with_nothing_due_soon_is_stepped_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Light load: nothing in flight, no look due, so waiting would only add latency.
     w = World(monkeypatch)

@@ -85,8 +85,29 @@ def test_a_failure_is_finished_with_its_exception() -> None:
 def test_polls_back_off_with_the_age_of_the_youngest_io(started: int, now: int, poll: int) -> None:
     io = IoTracker()
     io.add("ep", "send", "d1", concurrent.futures.Future(), now_ms=started)
-    assert io.poll_at("ep", now, base_ms=10) == poll
-    assert io.poll_at("idle", now, base_ms=10) is None
+    assert io.poll_at("ep", now, base_ms=10, busy_max_ms=40) == poll
+    assert io.poll_at("idle", now, base_ms=10, busy_max_ms=40) is None
+
+
+@pytest.mark.parametrize(("in_flight", "base", "busy_max", "interval"), [
+    (0, 10, 40, 10),
+    (1, 10, 40, 10),  # light load: one request at a time is noticed within the base interval
+    (2, 10, 40, 10),  # its creation write and its send, or two sends
+    (3, 10, 40, 10),
+    (4, 10, 40, 20),
+    (6, 10, 40, 30),
+    (8, 10, 40, 40),  # a full endpoint (eight requests): a look finds several
+    (24, 10, 40, 40),  # never past the cap
+    (24, 10, 10, 10),  # equal settings: a fixed interval, as before
+    (8, 25, 10, 25),  # a cap below the base is the base
+])
+def test_busy_endpoints_are_looked_at_less_often(in_flight: int, base: int, busy_max: int, interval: int) -> None:
+    io = IoTracker()
+    for n in range(in_flight):
+        io.add("ep", "send", f"d{n}", concurrent.futures.Future(), now_ms=0)
+    assert io.poll_interval("ep", base, busy_max) == interval
+    if in_flight:
+        assert io.poll_at("ep", 0, base, busy_max) == interval  # young I/O: the interval itself
 
 
 def test_an_endpoint_without_a_pass_in_this_incarnation_always_gets_one() -> None:
