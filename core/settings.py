@@ -166,6 +166,9 @@ class DispatchSettings(BaseModel):
     # the same). Setting both equal gives a fixed interval.
     harvest_interval_ms: int = Field(default=10, ge=1)
     harvest_busy_max_ms: int = Field(default=40, ge=1)
+    # How long the dispatcher keeps an endpoint's driver in memory once it holds nothing (0: drop
+    # it at once). A delivery arriving meanwhile finds it instead of rebuilding it from keyed state.
+    idle_driver_keep_ms: int = Field(default=2000, ge=0)
     # Per-endpoint metric series (pending, consecutive failures, breaker open; label
     # endpoint_id) for `webhookctl stats`' top failing endpoints. Off by default: one series set
     # per endpoint ever held by the job, so only where endpoints number in the thousands.

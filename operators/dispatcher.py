@@ -168,6 +168,7 @@ class Dispatcher(KeyedProcessFunction):
                                         tenant_quota=s.dispatch.tenant_max_in_flight,
                                         grant_pickup_ms=s.dispatch.harvest_interval_ms)
         self._drivers: dict[str, EndpointDriver] = {}
+        self._idle_since: dict[str, int] = {}  # drivers holding nothing, kept a moment, oldest first
         # An endpoint that used all its write budget contends for longer than its longest back-off.
         self._shares = WriteShares(s.cassandra.max_concurrent_writes, want_ttl_ms=2 * self._policy.slot_wait_max_ms)
         self._wakes = Wakes()
@@ -323,19 +324,49 @@ class Dispatcher(KeyedProcessFunction):
         self._changed.add(endpoint_id)
         moved = health.breaker_changed(self._breakers_reported.get(endpoint_id), drv.breaker.state)
         if drv.idle and not self._io.busy(endpoint_id):
-            del self._drivers[endpoint_id]  # keyed state keeps its config, breaker and bucket
-            self._wakes.forget(endpoint_id)
+            self._went_idle(endpoint_id, now)
             if endpoint_id in self._reported or moved:
                 self._report(endpoint_id, drv, telemetry.EndpointSummary(), now)  # holds none now
             self._reported.discard(endpoint_id)
             self._breakers_reported.pop(endpoint_id, None)
-        elif moved:
-            self._report(endpoint_id, drv, self._summary(endpoint_id, drv, now, fresh=True), now)
+        else:
+            self._idle_since.pop(endpoint_id, None)
+            if moved:
+                self._report(endpoint_id, drv, self._summary(endpoint_id, drv, now, fresh=True), now)
         self._housekeeping(ctx, now, changed=True)
+
+    def _went_idle(self, endpoint_id: str, now: int) -> None:
+        """The driver holds nothing: drop it, now or after dispatch.idle_driver_keep_ms. Under load
+        an endpoint often holds nothing between one delivery's outcome and the next delivery's
+        arrival, and building its driver again reads its config, breaker, bucket, queues and
+        entries from keyed state (a call into Java each) and costs its timer a pass."""
+        if self._settings.dispatch.idle_driver_keep_ms == 0:
+            self._drop(endpoint_id)
+            return
+        self._idle_since.pop(endpoint_id, None)
+        self._idle_since[endpoint_id] = now  # newest last: the sweep stops at the first kept one
+
+    def _drop_idle(self, now: int) -> None:
+        keep = self._settings.dispatch.idle_driver_keep_ms
+        while self._idle_since:
+            endpoint_id, since = next(iter(self._idle_since.items()))
+            if now - since < keep:
+                return
+            del self._idle_since[endpoint_id]
+            drv = self._drivers.get(endpoint_id)
+            if drv is not None and drv.idle and not self._io.busy(endpoint_id):
+                self._drop(endpoint_id)
+
+    def _drop(self, endpoint_id: str) -> None:
+        del self._drivers[endpoint_id]  # keyed state keeps its config, breaker and bucket
+        self._wakes.forget(endpoint_id)
+        self._changed.add(endpoint_id)  # its summary goes with it
 
     def _housekeeping(self, ctx: Any, now: int, changed: bool) -> None:
         """The operator-wide work that rides on any timer or pass: backlog reports, gauges, counts.
         ``changed``: a pass was made, so what the gauges show may be stale."""
+        if self._idle_since:
+            self._drop_idle(now)
         if now >= self._next_backlog_report:
             self._report_backlogs(now)
         if now - self._gauges_at >= GAUGE_REFRESH_MS:
@@ -378,7 +409,7 @@ class Dispatcher(KeyedProcessFunction):
         for ep in changed:
             self._parked_until.pop(ep, None)
             drv = self._drivers.get(ep)
-            if drv is None:
+            if drv is None or ep in self._idle_since:  # an idle driver kept a moment holds none
                 self._summaries.pop(ep, None)
                 continue
             self._summaries[ep] = telemetry.summarize(drv.view(now, window))

@@ -8,8 +8,8 @@ a poll, and finds nothing finished, costs a lookup and a re-armed timer instead 
 A new delivery for an endpoint whose timer is due within one poll interval anyway (it has I/O
 in flight under load; :meth:`IoTracker.poll_interval`) waits for that timer: it is in the driver
 and in keyed state at once, and the timer's pass steps every delivery that arrived meanwhile
-together (:meth:`Wakes.defer`), instead of a pass of its own each. An endpoint with nothing due soon gets its pass at once: at light load
-waiting would only add latency.
+together (:meth:`Wakes.defer`), instead of a pass of its own each. An endpoint with nothing due
+soon gets its pass at once: at light load waiting would only add latency.
 
 Which timers are set is known in memory only: after a restore Flink re-fires the checkpointed
 timers, and an endpoint this incarnation has made no pass for is not known to have nothing to do

@@ -614,3 +614,61 @@ def test_a_delivery_to_an_endpoint_with_nothing_due_soon_is_stepped_at_once(monk
     w.timers.now += 60_000
     w.new(2)
     assert _touched(w) == ["dlv_2"]
+
+
+def _built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Endpoints whose driver was built (from keyed state), in order."""
+    built: list[str] = []
+    init = EndpointDriver.__init__
+
+    def counting_init(drv: EndpointDriver, endpoint_id: str, *a: Any, **k: Any) -> None:
+        built.append(endpoint_id)
+        init(drv, endpoint_id, *a, **k)
+
+    monkeypatch.setattr(EndpointDriver, "__init__", counting_init)
+    return built
+
+
+def test_a_driver_that_holds_nothing_is_kept_a_moment_for_the_next_delivery(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under load an endpoint often holds nothing between one outcome and the next arrival:
+    # rebuilding its driver reads keyed state (a call into Java each) and costs its timer a pass.
+    built = _built(monkeypatch)
+    w = World(monkeypatch, idle_driver_keep_ms=2_000)
+    w.new(1)
+    w.fire_timers_until(T0 + 500)
+    assert w.sender.sent == ["dlv_1"] and w.ep in w.d._drivers, "dropped although kept for 2 s"
+    w.fire_timers_until(T0 + 1_500)
+    w.new(2)
+    w.fire_timers_until(T0 + 2_000)
+    assert w.sender.sent == ["dlv_1", "dlv_2"]
+    assert built.count(w.ep) == 1, "rebuilt from keyed state within the keep time"  # since its config
+    w.configure("ep_other", "t_2")  # any endpoint's pass sweeps the operator's idle drivers
+    assert w.ep in w.d._drivers
+    w.timers.now = T0 + 2_000 + 2_000
+    w.configure("ep_other", "t_2")
+    assert w.ep not in w.d._drivers, "an idle driver outlived its keep time"
+    w.new(3)
+    w.fire_timers_until(w.timers.now + 500)
+    assert w.sender.sent == ["dlv_1", "dlv_2", "dlv_3"] and built.count(w.ep) == 2
+
+
+def test_a_kept_idle_driver_is_not_counted_as_an_endpoint_holding_deliveries(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch, idle_driver_keep_ms=60_000)
+    w.new(1)
+    w.fire_timers_until(T0 + 3_000)  # the gauge refresh runs at least once a second while changes come
+    assert w.sender.sent == ["dlv_1"] and w.ep in w.d._drivers
+    w.d._refresh_gauges(w.timers.now)
+    assert (w.d._gauges.endpoints, w.d._gauges.pending_new) == (0, 0)
+
+
+def test_with_no_keep_time_a_driver_is_dropped_as_soon_as_it_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = _built(monkeypatch)
+    w = World(monkeypatch, idle_driver_keep_ms=0)
+    w.new(1)
+    w.fire_timers_until(T0 + 500)
+    assert w.ep not in w.d._drivers
+    before = built.count(w.ep)
+    w.new(2)
+    assert built.count(w.ep) == before + 1  # from keyed state again
+    w.fire_timers_until(T0 + 1_000)
+    assert w.ep not in w.d._drivers and w.sender.sent == ["dlv_1", "dlv_2"]
