@@ -161,7 +161,7 @@ class DispatchSettings(BaseModel):
     memory_window: int = Field(default=20_000, ge=2)
     page_size: int = Field(default=1_000, ge=1)
     # How often the dispatcher harvests finished requests (processing-time timer) of an endpoint
-    # with one or two in flight; an endpoint with more is looked at less often, up to
+    # with up to three in flight; an endpoint with more is looked at less often, up to
     # harvest_busy_max_ms (operators/io_tracker.py: each look finds several then, and costs
     # the same). Setting both equal gives a fixed interval.
     harvest_interval_ms: int = Field(default=10, ge=1)

@@ -11,6 +11,7 @@ completions done) knows without a pass that there is nothing to harvest.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,15 +72,13 @@ class IoTracker:
         return bool(self._by_endpoint.get(endpoint_id))
 
     def poll_interval(self, endpoint_id: str, base_ms: int, busy_max_ms: int) -> int:
-        """How often young I/O of this endpoint is looked at: every ``base_ms`` with one or two in
+        """How often young I/O of this endpoint is looked at: every ``base_ms`` with up to three in
         flight, one ``base_ms`` more for each further two, at most ``busy_max_ms``. A look costs a
-        timer and a crossing into Python whatever it finds, and a busy endpoint's looks each find
-        several completions when they are rarer: at full load (eight requests in flight, their
-        writes beside them) a look every 40 ms instead of 10, while a lightly loaded endpoint, one
-        request at a time, still has its answer noticed within 10 ms."""
-        io = self._by_endpoint.get(endpoint_id)
-        n = len(io) if io else 0
-        return max(base_ms, min(busy_max_ms, base_ms * (n // 2)))
+        timer and a crossing into Python whatever it finds, and an endpoint with many requests in
+        flight finds several finished at each rarer look (eight requests and their writes: one
+        look every 40 ms instead of 10), while one with a request at a time still has its answer
+        noticed within 10 ms."""
+        return _young_interval(self._by_endpoint.get(endpoint_id), base_ms, busy_max_ms)
 
     def poll_at(self, endpoint_id: str, now_ms: int, base_ms: int, busy_max_ms: int) -> int | None:
         """When to look at this endpoint's I/O again (None: nothing in flight). Young I/O is
@@ -91,8 +90,12 @@ class IoTracker:
         if not io:
             return None
         youngest = max(started for _, started, _, _ in io.values())
-        young = self.poll_interval(endpoint_id, base_ms, busy_max_ms)
+        young = _young_interval(io, base_ms, busy_max_ms)
         return now_ms + max(young, min(1000, (now_ms - youngest) // 4))
+
+
+def _young_interval(io: Sized | None, base_ms: int, busy_max_ms: int) -> int:
+    return max(base_ms, min(busy_max_ms, base_ms * (len(io or ()) // 2)))
 
 def _mark_ready(ready: set[str], endpoint_id: str, _fut: Any) -> None:
     """A done-callback, on whichever thread completed the future."""
