@@ -98,12 +98,16 @@ class CassandraSettings(BaseModel):
     history_batch_max_bytes: int = Field(default=40 * 1024, ge=1024)
     history_batch_linger_ms: int = Field(default=20, ge=0)
     # With nothing in flight a batch still waits until this long after the previous one left
-    # (bounded by linger_ms). Sent whenever the last one has come back, batches hold one or two
-    # deliveries' writes at full speed (~200 requests/s); 10-20 ms cut requests per delivery
-    # ~3-6x in `make bench-history --rate 300`, but Cassandra's CPU moved within this machine's
-    # noise (its cost at a steady write rate is mostly per unit of time, docs/performance.md), so the default
-    # keeps the lowest light-load latency: 0 sends at once.
-    history_batch_min_interval_ms: int = Field(default=0, ge=0)
+    # (bounded by linger_ms); a write after a quiet spell goes at once. Sent whenever the last
+    # one had come back (0), each request carried about one delivery's writes at full speed; with
+    # 10 ms, four interleaved pairs of quick benches: CPU per delivery 2.75-2.94 -> 2.16-2.52 ms
+    # (the TaskManager 2.23-2.38 -> 1.65-2.03: fewer driver requests, and the completions of
+    # several deliveries harvested by one pass), half-load p50 26-27 -> 30-32 ms. 20 ms saved
+    # a little more and took the half-load p50 to ~47 ms (docs/performance.md).
+    history_batch_min_interval_ms: int = Field(default=10, ge=0)
+    # The same while the dispatcher is catching up (dispatch.catch_up_late_ms): its deliveries
+    # are late already, and fewer, fuller batches leave it more CPU to drain the backlog.
+    history_batch_catch_up_interval_ms: int = Field(default=20, ge=0)
     history_batch_inline_payload_bytes: int = Field(default=8 * 1024, ge=0)
 
     @property
@@ -166,6 +170,14 @@ class DispatchSettings(BaseModel):
     # the same). Setting both equal gives a fixed interval.
     harvest_interval_ms: int = Field(default=10, ge=1)
     harvest_busy_max_ms: int = Field(default=40, ge=1)
+    # Catch-up (core/catch_up.py): when a new delivery reaches the dispatcher catch_up_late_ms
+    # after its event's Kafka time, the dispatcher is behind its input; until no late one has
+    # come for catch_up_hold_ms it looks at I/O in flight every catch_up_harvest_interval_ms
+    # and history batches wait cassandra.history_batch_catch_up_interval_ms, trading ~10-20 ms
+    # of a late delivery's latency for the CPU that drains the backlog sooner.
+    catch_up_late_ms: int = Field(default=1000, ge=1)
+    catch_up_hold_ms: int = Field(default=2000, ge=0)
+    catch_up_harvest_interval_ms: int = Field(default=20, ge=1)
     # How long the dispatcher keeps an endpoint's driver in memory once it holds nothing (0: drop
     # it at once). A delivery arriving meanwhile finds it instead of rebuilding it from keyed state.
     idle_driver_keep_ms: int = Field(default=2000, ge=0)

@@ -37,6 +37,7 @@ from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 from core import breaker as brk
 from core import dispatch, telemetry
 from core import endpoint_health as health
+from core.catch_up import CatchUp
 from core.egress import EgressPolicy
 from core.endpoint_driver import (
     Action,
@@ -102,7 +103,9 @@ METRICS = (
     "skips_not_head",
     # The operator's own: passes made (for elements and timers), and timers that found nothing
     # finished and no driver wake due, so made none.
-    "passes", "empty_polls")
+    "passes", "empty_polls",
+    # Times the dispatcher went into catch-up (new deliveries arriving late) and out of it.
+    "catch_up_started", "catch_up_ended")
 
 # Labelled counts the driver keeps as "name:label": (the Flink group key that becomes the
 # Prometheus label, the counter's name). Labels are bounded sets (core.telemetry).
@@ -173,6 +176,9 @@ class Dispatcher(KeyedProcessFunction):
         self._shares = WriteShares(s.cassandra.max_concurrent_writes, want_ttl_ms=2 * self._policy.slot_wait_max_ms)
         self._wakes = Wakes()
         self._io = IoTracker()
+        self._catch_up = CatchUp(s.dispatch.catch_up_late_ms, s.dispatch.catch_up_hold_ms)
+        self._behind = False
+        self._harvest_ms = s.dispatch.harvest_interval_ms  # the look interval of the mode
         # event id -> the completion of the persist that writes its event row (None until started)
         self._events_written: OrderedDict[str, Completion | None] = OrderedDict()
         self._payloads = PayloadCache(s.dispatch.payload_cache_bytes)
@@ -226,6 +232,9 @@ class Dispatcher(KeyedProcessFunction):
         try:
             drv = self._driver(endpoint_id)
             if kind == NEW:
+                self._catch_up.arrived(item.created_at_ms, now)
+                if self._behind != self._catch_up.behind(now):
+                    self._switch_mode(now)
                 if (self._add_new(drv, item, now)
                         and self._wakes.defer(endpoint_id, now, self._poll_interval(endpoint_id))):
                     return  # in keyed state already; the timer due within a harvest interval steps it
@@ -285,12 +294,22 @@ class Dispatcher(KeyedProcessFunction):
             self._contain(key, ctx, now, exc)
 
     def _poll_interval(self, endpoint_id: str) -> int:
-        d = self._settings.dispatch
-        return self._io.poll_interval(endpoint_id, d.harvest_interval_ms, d.harvest_busy_max_ms)
+        base = self._harvest_ms
+        return self._io.poll_interval(endpoint_id, base, max(base, self._settings.dispatch.harvest_busy_max_ms))
 
     def _poll_at(self, endpoint_id: str, now: int) -> int | None:
+        base = self._harvest_ms
+        return self._io.poll_at(endpoint_id, now, base, max(base, self._settings.dispatch.harvest_busy_max_ms))
+
+    def _switch_mode(self, now: int) -> None:
+        """Into or out of catch-up (core/catch_up.py): looks at I/O in flight and history batches
+        wait longer while deliveries arrive late, and as at light load once they no longer do."""
+        self._behind = behind = self._catch_up.behind(now)
         d = self._settings.dispatch
-        return self._io.poll_at(endpoint_id, now, d.harvest_interval_ms, d.harvest_busy_max_ms)
+        self._harvest_ms = d.catch_up_harvest_interval_ms if behind else d.harvest_interval_ms
+        self._history.catching_up(behind)
+        self._counts["catch_up_started" if behind else "catch_up_ended"] += 1
+        log.info("catch-up %s", "started: new deliveries arrive late" if behind else "ended")
 
     def _driver(self, endpoint_id: str) -> EndpointDriver:
         drv = self._drivers.get(endpoint_id)
@@ -367,6 +386,8 @@ class Dispatcher(KeyedProcessFunction):
         ``changed``: a pass was made, so what the gauges show may be stale."""
         if self._idle_since:
             self._drop_idle(now)
+        if self._behind and not self._catch_up.behind(now):
+            self._switch_mode(now)
         if now >= self._next_backlog_report:
             self._report_backlogs(now)
         if now - self._gauges_at >= GAUGE_REFRESH_MS:

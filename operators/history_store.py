@@ -315,6 +315,12 @@ class CassandraHistory:
             r.error_class, r.next_attempt_at_ms, k.waiting, r.finished_at_ms,
             r.started_at_ms if k.first_failure else UNSET_VALUE, *where))
 
+    def catching_up(self, behind: bool) -> None:
+        """Batches wait longer while the dispatcher catches up (core/catch_up.py)."""
+        c = self._settings
+        interval = c.history_batch_catch_up_interval_ms if behind else c.history_batch_min_interval_ms
+        self._batcher.pace(linger_s=max(c.history_batch_linger_ms, interval) / 1000, min_interval_s=interval / 1000)
+
     def flush_if_due(self) -> None:
         """Send the open batch if its oldest write has waited long enough (called every pass)."""
         self._batcher.flush_if_due()

@@ -91,6 +91,13 @@ class _Batch(BatchCompletion):
         self.writes: list[tuple[list[Statement], WriteCompletion]] = []
         self._isolate = isolate
 
+    def succeed(self, *_: Any) -> None:
+        super().succeed()
+        # Nothing is sent again after a success: let the statements (payloads too) go. A write's
+        # completion outlives its batch (the dispatcher keeps event rows' for up to 100,000
+        # events), and each kept a whole batch reachable for the collector to walk.
+        self.writes = []
+
     def fail(self, exc: BaseException) -> None:
         super().fail(exc)
         if len(self.writes) > 1:
@@ -191,6 +198,11 @@ class WriteBatcher:
         self._in_flight: BatchCompletion | None = None  # the last batch sent
         self.requests_sent = 0
         self.statements_sent = 0
+
+    def pace(self, linger_s: float, min_interval_s: float) -> None:
+        """Wait this long from now on (the dispatcher waits longer while it catches up)."""
+        self._linger_s = linger_s
+        self._min_interval_s = min_interval_s
 
     def add(self, statements: list[Statement]) -> WriteCompletion:
         """Queue one write's statements together (they always travel in the same request)."""

@@ -129,6 +129,7 @@ class FakeHistory:
         self.slow = False  # writes stay in flight until complete_writes()
         self.in_flight: list[BatchCompletion] = []
         self.persisted: list[str] = []  # delivery ids, in the order their creation writes started
+        self.catch_up: list[bool] = []  # each change of pace, in order
 
     def _done(self, *_: Any) -> BatchCompletion:
         c = BatchCompletion()
@@ -164,6 +165,9 @@ class FakeHistory:
         if self.fail_payload_reads is not None:
             raise self.fail_payload_reads
         return b"{}"
+
+    def catching_up(self, behind: bool) -> None:
+        self.catch_up.append(behind)
 
     def flush_if_due(self) -> None:
         pass
@@ -277,13 +281,15 @@ class World:
         self.d._store.key = ep  # type: ignore[attr-defined]
         return list(self.d.process_element((ep, (kind, item)), Ctx(self.timers, ep)))
 
-    def new(self, n: int, payload: bytes = b"{}", ep: str | None = None, tenant: str = "t_1") -> None:
+    def new(self, n: int, payload: bytes = b"{}", ep: str | None = None, tenant: str = "t_1",
+            age_ms: int = 0) -> None:
+        """Delivery ``dlv_<n>`` arrives now, its event ``age_ms`` old (its Kafka time before now)."""
         ep = ep or self.ep
         e = EventRecord(event_id=f"evt_{n}", tenant_id=tenant, event_type="invoice.paid", schema_version="1",
                         object_id="", object_version=0, occurred_at_ms=self.timers.now, payload=payload)
         self.element(NEW, NewDelivery(
             delivery_id=f"dlv_{n}", event=e, endpoint_id=ep, tenant_id=tenant, endpoint_config_version=1,
-            created_at_ms=self.timers.now, expires_at_ms=self.timers.now + 24 * 3600 * 1000), ep)
+            created_at_ms=self.timers.now - age_ms, expires_at_ms=self.timers.now + 24 * 3600 * 1000), ep)
 
     def fire_timers_until(self, until_ms: int, before_each: Any = None) -> None:
         """Fire every timer due up to ``until_ms``, in order, running the I/O loop between them."""
@@ -672,3 +678,34 @@ def test_with_no_keep_time_a_driver_is_dropped_as_soon_as_it_holds_nothing(monke
     assert built.count(w.ep) == before + 1  # from keyed state again
     w.fire_timers_until(T0 + 1_000)
     assert w.ep not in w.d._drivers and w.sender.sent == ["dlv_1", "dlv_2"]
+
+
+def _next_look(w: World) -> int:
+    return min(t for t, key in w.timers.set if key == w.ep) - w.timers.now
+
+
+def test_late_deliveries_put_the_dispatcher_into_catch_up_until_none_has_come_for_the_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Behind its input, the dispatcher looks at I/O and sends history batches less often: each
+    # look and each request costs the same whatever it carries, and a delivery that waited a
+    # second in Kafka does not feel ~10 ms more.
+    w = World(monkeypatch)
+    w.history.slow = True
+    w.new(1, age_ms=999)
+    assert w.history.catch_up == [] and _next_look(w) == 10  # fresh enough: light-load pace
+    w.new(2, age_ms=1000)
+    assert w.history.catch_up == [True]
+    w.history.complete_writes()
+    w.fire_timers_until(w.timers.now + 10)
+    assert _next_look(w) == 20, "looks at I/O in flight while catching up"
+    assert w.d._counts["catch_up_started"] == 1
+    late_at = w.timers.now
+    w.fire_timers_until(late_at + 1500, before_each=w.history.complete_writes)
+    w.new(3)  # a fresh arrival does not end it before the hold
+    assert w.history.catch_up == [True]
+    w.fire_timers_until(late_at + 2100, before_each=w.history.complete_writes)
+    w.new(4)
+    assert w.history.catch_up == [True, False] and w.d._counts["catch_up_ended"] == 1
+    assert _next_look(w) == 10
+    w.fire_timers_until(w.timers.now + 5000, before_each=w.history.complete_writes)
+    assert len(w.history.records) == 4 and w.busy_without_io() == []
