@@ -302,3 +302,25 @@ def test_a_write_kept_after_its_batch_succeeded_no_longer_holds_the_batch_statem
     gc.collect()
     assert c.done() and c.exception() is None and other.done()
     assert watched() is None, "a done write still holds its batch's statements"
+
+
+def test_a_new_pace_applies_to_the_next_batches() -> None:
+    # The dispatcher paces batches slower while it catches up, and back again after.
+    b, sent, clock = make(linger_s=0.020, min_interval_s=0.010)
+    b.add(stmts("a"))
+    b.flush_if_due()
+    sent.batches[0][1].succeed()
+    b.pace(linger_s=0.020, min_interval_s=0.020)
+    clock.t += 0.015
+    b.add(stmts("b"))
+    b.flush_if_due()
+    assert sent.names() == [["a"]]  # 15 ms after the last one left: waits for 20
+    clock.t += 0.0051
+    b.flush_if_due()
+    assert sent.names() == [["a"], ["b"]]
+    sent.batches[1][1].succeed()
+    b.pace(linger_s=0.020, min_interval_s=0.010)
+    clock.t += 0.0101
+    b.add(stmts("c"))
+    b.flush_if_due()
+    assert sent.names()[-1] == ["c"]
