@@ -6,8 +6,8 @@ Cassandra request costs the interpreter the same whether it finds one delivery o
 longer waits coalesce the work of several deliveries into one (docs/performance.md). At light
 load the waits are kept short: they would be most of a first attempt's latency. When the
 dispatcher is behind its input (a burst queued in Kafka, a restore replaying), a delivery
-arrives having waited a second or more already, and ~20 ms more per step is noise in its
-latency, while the work it saves lets the backlog drain sooner.
+arrives having waited a while already, and ~10 ms more per step is small beside it, while the
+work it saves lets the backlog drain sooner.
 
 Behind is judged from what the dispatcher sees: the age of each new delivery when it arrives
 (now minus its event's Kafka time, which fan-out stamps as the delivery's creation). One late

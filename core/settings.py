@@ -173,9 +173,12 @@ class DispatchSettings(BaseModel):
     # Catch-up (core/catch_up.py): when a new delivery reaches the dispatcher catch_up_late_ms
     # after its event's Kafka time, the dispatcher is behind its input; until no late one has
     # come for catch_up_hold_ms it looks at I/O in flight every catch_up_harvest_interval_ms
-    # and history batches wait cassandra.history_batch_catch_up_interval_ms, trading ~10-20 ms
-    # of a late delivery's latency for the CPU that drains the backlog sooner.
-    catch_up_late_ms: int = Field(default=1000, ge=1)
+    # and history batches wait cassandra.history_batch_catch_up_interval_ms, trading ~10 ms of a
+    # late delivery's latency for the CPU that drains the backlog sooner. 250 ms: above the
+    # light-load p99 (~60-110 ms), so light load stays at the fast pace; with 1 s a load between
+    # the two paces' capacities swung between them with ~1 s of lag each time (half-load p99
+    # 542 and 945 ms in two `make bench` runs).
+    catch_up_late_ms: int = Field(default=250, ge=1)
     catch_up_hold_ms: int = Field(default=2000, ge=0)
     catch_up_harvest_interval_ms: int = Field(default=20, ge=1)
     # How long the dispatcher keeps an endpoint's driver in memory once it holds nothing (0: drop

@@ -687,13 +687,14 @@ def _next_look(w: World) -> int:
 def test_late_deliveries_put_the_dispatcher_into_catch_up_until_none_has_come_for_the_hold(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Behind its input, the dispatcher looks at I/O and sends history batches less often: each
-    # look and each request costs the same whatever it carries, and a delivery that waited a
-    # second in Kafka does not feel ~10 ms more.
+    # look and each request costs the same whatever it carries, and a delivery that already
+    # waited in Kafka does not feel ~10 ms more.
     w = World(monkeypatch)
+    late = w.d._settings.dispatch.catch_up_late_ms
     w.history.slow = True
-    w.new(1, age_ms=999)
+    w.new(1, age_ms=late - 1)
     assert w.history.catch_up == [] and _next_look(w) == 10  # fresh enough: light-load pace
-    w.new(2, age_ms=1000)
+    w.new(2, age_ms=late)
     assert w.history.catch_up == [True]
     w.history.complete_writes()
     w.fire_timers_until(w.timers.now + 10)
