@@ -178,7 +178,8 @@ class Dispatcher(KeyedProcessFunction):
         self._io = IoTracker()
         self._catch_up = CatchUp(s.dispatch.catch_up_late_ms, s.dispatch.catch_up_hold_ms)
         self._behind = False
-        self._harvest_ms = s.dispatch.harvest_interval_ms  # the look interval of the mode
+        # The look interval of the mode, and the most a busy endpoint's looks stretch to.
+        self._look_ms = (s.dispatch.harvest_interval_ms, s.dispatch.harvest_busy_max_ms)
         # event id -> the completion of the persist that writes its event row (None until started)
         self._events_written: OrderedDict[str, Completion | None] = OrderedDict()
         self._payloads = PayloadCache(s.dispatch.payload_cache_bytes)
@@ -233,8 +234,7 @@ class Dispatcher(KeyedProcessFunction):
             drv = self._driver(endpoint_id)
             if kind == NEW:
                 self._catch_up.arrived(item.created_at_ms, now)
-                if self._behind != self._catch_up.behind(now):
-                    self._switch_mode(now)
+                self._follow_catch_up(now)
                 if (self._add_new(drv, item, now)
                         and self._wakes.defer(endpoint_id, now, self._poll_interval(endpoint_id))):
                     return  # in keyed state already; the timer due within a harvest interval steps it
@@ -294,19 +294,22 @@ class Dispatcher(KeyedProcessFunction):
             self._contain(key, ctx, now, exc)
 
     def _poll_interval(self, endpoint_id: str) -> int:
-        base = self._harvest_ms
-        return self._io.poll_interval(endpoint_id, base, max(base, self._settings.dispatch.harvest_busy_max_ms))
+        return self._io.poll_interval(endpoint_id, *self._look_ms)
 
     def _poll_at(self, endpoint_id: str, now: int) -> int | None:
-        base = self._harvest_ms
-        return self._io.poll_at(endpoint_id, now, base, max(base, self._settings.dispatch.harvest_busy_max_ms))
+        return self._io.poll_at(endpoint_id, now, *self._look_ms)
 
-    def _switch_mode(self, now: int) -> None:
-        """Into or out of catch-up (core/catch_up.py): looks at I/O in flight and history batches
-        wait longer while deliveries arrive late, and as at light load once they no longer do."""
-        self._behind = behind = self._catch_up.behind(now)
+    def _follow_catch_up(self, now: int) -> None:
+        """Into or out of catch-up (core/catch_up.py) when it changed: looks at I/O in flight and
+        history batches wait longer while deliveries arrive late, and as at light load once they
+        no longer do."""
+        behind = self._catch_up.behind(now)
+        if behind == self._behind:
+            return
+        self._behind = behind
         d = self._settings.dispatch
-        self._harvest_ms = d.catch_up_harvest_interval_ms if behind else d.harvest_interval_ms
+        base = d.catch_up_harvest_interval_ms if behind else d.harvest_interval_ms
+        self._look_ms = (base, d.harvest_busy_max_ms)  # a busy endpoint's looks are never rarer than base
         self._history.catching_up(behind)
         self._counts["catch_up_started" if behind else "catch_up_ended"] += 1
         log.info("catch-up %s", "started: new deliveries arrive late" if behind else "ended")
@@ -386,8 +389,8 @@ class Dispatcher(KeyedProcessFunction):
         ``changed``: a pass was made, so what the gauges show may be stale."""
         if self._idle_since:
             self._drop_idle(now)
-        if self._behind and not self._catch_up.behind(now):
-            self._switch_mode(now)
+        if self._behind:
+            self._follow_catch_up(now)  # it ends with time, arrivals or not
         if now >= self._next_backlog_report:
             self._report_backlogs(now)
         if now - self._gauges_at >= GAUGE_REFRESH_MS:

@@ -318,8 +318,12 @@ class CassandraHistory:
     def catching_up(self, behind: bool) -> None:
         """Batches wait longer while the dispatcher catches up (core/catch_up.py)."""
         c = self._settings
-        interval = c.history_batch_catch_up_interval_ms if behind else c.history_batch_min_interval_ms
-        self._batcher.pace(linger_s=max(c.history_batch_linger_ms, interval) / 1000, min_interval_s=interval / 1000)
+        if behind:
+            interval = c.history_batch_catch_up_interval_ms
+            self._batcher.pace(linger_s=max(c.history_batch_linger_ms, interval) / 1000, min_interval_s=interval / 1000)
+        else:  # as built
+            self._batcher.pace(linger_s=c.history_batch_linger_ms / 1000,
+                               min_interval_s=c.history_batch_min_interval_ms / 1000)
 
     def flush_if_due(self) -> None:
         """Send the open batch if its oldest write has waited long enough (called every pass)."""

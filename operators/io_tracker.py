@@ -97,6 +97,7 @@ class IoTracker:
 def _young_interval(io: Sized | None, base_ms: int, busy_max_ms: int) -> int:
     return max(base_ms, min(busy_max_ms, base_ms * (len(io or ()) // 2)))
 
+
 def _mark_ready(ready: set[str], endpoint_id: str, _fut: Any) -> None:
     """A done-callback, on whichever thread completed the future."""
     ready.add(endpoint_id)
