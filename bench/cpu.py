@@ -60,6 +60,19 @@ def ticks_and_rss_kb(pids: list[int]) -> tuple[int, int]:
     return ticks, rss
 
 
+def steal_and_total(cpu_line: str) -> tuple[int, int]:
+    """(steal, all) ticks of every CPU from /proc/stat's first line. Steal is the time the
+    hypervisor ran someone else while this machine had work: the machine states where a run reads
+    slow everywhere (and CPU per delivery high: caches go cold) are those with much of it."""
+    ticks = [int(x) for x in cpu_line.split()[1:9]]  # user .. steal; guest time is inside user
+    return ticks[7], sum(ticks)
+
+
+def machine_ticks() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        return steal_and_total(f.readline())
+
+
 def pid_from(pid_file: Path) -> int | None:
     try:
         pid = int(pid_file.read_text().strip())
@@ -106,6 +119,8 @@ class Usage:
     # (seconds since the start, {group: % of one core over the last interval})
     series: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     rss_mb_max: dict[str, float] = field(default_factory=dict)
+    steal_ticks: int = 0  # the machine's, over the same span (machine_ticks)
+    machine_ticks: int = 0
 
     @property
     def total_cpu_s(self) -> float:
@@ -115,6 +130,11 @@ class Usage:
     def cores(self) -> float:
         """Cores busy on average: CPU seconds over wall seconds; nan when nothing was sampled."""
         return self.total_cpu_s / self.wall_s if self.wall_s else math.nan
+
+    @property
+    def steal_pct(self) -> float:
+        """The share of the machine's CPU time its hypervisor took; nan when not read."""
+        return 100.0 * self.steal_ticks / self.machine_ticks if self.machine_ticks else math.nan
 
     def cores_by_group(self) -> dict[str, float]:
         """Each group's cores busy on average, largest first."""
@@ -129,8 +149,9 @@ class Usage:
         if not n or not self.wall_s:
             return "no deliveries"
         parts = " ".join(f"{g}={ms:.2f}" for g, ms in sorted(self.ms_per(n).items(), key=lambda x: -x[1]))
+        steal = "" if math.isnan(self.steal_pct) else f"; steal {self.steal_pct:.0f}% of the machine"
         return (f"cpu_ms_per_delivery={self.total_cpu_s * 1000 / n:.2f} ({parts}); "
-                f"cores busy avg={self.cores:.2f} over {self.wall_s:.1f}s")
+                f"cores busy avg={self.cores:.2f} over {self.wall_s:.1f}s{steal}")
 
 
 class StackSampler:
@@ -146,9 +167,11 @@ class StackSampler:
         self._last: dict[str, int] = {}
         self._t0 = 0.0
         self._t_last = 0.0
+        self._machine0 = (0, 0)
 
     def __enter__(self) -> StackSampler:
         self._t0 = self._t_last = time.monotonic()
+        self._machine0 = machine_ticks()
         self._last = {g: t for g, (t, _) in self._read().items()}
         self._thread.start()
         return self
@@ -158,6 +181,8 @@ class StackSampler:
         self._thread.join(timeout=5)
         self._sample()  # the last partial interval counts too
         self.usage.wall_s = self._t_last - self._t0
+        steal, total = machine_ticks()
+        self.usage.steal_ticks, self.usage.machine_ticks = steal - self._machine0[0], total - self._machine0[1]
 
     def _read(self) -> dict[str, tuple[int, int]]:
         out = {}

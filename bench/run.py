@@ -11,11 +11,12 @@ One run, loopback only, bounded in count and time:
    endpoints (with ``--catalog``, each tenant first catalogues the bench's event type through the
    EventCatalog API, so fan-out validates every bench event: bench/catalog.py), and a bench job
    (`stack/job.sh submit`, job name `webhooks-bench-<id>`) on the running Flink cluster;
-4. N events produced at full speed (each matching all M endpoints of its tenant); deliveries/s
-   and first-attempt latency (produce call -> request received) from the receiver's recordings;
-   the same through the transactional outbox (`--outbox`, on by default: one PostgreSQL
-   transaction per event, latency from its COMMIT), with a PostgreSQL cluster and a Kafka Connect
-   worker of the run's own;
+4. a warm-up burst of ``--warm-events`` (1,000) at full speed, reported but not counted: a fresh
+   stack's JVMs compile their hot paths there; then N events produced at full speed (each
+   matching all M endpoints of its tenant); deliveries/s and first-attempt latency (produce call
+   -> request received) from the receiver's recordings; the same through the transactional
+   outbox (`--outbox`, on by default: one PostgreSQL transaction per event, latency from its
+   COMMIT), with a PostgreSQL cluster and a Kafka Connect worker of the run's own;
 5. CPU of every stack process on the delivery path (TaskManagers, JobManager, Kafka, Cassandra,
    the run's control plane; PostgreSQL and Connect in the outbox phases) sampled from /proc, and
    Cassandra's own count of the writes to the run's keyspace over the full-speed phase
@@ -35,7 +36,7 @@ and its charts say where the time and the CPU went:
     bench: deliveries_per_s=N raw_http_per_s=N ratio=R p50_first_attempt_ms=N p99_first_attempt_ms=N
            half_p50_first_attempt_ms=N half_p99_first_attempt_ms=N cpu_ms_per_delivery=X
            client_cpu_ms_per_request=X cpu_per_client_request=R cassandra_writes_per_delivery=W
-           idle_cores=C
+           idle_cores=C steal_pct=S
 
 * ``cpu_ms_per_delivery``: the delivery path's CPU (step 5) over the full-speed phase's deliveries;
 * ``client_cpu_ms_per_request``: the raw phase's aiohttp client's CPU (this process, the receiver
@@ -46,7 +47,10 @@ and its charts say where the time and the CPU went:
   partition updated; a single-partition batch on one table is one) over the full-speed phase's
   deliveries, from before its first event until the counts stop moving after its last delivery;
 * ``idle_cores``: CPU seconds over wall seconds of every stack process (each .run/<part>/pid and
-  the run's control plane) with no traffic; ``nan`` with ``--idle-seconds 0``.
+  the run's control plane) with no traffic; ``nan`` with ``--idle-seconds 0``;
+* ``steal_pct``: the share of the machine's CPU time its hypervisor gave to someone else over the
+  full-speed phase (/proc/stat). On a shared VM this is what moves a run's figures ~2x: read a
+  run with tens of percent of steal as that machine state's, not the code's.
 
 (The raw HTTP rate and the ratio stay for comparison with earlier runs; the yardstick is now the
 CPU per delivery and the latency of what users would pick instead: docs/performance.md.)
@@ -693,9 +697,13 @@ def run(args: argparse.Namespace) -> int:
         rx = rxp.control
         say(f"receiver {rxp.base_url} (pid {rxp.proc.pid})")
 
+        steal0 = cpu.machine_ticks()
         raw = raw_ceiling(rxp.base_url, args.raw_concurrency, args.raw_duration, body)
+        steal1 = cpu.machine_ticks()
+        raw_steal = cpu.Usage(steal_ticks=steal1[0] - steal0[0], machine_ticks=steal1[1] - steal0[1]).steal_pct
         say(f"raw aiohttp ceiling: {raw.per_second:.0f} req/s ({raw.ok} ok, {raw.errors} errors, "
-            f"concurrency {args.raw_concurrency}, {args.body_bytes} B bodies) | " + " ".join(raw.lines()[2:]))
+            f"concurrency {args.raw_concurrency}, {args.body_bytes} B bodies) | " + " ".join(raw.lines()[2:])
+            + f" steal_pct={raw_steal:.0f}")
         rx.clear()
 
         port = int(rxp.base_url.rsplit(":", 1)[1])
@@ -720,6 +728,12 @@ def run(args: argparse.Namespace) -> int:
         say(f"job {job_id} running after {time.monotonic() - t0:.1f}s")
         warm_up(settings, rx, tenants, body, timeout_s=120)
         say(f"warm: configs broadcast, one event per tenant delivered ({time.monotonic() - started:.0f}s in)")
+        if args.warm_events:
+            # Shown, not counted: a freshly started stack's JVMs (Cassandra, Kafka, the TaskManager)
+            # are still compiling their hot paths, which a stack running for days has long paid.
+            # Without it the first bench after `make up` read ~2x Cassandra's CPU per delivery.
+            phase("warm-burst", settings, rx, tenants, args.warm_events, body, args.timeout)
+            rx.clear()
         if args.catalog:
             confirm_validating(settings, tenants, body, timeout_s=60)
             say("catalog: each tenant's probe off the schema was dead-lettered (schema_invalid): fan-out validates")
@@ -789,7 +803,7 @@ def summary_line(full: PhaseResult, half: PhaseResult | None, raw_per_s: float, 
             f"client_cpu_ms_per_request={costs.client_cpu_ms_per_request:.3f} "
             f"cpu_per_client_request={costs.cpu_per_client_request:.1f} "
             f"cassandra_writes_per_delivery={costs.cassandra_writes_per_delivery:.2f} "
-            f"idle_cores={costs.idle_cores:.2f}")
+            f"idle_cores={costs.idle_cores:.2f} steal_pct={full.usage.steal_pct:.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -804,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--body-bytes", type=int, default=raw_http.DEFAULT_BODY_BYTES)
     ap.add_argument("--raw-concurrency", type=int, default=64)
     ap.add_argument("--raw-duration", type=float, default=5.0, help="seconds of raw HTTP measurement")
+    ap.add_argument("--warm-events", type=int, default=1000,
+                    help="a full-speed burst of this many events before the measured phases, reported "
+                         "but not counted (JIT warm-up of a fresh stack); 0 skips it")
     ap.add_argument("--max", action=argparse.BooleanOptionalAction, default=True,
                     help="the full-speed phase (without it, no summary line; use --fair-rate)")
     ap.add_argument("--timeout", type=float, default=900.0,

@@ -117,6 +117,16 @@ def test_cores_are_cpu_seconds_over_wall_seconds_by_group_largest_first() -> Non
     assert math.isnan(cpu.Usage().cores) and cpu.Usage().cores_by_group() == {}
 
 
+def test_steal_is_the_hypervisors_share_of_every_cpu_tick_from_proc_stat() -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice (guest is inside user)
+    assert cpu.steal_and_total("cpu  40 0 10 40 1 0 1 8 3 0") == (8, 100)
+    u = cpu.Usage(steal_ticks=8, machine_ticks=100)
+    assert u.steal_pct == pytest.approx(8.0)
+    assert math.isnan(cpu.Usage().steal_pct)  # no machine counters read
+    assert "steal 8% of the machine" in cpu.Usage(cpu_s={"kafka": 1.0}, wall_s=1.0, steal_ticks=8,
+                                                   machine_ticks=100).summary(10)
+
+
 def test_the_idle_line_gives_the_total_then_each_process() -> None:
     u = cpu.Usage(cpu_s={"kafka": 3.0, "cassandra": 9.0}, wall_s=30.0)
     assert idle_line(u) == "bench-idle: cores=0.400 seconds=30.0 cassandra=0.300 kafka=0.100"

@@ -27,6 +27,7 @@ def test_the_sampler_counts_the_cpu_a_group_spent_and_ignores_a_missing_process(
     assert 0.2 <= u.cpu_s["this-test"] <= u.wall_s + 0.05  # clock ticks: 10 ms resolution
     assert u.series and all(set(pct) == {"this-test", "gone"} for _, pct in u.series)
     assert u.ms_per(100)["this-test"] == u.cpu_s["this-test"] * 10
+    assert u.machine_ticks > 0 and 0.0 <= u.steal_pct <= 100.0  # the machine's ticks over the phase
 
 
 def phase(delivered: int, cpu_s: dict[str, float]) -> PhaseResult:
@@ -50,26 +51,29 @@ def summary_fields(line: str) -> dict[str, str]:
 
 def test_the_summary_line_keeps_the_old_figures_and_adds_the_new_ones() -> None:
     full = phase(200, {"taskmanagers": 0.3, "cassandra": 0.1})
+    full.usage.steal_ticks, full.usage.machine_ticks = 25, 100
     idle = cpu.Usage(cpu_s={"kafka": 3.0, "cassandra": 9.0}, wall_s=30.0)
     costs = costs_of(full, writes={"attempts": 200, "deliveries": 400}, idle=idle)
     fields = summary_fields(summary_line(full, phase(100, {"taskmanagers": 0.1}), 1000.0, costs))
     assert list(fields) == ["deliveries_per_s", "raw_http_per_s", "ratio", "p50_first_attempt_ms",
                             "p99_first_attempt_ms", "half_p50_first_attempt_ms", "half_p99_first_attempt_ms",
                             "cpu_ms_per_delivery", "client_cpu_ms_per_request", "cpu_per_client_request",
-                            "cassandra_writes_per_delivery", "idle_cores"]
+                            "cassandra_writes_per_delivery", "idle_cores", "steal_pct"]
     assert fields["cpu_ms_per_delivery"] == "2.00"  # 0.4 s over 200 deliveries
     assert fields["raw_http_per_s"] == "1000"
     assert fields["client_cpu_ms_per_request"] == "0.250"  # 0.25 s over 1,000 responses
     assert fields["cpu_per_client_request"] == "8.0"  # 2.00 / 0.25
     assert fields["cassandra_writes_per_delivery"] == "3.00"  # 600 writes over 200 deliveries
     assert fields["idle_cores"] == "0.40"  # 12 CPU seconds over 30 s
+    assert fields["steal_pct"] == "25"  # the full-speed phase's usage: 25 of 100 machine ticks stolen
 
 
 def test_figures_not_measured_read_nan_and_keep_their_place() -> None:
     full = phase(200, {"taskmanagers": 0.4})
     fields = summary_fields(summary_line(full, None, 1000.0, costs_of(full, client_cpu_s=0.0)))
-    assert list(fields)[-4:] == ["client_cpu_ms_per_request", "cpu_per_client_request",
-                                 "cassandra_writes_per_delivery", "idle_cores"]
+    assert list(fields)[-5:] == ["client_cpu_ms_per_request", "cpu_per_client_request",
+                                 "cassandra_writes_per_delivery", "idle_cores", "steal_pct"]
+    assert fields["steal_pct"] == "nan"  # the phase's usage read no machine counters
     assert fields["cpu_per_client_request"] == "nan"  # no client CPU to divide by
     assert fields["cassandra_writes_per_delivery"] == "nan"  # not read
     assert fields["idle_cores"] == "nan"  # --idle-seconds 0
