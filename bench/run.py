@@ -11,7 +11,7 @@ One run, loopback only, bounded in count and time:
    endpoints (with ``--catalog``, each tenant first catalogues the bench's event type through the
    EventCatalog API, so fan-out validates every bench event: bench/catalog.py), and a bench job
    (`stack/job.sh submit`, job name `webhooks-bench-<id>`) on the running Flink cluster;
-4. a warm-up burst of ``--warm-events`` (1,000) at full speed, reported but not counted: a fresh
+4. a warm-up burst of ``--warm-events`` (5,000) at full speed, reported but not counted: a fresh
    stack's JVMs compile their hot paths there; then N events produced at full speed (each
    matching all M endpoints of its tenant); deliveries/s and first-attempt latency (produce call
    -> request received) from the receiver's recordings; the same through the transactional
@@ -731,7 +731,9 @@ def run(args: argparse.Namespace) -> int:
         if args.warm_events:
             # Shown, not counted: a freshly started stack's JVMs (Cassandra, Kafka, the TaskManager)
             # are still compiling their hot paths, which a stack running for days has long paid.
-            # Without it the first bench after `make up` read ~2x Cassandra's CPU per delivery.
+            # The first bench after `make up` read 1.8-3.1 ms of CPU per delivery after a burst
+            # of 10,000 deliveries (the TaskManager's C2 still at 7 % of a core), 1.07 after one
+            # of 50,000, and 1.33 on a stack already through two benches.
             phase("warm-burst", settings, rx, tenants, args.warm_events, body, args.timeout)
             rx.clear()
         if args.catalog:
@@ -818,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--body-bytes", type=int, default=raw_http.DEFAULT_BODY_BYTES)
     ap.add_argument("--raw-concurrency", type=int, default=64)
     ap.add_argument("--raw-duration", type=float, default=5.0, help="seconds of raw HTTP measurement")
-    ap.add_argument("--warm-events", type=int, default=1000,
+    ap.add_argument("--warm-events", type=int, default=5000,
                     help="a full-speed burst of this many events before the measured phases, reported "
                          "but not counted (JIT warm-up of a fresh stack); 0 skips it")
     ap.add_argument("--max", action=argparse.BooleanOptionalAction, default=True,
