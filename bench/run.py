@@ -697,10 +697,9 @@ def run(args: argparse.Namespace) -> int:
         rx = rxp.control
         say(f"receiver {rxp.base_url} (pid {rxp.proc.pid})")
 
-        steal0 = cpu.machine_ticks()
-        raw = raw_ceiling(rxp.base_url, args.raw_concurrency, args.raw_duration, body)
-        steal1 = cpu.machine_ticks()
-        raw_steal = cpu.Usage(steal_ticks=steal1[0] - steal0[0], machine_ticks=steal1[1] - steal0[1]).steal_pct
+        with cpu.StackSampler(dict) as machine:  # no stack process: only the machine's steal
+            raw = raw_ceiling(rxp.base_url, args.raw_concurrency, args.raw_duration, body)
+        raw_steal = machine.usage.steal_pct
         say(f"raw aiohttp ceiling: {raw.per_second:.0f} req/s ({raw.ok} ok, {raw.errors} errors, "
             f"concurrency {args.raw_concurrency}, {args.body_bytes} B bodies) | " + " ".join(raw.lines()[2:])
             + f" steal_pct={raw_steal:.0f}")
@@ -735,7 +734,6 @@ def run(args: argparse.Namespace) -> int:
             # of 10,000 deliveries (the TaskManager's C2 still at 7 % of a core), 1.07 after one
             # of 50,000, and 1.33 on a stack already through two benches.
             phase("warm-burst", settings, rx, tenants, args.warm_events, body, args.timeout)
-            rx.clear()
         if args.catalog:
             confirm_validating(settings, tenants, body, timeout_s=60)
             say("catalog: each tenant's probe off the schema was dead-lettered (schema_invalid): fan-out validates")
