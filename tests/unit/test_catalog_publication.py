@@ -5,6 +5,7 @@ compacted topic reads only the last record of each key."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -16,8 +17,10 @@ from control_plane.catalog_publication import CatalogPublication, Unpublished
 from control_plane.cursor import Cursors
 from control_plane.domain import Tenant
 from control_plane.schema_pins import SchemaPins
-from core.records import CatalogRecord, CatalogTypeRecord
+from core.records import CatalogRecord, CatalogTypeRecord, ConfigClock
 from core.schema_check import CatalogIndex
+from operators.fanout import FanOut
+from tests.unit.test_fanout_schemas import BroadcastState, Ctx, RuntimeContext, send
 
 T0 = 1_767_225_600_000
 SCHEMA_1_0 = '{"type": "object", "properties": {"amount": {"type": "integer"}}}'
@@ -389,3 +392,20 @@ def test_a_pass_leaves_a_request_in_flight_alone() -> None:
     add(w.services[0], "1.1", SCHEMA_1_1)
     assert len(w.topic.records) == before + 2  # the type and its settings, once: no duplicate
     assert w.store.unpublished == []
+
+
+def test_a_job_rebuilt_from_the_compacted_topic_sends_a_valid_event_of_the_newest_version() -> None:
+    # The reproduction: a retried create races add_version 1.1; a fan-out that reads only the
+    # compacted topic (a job rebuilt without state) must hold 1.1 and send a valid 1.1 event,
+    # not dead-letter it schema_unknown.
+    w = world()
+    created(w)
+    w.topic.before_next.append(lambda: add(w.service, "1.1", SCHEMA_1_1))
+    w.service.create_type(ADMIN, "invoice.paid", "", "", "")
+    fan = FanOut(3600, 60, 250, 100, 5000, "events")
+    fan.open(RuntimeContext())  # type: ignore[arg-type]
+    ctx = Ctx(BroadcastState())
+    for record in (ConfigClock(time.time_ns() // 1_000_000, 600_000), *w.topic.compacted()):
+        list(fan.process_broadcast_element(record, ctx) or ())
+    out = send(fan, ctx, "evt_11", "invoice.paid", "1.1", {"amount": 1, "note": "x"})
+    assert [o for o in out if isinstance(o, tuple)] == []  # no dead letter
