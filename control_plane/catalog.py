@@ -13,6 +13,9 @@ validate, who added it and when. Rules every method keeps:
   and sunset), so compiled validators may be cached for ever by (tenant, type, version).
 * Every change is one conditional write of the type's row (IF revision = the revision read):
   two concurrent additions to one major cannot both be checked against the same predecessor.
+* What reaches the delivery job is the stored row, read back after the write, and a change whose
+  publish failed is sent by the republisher (control_plane.catalog_publication): the job never
+  keeps a revision older than Cassandra's.
 * ``webhook.*`` names are the platform's own events (ping, challenge) and cannot be catalogued.
 """
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from control_plane.catalog_export import asyncapi, openapi
+from control_plane.catalog_publication import PINS, SETTINGS, TYPE, CatalogPublication, Outbox, Reader
 from control_plane.cursor import Cursors
 from control_plane.domain import Endpoint, Page, Principal, Tenant
 from control_plane.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
@@ -42,7 +46,7 @@ from core.event_schemas import (
     compile_validator,
 )
 from core.fanout import filter_accepts
-from core.records import CatalogRecord, CatalogSettingsRecord, CatalogTypeRecord, EndpointStatus
+from core.records import CatalogRecord, CatalogSettingsRecord, CatalogTypeRecord, EndpointStatus, SchemaPinsRecord
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +140,7 @@ class Deprecated:
     scan_truncated: bool
 
 
-class CatalogStore(Protocol):
+class CatalogStore(Outbox, Protocol):
     def get_type(self, tenant_id: str, name: str) -> EventTypeEntry | None: ...
     def list_types(self, tenant_id: str, after_name: str, limit: int | None) -> list[EventTypeEntry]: ...
 
@@ -148,7 +152,10 @@ class CatalogStore(Protocol):
         """Write ``entry`` iff the stored revision is still ``expected_revision``."""
         ...
 
-    def get_unknown_types(self, tenant_id: str) -> str | None: ...
+    def read_unknown_types(self, tenant_id: str) -> tuple[str, int] | None:
+        """The tenant's stored policy and its revision (the row's write time); None if not set."""
+        ...
+
     def put_unknown_types(self, tenant_id: str, policy: str, at_ms: int, by: str) -> None: ...
 
     def introduced_at_ms(self) -> int | None:
@@ -166,6 +173,10 @@ class CatalogStore(Protocol):
                         by: str) -> None: ...
     def get_schema_pins(self, tenant_id: str, endpoint_ids: Sequence[str]) -> dict[str, tuple[int, ...]]: ...
 
+    def read_schema_pins(self, tenant_id: str, endpoint_id: str) -> tuple[tuple[int, ...], int] | None:
+        """The endpoint's stored pins and their revision (the row's write time); None if never set."""
+        ...
+
 
 class TenantsAndEndpoints(Protocol):
     def get_tenant(self, tenant_id: str) -> Tenant | None: ...
@@ -180,8 +191,8 @@ class CatalogDeps:
     history: HistoryStore
     cursors: Cursors
     now_ms: Callable[[], int]
-    # Sends records to the delivery job and returns once they count (catalog_publisher).
-    publish: Callable[[Sequence[CatalogRecord]], None]
+    # Sends the stored records of a change to the delivery job (catalog_publication).
+    publication: CatalogPublication
 
 
 class FilterCheck:
@@ -269,7 +280,7 @@ def _json(field: str, text: str) -> Any:
 class CatalogService:
     def __init__(self, deps: CatalogDeps) -> None:
         self._d = deps
-        self._pins = SchemaPins(deps.catalog, deps.publish, deps.now_ms)
+        self._pins = SchemaPins(deps.catalog, deps.publication, deps.now_ms)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -292,15 +303,7 @@ class CatalogService:
         return self._d.catalog.list_types(caller.tenant_id, "", None), self.settings(caller.tenant_id)
 
     def settings(self, tenant_id: str) -> CatalogSettings:
-        stored = self._d.catalog.get_unknown_types(tenant_id)
-        if stored is not None:
-            return CatalogSettings(tenant_id, stored, is_default=False)
-        tenant = self._d.tenants.get_tenant(tenant_id)
-        introduced = self._d.catalog.introduced_at_ms()
-        # Tenants that existed before the catalog emit uncatalogued events today: warn, so an
-        # upgrade drops nothing. Tenants created since start strict.
-        existing = tenant is not None and introduced is not None and tenant.created_at_ms < introduced
-        return CatalogSettings(tenant_id, WARN if existing else REJECT, is_default=True)
+        return read_settings(self._d.catalog, self._d.tenants, tenant_id)[0]
 
     def export(self, caller: Caller, fmt: str) -> str:
         types = self._d.catalog.list_types(caller.tenant_id, "", None)
@@ -321,16 +324,18 @@ class CatalogService:
         now = self._d.now_ms()
         entry = EventTypeEntry(caller.tenant_id, name, _text("description", description), _text("group", group),
                                ACTIVE, None, _policy("enforcement", enforcement, REJECT), now, now, caller.actor, 1)
-        if not self._d.catalog.insert_type(entry):
+
+        def insert() -> EventTypeEntry:
+            if self._d.catalog.insert_type(entry):
+                log.info("catalog %s: type %s created by %s", caller.tenant_id, name, caller.actor)
+                return entry
             existing = self._d.catalog.get_type(caller.tenant_id, name)
             if existing is not None and (existing.description, existing.group, existing.enforcement) == (
                     entry.description, entry.group, entry.enforcement):
-                self._publish(existing)  # a retried create: its publish may have failed
-                return existing
+                return existing  # a retried create: published again, as its publish may have failed
             raise FailedPrecondition(f"event type {name} already exists; update it instead")
-        log.info("catalog %s: type %s created by %s", caller.tenant_id, name, caller.actor)
-        self._publish(entry)
-        return entry
+
+        return self._d.publication.change(caller.tenant_id, TYPE, name, insert)
 
     def update_type(self, caller: Caller, name: str, values: Mapping[str, str]) -> EventTypeEntry:
         unknown = set(values) - {"description", "group", "enforcement"}
@@ -407,11 +412,10 @@ class CatalogService:
     def set_unknown_types(self, caller: Caller, policy: str) -> CatalogSettings:
         if not caller.may_write:
             raise PermissionDenied("this call needs catalog write permission")
-        self._d.catalog.put_unknown_types(caller.tenant_id, _policy("unknown_types", policy), self._d.now_ms(),
-                                          caller.actor)
-        settings = self.settings(caller.tenant_id)
-        self._d.publish([CatalogSettingsRecord(caller.tenant_id, settings.unknown_types, self._d.now_ms())])
-        return settings
+        policy = _policy("unknown_types", policy)
+        self._d.publication.change(caller.tenant_id, SETTINGS, "", lambda: self._d.catalog.put_unknown_types(
+            caller.tenant_id, policy, self._d.now_ms(), caller.actor))
+        return self.settings(caller.tenant_id)
 
     def set_schema_majors(self, principal: Principal, endpoint_id: str, majors: Sequence[int]) -> tuple[int, ...]:
         """Pin an endpoint to schema majors (empty: all), for its tenant's read-write key."""
@@ -496,27 +500,59 @@ class CatalogService:
         if not caller.may_write:
             raise PermissionDenied("this call needs catalog write permission")
         name = _name(name)
-        for _ in range(CONFLICT_RETRIES):
-            current = self._d.catalog.get_type(caller.tenant_id, name)
-            if current is None:
-                raise NotFound(f"event type {name} not found")
-            changed = apply(current)
-            if changed == current:
-                self._publish(current)  # a retry: the first call's publish may have failed
-                return current
-            changed = replace(changed, updated_at_ms=self._d.now_ms(), updated_by=caller.actor,
-                              revision=current.revision + 1)
-            if self._d.catalog.replace_type(changed, current.revision):
-                self._publish(changed)
-                return changed
-        raise Aborted(f"event type {name} kept changing concurrently; retry")
+
+        def write() -> EventTypeEntry:
+            for _ in range(CONFLICT_RETRIES):
+                current = self._d.catalog.get_type(caller.tenant_id, name)
+                if current is None:
+                    raise NotFound(f"event type {name} not found")
+                changed = apply(current)
+                if changed == current:
+                    return current  # a retry: published again, as the first call's publish may have failed
+                changed = replace(changed, updated_at_ms=self._d.now_ms(), updated_by=caller.actor,
+                                  revision=current.revision + 1)
+                if self._d.catalog.replace_type(changed, current.revision):
+                    return changed
+            raise Aborted(f"event type {name} kept changing concurrently; retry")
+
+        return self._d.publication.change(caller.tenant_id, TYPE, name, write)
 
 
-    def _publish(self, entry: EventTypeEntry) -> None:
-        """The type and the tenant's settings (so fan-out has both once the tenant has a catalog)."""
-        now = self._d.now_ms()
-        self._d.publish([type_record(entry, now),
-                         CatalogSettingsRecord(entry.tenant_id, self.settings(entry.tenant_id).unknown_types, now)])
+def read_settings(catalog: CatalogStore, tenants: TenantsAndEndpoints, tenant_id: str) -> tuple[CatalogSettings, int]:
+    """A tenant's settings and their revision (0 for the default, which never changes)."""
+    stored = catalog.read_unknown_types(tenant_id)
+    if stored is not None:
+        return CatalogSettings(tenant_id, stored[0], is_default=False), stored[1]
+    tenant = tenants.get_tenant(tenant_id)
+    introduced = catalog.introduced_at_ms()
+    # Tenants that existed before the catalog emit uncatalogued events today: warn, so an
+    # upgrade drops nothing. Tenants created since start strict.
+    existing = tenant is not None and introduced is not None and tenant.created_at_ms < introduced
+    return CatalogSettings(tenant_id, WARN if existing else REJECT, is_default=True), 0
+
+
+def stored_records(catalog: CatalogStore, tenants: TenantsAndEndpoints, now_ms: Callable[[], int]) -> Reader:
+    """What is stored of a catalog key, as the records the delivery job reads
+    (control_plane.catalog_publication): a type goes with its tenant's settings, so fan-out has
+    both once the tenant has a catalog."""
+
+    def settings_record(tenant_id: str, now: int) -> CatalogSettingsRecord:
+        settings, revision = read_settings(catalog, tenants, tenant_id)
+        return CatalogSettingsRecord(tenant_id, settings.unknown_types, now, revision)
+
+    def read(tenant_id: str, kind: str, name: str) -> Sequence[CatalogRecord]:
+        now = now_ms()
+        if kind == TYPE:
+            entry = catalog.get_type(tenant_id, name)
+            return [] if entry is None else [type_record(entry, now), settings_record(tenant_id, now)]
+        if kind == SETTINGS:
+            return [settings_record(tenant_id, now)]
+        if kind == PINS:
+            pins = catalog.read_schema_pins(tenant_id, name)
+            return [] if pins is None else [SchemaPinsRecord(tenant_id, name, pins[0], now, pins[1])]
+        raise ValueError(f"unknown catalog key kind {kind!r}")
+
+    return read
 
 
 def type_record(entry: EventTypeEntry, now_ms: int) -> CatalogTypeRecord:

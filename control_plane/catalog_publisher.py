@@ -6,7 +6,9 @@ A catalog change is acknowledged one lease after Kafka confirmed its records, as
 change is (control_plane.publication): a tick ahead of the records on the single-partition
 topic was decided before the confirmation, so every event committed after the acknowledgement
 is checked against the new catalog. A publish that fails answers UNAVAILABLE ("stored, not yet
-sent to the delivery job"); retrying the same call publishes the stored state again.
+sent to the delivery job"); retrying the same call publishes the stored state again, and without a
+retry the republisher does (control_plane.catalog_publication, which also decides what is sent:
+the rows as stored, read back).
 
 Catalog changes are rare (people editing a contract), so each opens a producer of its own and
 closes it: the control plane keeps no second producer and thread alive for them.

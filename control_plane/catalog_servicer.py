@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from cassandra.cluster import Session
 
 from control_plane.auth import Authenticator
 from control_plane.catalog import (
@@ -22,13 +21,12 @@ from control_plane.catalog import (
     caller_for,
 )
 from control_plane.catalog_api import cpb, crpc
-from control_plane.catalog_publisher import CatalogPublisher
+from control_plane.catalog_publication import CatalogPublication
 from control_plane.catalog_store import CassandraCatalogStore
 from control_plane.cursor import Cursors
 from control_plane.errors import PermissionDenied
 from control_plane.servicer import mapped, ms_of, ts
 from control_plane.store import CassandraStore
-from core.settings import Settings
 
 SERVICE_NAME = cpb.DESCRIPTOR.services_by_name["EventCatalog"].full_name
 
@@ -136,11 +134,10 @@ class CatalogServicer(crpc.EventCatalogServicer):  # type: ignore[misc]
         return cpb.SetCatalogWriterResponse()
 
 
-def add_to_server(server: grpc.Server, auth: Authenticator, session: Session, tenants: CassandraStore,
-                  cursors: Cursors, settings: Settings, now_ms: Callable[[], int]) -> None:
-    """Wire the catalog into the control plane's server (control_plane/server.py calls this)."""
-    store = CassandraCatalogStore(session, settings.cassandra.consistency)
-    publisher = CatalogPublisher(settings.kafka, settings.control_plane.config_lease_ms)
+def add_to_server(server: grpc.Server, auth: Authenticator, store: CassandraCatalogStore, tenants: CassandraStore,
+                  cursors: Cursors, publication: CatalogPublication, now_ms: Callable[[], int]) -> None:
+    """Wire the catalog into the control plane's server (control_plane/server.py calls this and
+    runs ``publication``'s republisher loop)."""
     service = CatalogService(CatalogDeps(catalog=store, tenants=tenants, history=tenants, cursors=cursors,
-                                         now_ms=now_ms, publish=publisher.publish_records))
+                                         now_ms=now_ms, publication=publication))
     crpc.add_EventCatalogServicer_to_server(CatalogServicer(auth, service, store, tenants), server)

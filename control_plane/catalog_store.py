@@ -1,4 +1,5 @@
-"""The catalog's Cassandra tables (cassandra/schema/014_event_catalog.cql); statements prepared once."""
+"""The catalog's Cassandra tables (cassandra/schema/014_event_catalog.cql, 017_catalog_unpublished.cql);
+statements prepared once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
 from control_plane.catalog import EventTypeEntry, VersionEntry
+from control_plane.catalog_publication import Unpublished
 from control_plane.store import _dt, _ms, _rows, _unavailable_on_driver_error
 
 _TYPE_COLUMNS = ("tenant_id, name, description, type_group, status, sunset_at, enforcement, created_at, updated_at, "
@@ -30,7 +32,9 @@ class CassandraCatalogStore:
             "type_replace": "UPDATE event_types SET description = ?, type_group = ?, status = ?, sunset_at = ?, "
                             "enforcement = ?, updated_at = ?, updated_by = ?, revision = ?, versions = ? "
                             "WHERE tenant_id = ? AND name = ? IF revision = ?",
-            "settings_get": "SELECT unknown_types FROM event_catalog_settings WHERE tenant_id = ?",
+            # The write time orders a plain row's writes in Cassandra: it is the record's revision.
+            "settings_get": "SELECT unknown_types, WRITETIME(unknown_types) AS revision FROM event_catalog_settings "
+                            "WHERE tenant_id = ?",
             "settings_put": "INSERT INTO event_catalog_settings (tenant_id, unknown_types, updated_at, updated_by) "
                             "VALUES (?, ?, ?, ?)",
             "meta_get": "SELECT introduced_at FROM event_catalog_meta WHERE id = 'catalog'",
@@ -42,6 +46,15 @@ class CassandraCatalogStore:
                         "updated_by) VALUES (?, ?, ?, ?, ?)",
             "pins_get": "SELECT endpoint_id, schema_majors FROM endpoint_schema_pins "
                         "WHERE tenant_id = ? AND endpoint_id IN ?",
+            # updated_at is written with every put (WRITETIME of a non-frozen list is refused).
+            "pins_read": "SELECT schema_majors, WRITETIME(updated_at) AS revision FROM endpoint_schema_pins "
+                         "WHERE tenant_id = ? AND endpoint_id = ?",
+            "unpublished_put": "INSERT INTO catalog_unpublished (bucket, tenant_id, kind, name, attempt, since) "
+                               "VALUES (0, ?, ?, ?, ?, ?)",
+            "unpublished_clear": "DELETE FROM catalog_unpublished WHERE bucket = 0 AND tenant_id = ? AND kind = ? "
+                                 "AND name = ? AND attempt = ?",
+            "unpublished_scan": "SELECT tenant_id, kind, name, attempt, since FROM catalog_unpublished "
+                                "WHERE bucket = 0",
         }
         self._p: dict[str, PreparedStatement] = {}
         for name, text in cql.items():
@@ -80,9 +93,9 @@ class CassandraCatalogStore:
         return bool(rows and rows[0]["[applied]"])
 
     @_unavailable_on_driver_error
-    def get_unknown_types(self, tenant_id: str) -> str | None:
+    def read_unknown_types(self, tenant_id: str) -> tuple[str, int] | None:
         rows = self._rows("settings_get", (tenant_id,))
-        return rows[0]["unknown_types"] if rows else None
+        return (rows[0]["unknown_types"], rows[0]["revision"] or 0) if rows else None
 
     @_unavailable_on_driver_error
     def put_unknown_types(self, tenant_id: str, policy: str, at_ms: int, by: str) -> None:
@@ -128,6 +141,25 @@ class CassandraCatalogStore:
         # One partition (the tenant's), the ids as clustering keys: a page of endpoints is one read.
         rows = self._rows("pins_get", (tenant_id, list(endpoint_ids)))
         return {r["endpoint_id"]: tuple(r["schema_majors"] or ()) for r in rows}
+
+    @_unavailable_on_driver_error
+    def read_schema_pins(self, tenant_id: str, endpoint_id: str) -> tuple[tuple[int, ...], int] | None:
+        rows = self._rows("pins_read", (tenant_id, endpoint_id))
+        return (tuple(sorted(rows[0]["schema_majors"] or ())), rows[0]["revision"] or 0) if rows else None
+
+    @_unavailable_on_driver_error
+    def put_unpublished(self, item: Unpublished) -> None:
+        self._rows("unpublished_put", (item.tenant_id, item.kind, item.name, item.attempt, _dt(item.since_ms)))
+
+    @_unavailable_on_driver_error
+    def clear_unpublished(self, item: Unpublished) -> None:
+        self._rows("unpublished_clear", (item.tenant_id, item.kind, item.name, item.attempt))
+
+    @_unavailable_on_driver_error
+    def list_unpublished(self) -> list[Unpublished]:
+        # One partition with a row per change in flight or left unpublished: normally empty.
+        return [Unpublished(r["tenant_id"], r["kind"], r["name"], r["attempt"], _ms(r["since"]) or 0)
+                for r in self._rows("unpublished_scan", ())]
 
 
 def _versions(entry: EventTypeEntry) -> dict[str, str]:

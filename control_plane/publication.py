@@ -34,12 +34,22 @@ L/4 no event waits and none is held. What keeps the promise here:
   clock pass a stored config, and a client's retry of the unanswered request is answered L after
   the row is found confirmed.
 * Clocks: T is this process's time, the events' arrival is Kafka's, and another replica's ticks
-  carry its own time; fan-out takes ``config_clock_skew_ms`` off every horizon for that. If
-  writing the durable hold fails as well (Cassandra down), other replicas learn of the change at
-  their next republisher pass only, as before leases.
+  carry its own time; fan-out takes ``config_clock_skew_ms`` off every horizon for that.
+* No durable hold. If Cassandra fails after the change's row is written and before a durable
+  hold is (the audit row, written before the publish; or the hold row, after a failed publish),
+  only this replica's clock is held, in memory. Another replica learns of the change when a
+  republisher pass of its own finds the row behind and holds it from then on, so its ticks that
+  precede the config on the topic carry T < write + ``republish_interval_s`` + two passes'
+  durations (a pass that just missed the row, then the next, which reaches it). The answer comes
+  at the failure + L + ``hold_scan_interval_ms``, so fan-out may match an event committed up to
+  ``republish_interval_s`` - ``hold_scan_interval_ms`` (+ two passes - ``config_clock_skew_ms``)
+  after the acknowledgement without the change: 4 s with the defaults
+  (tests/unit/test_config_lease.py). A replica that cannot read Cassandra at all stops ticking
+  within ``hold_scan_interval_ms`` (its hold scan fails), so with Cassandra down none ticks.
 
 So a change is acknowledged after at most one lease (one lease plus the scan interval after a
-failed publish), and every event committed after its acknowledgement is matched against it.
+failed publish), and every event committed after its acknowledgement is matched against it --
+except, for the bounded time above, when Cassandra failed before its durable hold was written.
 """
 
 from __future__ import annotations

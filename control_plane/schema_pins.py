@@ -5,7 +5,9 @@ and an endpoint's create/update (``schema_majors``): normalised by ``pinned_majo
 endpoint_schema_pins (cassandra/schema/014_event_catalog.cql) and published to the delivery job as
 a SchemaPinsRecord, whose fan-out leaves the endpoint out of events of other majors
 (core.fanout.leave_out_pinned). Pins live beside the endpoint's row, not in it: they do not
-change its config_version.
+change its config_version. The record published is the row as read back, its revision the row's
+write time (control_plane.catalog_publication): of two concurrent settings, the job ends on the
+one Cassandra kept.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from control_plane.catalog_publication import PINS, CatalogPublication
 from control_plane.errors import InvalidArgument
-from core.records import CatalogRecord, SchemaPinsRecord
 
 MAX_PINNED_MAJORS = 10
 MAX_MAJOR = 999_999
@@ -40,17 +42,15 @@ def pinned_majors(majors: Iterable[int]) -> tuple[int, ...]:
 class SchemaPins:
     """Callers check that the endpoint is the caller's and may be changed; this stores and publishes."""
 
-    def __init__(self, store: PinStore, publish: Callable[[Sequence[CatalogRecord]], None],
-                 now_ms: Callable[[], int]) -> None:
+    def __init__(self, store: PinStore, publication: CatalogPublication, now_ms: Callable[[], int]) -> None:
         self._store = store
-        self._publish = publish  # returns once the delivery job counts the record (catalog_publisher)
+        self._publication = publication  # returns once the delivery job counts the stored pins
         self._now_ms = now_ms
 
     def set(self, tenant_id: str, endpoint_id: str, majors: Iterable[int], actor: str) -> tuple[int, ...]:
         pinned = pinned_majors(majors)
-        now = self._now_ms()
-        self._store.put_schema_pins(tenant_id, endpoint_id, pinned, now, actor)
-        self._publish([SchemaPinsRecord(tenant_id, endpoint_id, pinned, now)])
+        self._publication.change(tenant_id, PINS, endpoint_id, lambda: self._store.put_schema_pins(
+            tenant_id, endpoint_id, pinned, self._now_ms(), actor))
         return pinned
 
     def of(self, tenant_id: str, endpoint_ids: Sequence[str]) -> dict[str, tuple[int, ...]]:

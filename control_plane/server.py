@@ -28,7 +28,8 @@ from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.archive_store import ArchiveStore
 from control_plane.auth import Authenticator
-from control_plane.catalog import FilterCheck
+from control_plane.catalog import FilterCheck, stored_records
+from control_plane.catalog_publication import CatalogPublication
 from control_plane.catalog_publisher import CatalogPublisher
 from control_plane.catalog_servicer import SERVICE_NAME as CATALOG_SERVICE
 from control_plane.catalog_servicer import add_to_server as add_catalog
@@ -150,6 +151,10 @@ def build(
     publication = ConfigPublication(store, publisher, now_ms, lease_ms=cp.config_lease_ms,
                                     hold_scan_interval_ms=cp.hold_scan_interval_ms)
     catalog_store = CassandraCatalogStore(session, settings.cassandra.consistency)
+    # One for the catalog's service and the endpoints' pins: its republisher loop sends what either left behind.
+    catalog_publication = CatalogPublication(
+        catalog_store, stored_records(catalog_store, store, now_ms),
+        CatalogPublisher(settings.kafka, cp.config_lease_ms).publish_records, now_ms)
     endpoints = EndpointService(
         Deps(
             store=store,
@@ -164,8 +169,7 @@ def build(
             history=store,
             challenge_ttl_s=cp.challenge_ttl_s,
             check_filters=FilterCheck(catalog_store),
-            schema_pins=SchemaPins(catalog_store, CatalogPublisher(settings.kafka, cp.config_lease_ms).publish_records,
-                                   now_ms),
+            schema_pins=SchemaPins(catalog_store, catalog_publication, now_ms),
         )
     )
     cursors = Cursors.from_keyring(keyring)
@@ -190,7 +194,7 @@ def build(
     rpc.add_AdminServicer_to_server(
         AdminServicer(auth, AdminService(store, now_ms, os.urandom, settings.mode == "production"), reconciler,
                       endpoints), server)
-    add_catalog(server, auth, session, store, cursors, settings, now_ms)  # the event-type catalog
+    add_catalog(server, auth, catalog_store, store, cursors, catalog_publication, now_ms)  # the event-type catalog
     console_services = console.wire(settings, session, server, store, auth, endpoints, deliveries, ordering,
                                     reconciler, now_ms)
     health_servicer = health.HealthServicer()
@@ -213,6 +217,10 @@ def build(
     loops = (
         # First pass at once: the clock does not tick until it has held every lagging row.
         Loop("republisher", cp.republish_interval_s, publication.republish_pending, first_at_start=True),
+        # Catalog changes whose publish failed or whose process died (control_plane.catalog_publication).
+        # A loop of its own: one store failing must not stop the other's pass.
+        Loop("catalog-republisher", cp.republish_interval_s, catalog_publication.republish_pending,
+             first_at_start=True),
         # Leased ticks (control_plane.publication): a few per lease keep fan-out from holding.
         Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
         # The dispatcher's 410 Gone signals become audited disables.

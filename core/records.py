@@ -22,7 +22,8 @@ Topics and their records (all JSON, UTF-8):
   ticks: :class:`CatalogTypeRecord` (key ``__catalog__/TENANT/TYPE``: the type's enforcement
   and every version's schema), :class:`CatalogSettingsRecord` (key ``__catalog__/TENANT``: what
   an uncatalogued type or version gets) and :class:`SchemaPinsRecord` (key
-  ``__schema_pins__/ENDPOINT``: the majors an endpoint accepts).
+  ``__schema_pins__/ENDPOINT``: the majors an endpoint accepts). Each carries a ``revision``, and
+  fan-out keeps the highest per key whatever order they come in (core.schema_check.supersedes).
 * ``webhooks.replays`` (key: delivery_id) -- :class:`ReplayRequest`, a manual re-send.
 * ``webhooks.events.dlq`` -- :class:`DeadLetter`, a record the job refused (value only: the job
   reads values, so the original key is not carried).
@@ -294,11 +295,14 @@ class CatalogTypeRecord:
 @dataclass(frozen=True)
 class CatalogSettingsRecord:
     """A tenant's catalog settings, schema ``webhooks.catalog-settings/v1``: ``unknown_types``
-    (``reject`` | ``warn``) for an event whose type or version is not in its catalog."""
+    (``reject`` | ``warn``) for an event whose type or version is not in its catalog.
+    ``revision`` orders the records of one tenant: the write time (µs) of the stored row, which is
+    also what Cassandra orders its writes by; 0 in records from before it was published."""
 
     tenant_id: str
     unknown_types: str
     published_at_ms: int
+    revision: int = 0
 
     @property
     def key(self) -> str:
@@ -309,18 +313,21 @@ class CatalogSettingsRecord:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> CatalogSettingsRecord:
-        return CatalogSettingsRecord(str(d["tenant_id"]), str(d["unknown_types"]), int(d["published_at_ms"]))
+        return CatalogSettingsRecord(str(d["tenant_id"]), str(d["unknown_types"]), int(d["published_at_ms"]),
+                                     int(d.get("revision", 0)))
 
 
 @dataclass(frozen=True)
 class SchemaPinsRecord:
     """The schema majors an endpoint accepts, schema ``webhooks.schema-pins/v1``; empty: all.
-    Events of other majors are not sent to it (fan-out counts them as skipped_schema_major)."""
+    Events of other majors are not sent to it (fan-out counts them as skipped_schema_major).
+    ``revision`` orders the records of one endpoint, as CatalogSettingsRecord's does."""
 
     tenant_id: str
     endpoint_id: str
     schema_majors: tuple[int, ...]
     published_at_ms: int
+    revision: int = 0
 
     @property
     def key(self) -> str:
@@ -333,7 +340,8 @@ class SchemaPinsRecord:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> SchemaPinsRecord:
         return SchemaPinsRecord(str(d["tenant_id"]), str(d["endpoint_id"]),
-                                tuple(sorted(int(m) for m in d["schema_majors"])), int(d["published_at_ms"]))
+                                tuple(sorted(int(m) for m in d["schema_majors"])), int(d["published_at_ms"]),
+                                int(d.get("revision", 0)))
 
 
 CatalogRecord = CatalogTypeRecord | CatalogSettingsRecord | SchemaPinsRecord

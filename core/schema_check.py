@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from core.event_schemas import SchemaVersion, SchemaVersionError, ValidatorCache
-from core.records import CatalogSettingsRecord, CatalogTypeRecord, EventRecord, SchemaPinsRecord
+from core.records import CatalogRecord, CatalogSettingsRecord, CatalogTypeRecord, EventRecord, SchemaPinsRecord
 
 PLATFORM_PREFIX = "webhook."
 REJECT, WARN = "reject", "warn"
@@ -73,29 +73,49 @@ class TenantCatalog:
         return self.settings.unknown_types if self.settings is not None else WARN
 
 
+def supersedes(current: CatalogRecord | None, incoming: CatalogRecord) -> bool:
+    """Whether ``incoming`` replaces ``current`` (the record of the same key read before).
+
+    Records of one key reach the job in any order of revisions -- two control-plane replicas, a
+    retried call racing a change, the republisher -- so the higher revision is kept whatever
+    came last: going back would check events against a catalog the control plane no longer
+    holds. The same revision again is the same record (a republish)."""
+    return current is None or incoming.revision >= current.revision
+
+
 class CatalogIndex:
     """Every tenant's catalog and every endpoint's pins as fan-out has read them, by tenant and by
-    endpoint (fan-out rebuilds it from its broadcast state after a restore)."""
+    endpoint (fan-out rebuilds it from its broadcast state after a restore). A record older than
+    the one held for its key is ignored (:func:`supersedes`)."""
 
     def __init__(self) -> None:
         self._tenants: dict[str, TenantCatalog] = {}
-        self._pins: dict[str, tuple[int, ...]] = {}
+        self._pins: dict[str, SchemaPinsRecord] = {}
 
-    def add(self, record: CatalogTypeRecord | CatalogSettingsRecord | SchemaPinsRecord) -> None:
+    def add(self, record: CatalogRecord) -> bool:
+        """Hold ``record`` unless a newer one of its key is held; whether it was taken."""
         if isinstance(record, SchemaPinsRecord):
-            self._pins[record.endpoint_id] = record.schema_majors
-            return
+            if not supersedes(self._pins.get(record.endpoint_id), record):
+                return False
+            self._pins[record.endpoint_id] = record
+            return True
         catalog = self._tenants.setdefault(record.tenant_id, TenantCatalog({}))
         if isinstance(record, CatalogTypeRecord):
+            if not supersedes(catalog.types.get(record.event_type), record):
+                return False
             catalog.types[record.event_type] = record
         else:
+            if not supersedes(catalog.settings, record):
+                return False
             catalog.settings = record
+        return True
 
     def tenant(self, tenant_id: str) -> TenantCatalog | None:
         return self._tenants.get(tenant_id)
 
     def pins(self, endpoint_id: str) -> tuple[int, ...]:
-        return self._pins.get(endpoint_id, ())
+        record = self._pins.get(endpoint_id)
+        return record.schema_majors if record is not None else ()
 
 
 def _version(text: str) -> SchemaVersion | None:

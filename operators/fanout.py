@@ -24,10 +24,12 @@ configs): before matching, an event of a tenant with a catalog is checked agains
 (:mod:`core.schema_check`, validators compiled once per tenant/type/version). A refused one is
 dead-lettered (``schema_invalid`` with the JSON Pointer and schema version, or
 ``schema_unknown``), reaches no receiver, and is recorded as fanned out to no endpoint (the
-dead letter says why); ``warn`` lets it through, counted. Endpoints pinned to other schema majors
-are left out of the match and counted (``skipped_schema_major``, a total: an endpoint label would
-make the metric's cardinality the number of pinned endpoints); each skipped pair is listed in its
-endpoint's history as ``skipped`` with the reason -- that listing is the per-endpoint count.
+dead letter says why); ``warn`` lets it through, counted. A catalog record of a lower revision
+than the one held for its key is ignored (:func:`core.schema_check.supersedes`). Endpoints
+pinned to other schema majors are left out of the match and counted (``skipped_schema_major``,
+a total: an endpoint label would make the metric's cardinality the number of pinned endpoints);
+each skipped pair is listed in its endpoint's history as ``skipped`` with the reason -- that
+listing is the per-endpoint count.
 """
 
 from __future__ import annotations
@@ -163,7 +165,10 @@ class FanOut(KeyedBroadcastProcessFunction):
             state.put(value.endpoint_id, value)
             if self._by_tenant is not None:
                 self._by_tenant.setdefault(value.tenant_id, {})[value.endpoint_id] = value
-        elif isinstance(value, (CatalogTypeRecord, CatalogSettingsRecord, SchemaPinsRecord)):
+        elif isinstance(value, (CatalogTypeRecord, CatalogSettingsRecord, SchemaPinsRecord)) and \
+                schema_check.supersedes(state.get(value.key), value):
+            # A stale revision read after a newer one (replicas, a retry racing a change) is
+            # dropped here as in the index, so a restore does not bring it back either.
             state.put(value.key, value)
             if self._catalog is not None:
                 self._catalog.add(value)

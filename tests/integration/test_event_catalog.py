@@ -8,7 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +26,8 @@ from psycopg.conninfo import make_conninfo
 from control_plane import cli
 from control_plane.api import pb, rpc
 from control_plane.catalog_api import cpb, crpc
+from control_plane.catalog_publication import TYPE, Unpublished
+from control_plane.catalog_store import CassandraCatalogStore
 from control_plane.server import ControlPlaneServer, build
 from core.history_buckets import bucket_of
 from core.records import (
@@ -45,7 +47,7 @@ from outbox.producer import OutboxError, write_event
 from outbox.schemas import SchemaGuard
 from stack.isolation import keyspace_session
 from tests.integration.helpers import auth
-from tests.integration.test_control_plane import consume
+from tests.integration.test_control_plane import consume, wait_for
 from tests.support.asyncapi import asyncapi_3_errors
 
 pytestmark = pytest.mark.integration
@@ -529,3 +531,43 @@ def test_an_endpoint_is_pinned_on_create_and_update_and_get_shows_it(stack: Stac
     reader = Tenant(t.tenant_id, issued.api_key, issued.key_id)
     assert rpc_error(lambda: update(endpoint_id, [2], reader)).code() == grpc.StatusCode.PERMISSION_DENIED
     assert list(api.GetEndpoint(pb.GetEndpointRequest(endpoint_id=endpoint_id), metadata=t.md).schema_majors) == []
+
+
+def test_catalog_records_carry_the_stored_revisions_and_a_change_left_unpublished_is_sent(stack: Stack) -> None:
+    t = new_tenant(stack)
+    store = CassandraCatalogStore(stack.session)
+    topic = stack.settings.kafka.endpoints_topic
+
+    def last(key: str, count: int) -> Any:
+        found = consume(stack, topic, lambda k, _v: k == key.encode(), count=count)  # type: ignore[arg-type]
+        return parse_endpoint_topic_value(found[-1][1])
+
+    create_type(stack, t, "invoice.paid")
+    add_version(stack, t, "invoice.paid", "1", V1, [EXAMPLE])
+    stack.catalog.SetCatalogSettings(cpb.SetCatalogSettingsRequest(unknown_types="warn"), metadata=t.md)
+    # Settings went out with the create and the version (the default, revision 0), then as set:
+    # the row's write time is the revision.
+    settings = last(catalog_settings_key(t.tenant_id), count=3)
+    assert (settings.unknown_types, settings.revision) == store.read_unknown_types(t.tenant_id)
+    assert settings.revision > 0
+    api = rpc.ControlPlaneStub(stack.channel)
+    endpoint_id = api.CreateEndpoint(pb.CreateEndpointRequest(url=HOOK_URL, event_types=["invoice.*"]),
+                                     metadata=t.md).endpoint.endpoint_id
+    for majors in ([2], [3]):
+        stack.catalog.SetEndpointSchemaMajors(cpb.SetEndpointSchemaMajorsRequest(
+            endpoint_id=endpoint_id, schema_majors=majors), metadata=t.md)
+    pins = last(schema_pins_key(endpoint_id), count=2)
+    assert (pins.schema_majors, pins.revision) == store.read_schema_pins(t.tenant_id, endpoint_id)
+    # Published changes leave no outbox row.
+    assert [i for i in store.list_unpublished() if i.tenant_id == t.tenant_id] == []
+
+    # A change stored whose publish never happened (the process died): its outbox row, older than
+    # a request can be in flight, is what the republisher loop sends it from.
+    entry = store.get_type(t.tenant_id, "invoice.paid")
+    assert entry is not None and entry.revision == 2
+    store.put_unpublished(Unpublished(t.tenant_id, TYPE, "invoice.paid", "it-" + uuid.uuid4().hex,
+                                      int(time.time() * 1000) - 60_000))
+    assert store.replace_type(replace(entry, description="stored, never published", revision=3), 2)
+    consume(stack, topic, lambda k, v: k == catalog_type_key(t.tenant_id, "invoice.paid").encode()  # type: ignore[arg-type]
+            and json.loads(v)["revision"] == 3)
+    wait_for(lambda: [i for i in store.list_unpublished() if i.tenant_id == t.tenant_id] == [])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from control_plane import errors
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import PublishError
 from control_plane.service import Deps, EndpointService
@@ -184,3 +185,70 @@ def test_settings_refuse_ticks_that_do_not_fit_in_the_lease(lease_ms: int, inter
     else:
         with pytest.raises(ValidationError, match="config_lease_ms"):
             make()
+
+
+REPUBLISH_MS = 2_000  # republish_interval_s, short
+TICK_MS = 250  # config_clock_interval_ms
+
+
+def test_a_change_whose_cassandra_write_failed_before_its_publish_is_passed_by_other_replicas_for_a_bounded_time(
+) -> None:
+    """No durable hold: the audit row (Cassandra) fails before the publish, so the change holds
+    only its own replica's clock. Another replica ticks past it until its next republisher pass
+    finds the row behind. The bound (control_plane.publication): its ticks before the config carry
+    T < write + republish interval (+ two passes' durations, 0 here), so an event committed more
+    than republish interval - hold_scan_interval_ms after the acknowledgement is matched against
+    the change -- and one committed between the acknowledgement and then may not be."""
+    clock, store, topic = Clock(), MemoryStore(), Topic()
+    mine, other = (ConfigPublication(store, topic, clock, lease_ms=LEASE_MS, hold_scan_interval_ms=SCAN_MS)
+                   for _ in range(2))
+    next_pass = clock.now
+
+    def run_other(until_ms: int) -> None:
+        """The other replica's loops, while this one's request waits out its lease."""
+        nonlocal next_pass
+        while clock.now < until_ms:
+            clock.now = min(clock.now + TICK_MS, until_ms)
+            if clock.now >= next_pass:
+                other.republish_pending()
+                next_pass = clock.now + REPUBLISH_MS
+            other.publish_clock()
+
+    mine._sleep_ms = lambda ms: run_other(clock.now + ms)  # type: ignore[method-assign]
+    service = EndpointService(Deps(
+        store=store, publication=mine, publisher=topic, destination=DestinationValidator(EgressPolicy(), fake_resolver),
+        master_key=Keyring.single(MASTER_KEY), now_ms=clock, random_bytes=counting_random(),  # type: ignore[arg-type]
+        default_overlap_s=0, history=store, challenge_ttl_s=600))
+    mine.republish_pending()
+    endpoint = service.create(ALICE, spec(), "").endpoint
+    run_other(next_pass)  # the worst case: the change lands just after the other replica's pass
+
+    audit = store.put_version
+
+    def fails_once(version: object) -> None:
+        store.put_version = audit  # type: ignore[method-assign]
+        raise errors.Unavailable("storage unavailable")
+
+    store.put_version = fails_once  # type: ignore[method-assign]
+    written_ms = clock.now
+    updated = service.update(ALICE, endpoint.endpoint_id, spec(description="v2"), ["description"])
+    acked_ms = clock.now
+    assert (updated.config_version, updated.published_version) == (2, 1) and store.clock_holds == {}
+    assert acked_ms == written_ms + LEASE_MS + SCAN_MS
+    run_other(acked_ms + 2 * REPUBLISH_MS)
+
+    at = next(i for i, r in enumerate(topic.records)
+              if isinstance(r, EndpointConfig) and r.config_version == updated.config_version)
+    passed = max(r.published_at_ms for r in topic.records[:at] if isinstance(r, ConfigClock))
+    assert passed < written_ms + REPUBLISH_MS  # the bound on the other replica's ticks
+    # What fan-out makes of it: events committed up to `passed + lease` are released by a tick
+    # that precedes the config. That reaches past the acknowledgement, by at most
+    # republish interval - hold_scan_interval_ms.
+    window_ms = passed + LEASE_MS - acked_ms
+    assert 0 < window_ms <= REPUBLISH_MS - SCAN_MS
+    follower = ClockFollower(interval_hint_ms=TICK_MS, skew_ms=0, stale_after_ms=10**9, started_at_ms=0)
+    for r in topic.records[:at]:
+        if isinstance(r, ConfigClock):
+            follower.observe(r.published_at_ms, r.lease_ms, clock.now)
+    assert follower.decide(acked_ms, clock.now).verdict == RELEASE
+    assert follower.decide(acked_ms + REPUBLISH_MS - SCAN_MS, clock.now).verdict != RELEASE

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from control_plane import errors
+from control_plane.catalog import stored_records
+from control_plane.catalog_publication import CatalogPublication, Unpublished
 from control_plane.publication import ConfigPublication
 from control_plane.schema_pins import SchemaPins, pinned_majors
 from control_plane.service import Deps, EndpointService
@@ -41,13 +43,29 @@ class Pins:
     rows: dict[tuple[str, str], tuple[tuple[int, ...], str]] = field(default_factory=dict)
     published: list[SchemaPinsRecord] = field(default_factory=list)
     configs_seen: list[int] = field(default_factory=list)
+    unpublished: list[Unpublished] = field(default_factory=list)
+    writes: dict[tuple[str, str], int] = field(default_factory=dict)  # the rows' write times
 
     def put_schema_pins(self, tenant_id: str, endpoint_id: str, majors: tuple[int, ...], at_ms: int,
                         by: str) -> None:
         self.rows[(tenant_id, endpoint_id)] = (majors, by)
+        self.writes[(tenant_id, endpoint_id)] = max(self.writes.values(), default=0) + 1
 
     def get_schema_pins(self, tenant_id: str, endpoint_ids: Sequence[str]) -> dict[str, tuple[int, ...]]:
         return {e: self.rows[(tenant_id, e)][0] for e in endpoint_ids if (tenant_id, e) in self.rows}
+
+    def read_schema_pins(self, tenant_id: str, endpoint_id: str) -> tuple[tuple[int, ...], int] | None:
+        key = (tenant_id, endpoint_id)
+        return (self.rows[key][0], self.writes[key]) if key in self.rows else None
+
+    def put_unpublished(self, item: Unpublished) -> None:
+        self.unpublished.append(item)
+
+    def clear_unpublished(self, item: Unpublished) -> None:
+        self.unpublished.remove(item)
+
+    def list_unpublished(self) -> list[Unpublished]:
+        return list(self.unpublished)
 
     def publish(self, records: Sequence[CatalogRecord]) -> None:
         for r in records:
@@ -73,7 +91,8 @@ def world(with_pins: bool = True) -> World:
         store=store, publication=publication, publisher=publisher,
         destination=DestinationValidator(EgressPolicy(), fake_resolver), master_key=Keyring.single(MASTER_KEY),
         now_ms=clock, random_bytes=counting_random(), default_overlap_s=3600,  # type: ignore[arg-type]
-        schema_pins=SchemaPins(pins, pins.publish, clock) if with_pins else None,
+        schema_pins=SchemaPins(pins, CatalogPublication(pins, stored_records(pins, None, clock),  # type: ignore[arg-type]
+                                                        pins.publish, clock), clock) if with_pins else None,
     ))
     return World(store, publisher, pins, endpoints)
 
