@@ -21,8 +21,9 @@ kept for the life of the process (core.event_schemas.ValidatorCache).
 **What is refused** (:class:`~outbox.producer.OutboxError`, before any SQL): a payload that does
 not match its version's schema when the type's enforcement is ``reject`` (the message names the
 JSON Pointer); a type or version missing from the catalog when the tenant's ``unknown_types`` is
-``reject``. With ``warn`` the event is written and a warning logged (the job delivers it and
-counts it). ``webhook.*`` types are the platform's own and are not checked.
+``reject``; a payload that is not strict JSON (core.strict_json), whatever the enforcement.
+With ``warn`` the event is written and a warning logged (the job delivers it and counts it).
+``webhook.*`` types are the platform's own and are not checked.
 
 **When the control plane cannot be reached** the last fetched catalog keeps being used; with
 none at all the event is written unchecked and a warning logged: producers keep committing while
@@ -32,7 +33,6 @@ event again at fan-out, so nothing invalid reaches a receiver either way.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from core import strict_json
 from core.event_schemas import SchemaVersion, SchemaVersionError, ValidatorCache
 
 log = logging.getLogger(__name__)
@@ -117,9 +118,10 @@ class SchemaGuard:
             self._refuse_or_warn(catalog.unknown_types, f"{what} is not in the catalog of tenant {tenant_id}")
             return
         try:
-            doc = json.loads(payload)
-        except ValueError:
-            return  # outbox.producer already refused a payload that is not JSON
+            doc = strict_json.loads(payload)
+        except strict_json.NotStrictJson as exc:
+            # Whatever the enforcement: the job dead-letters it at ingest, before any catalog check.
+            raise SchemaRefused(f"payload is not strict JSON: {exc}") from None
         invalid = self._validators.get((tenant_id, event_type, version), kind.schemas[version])(doc)
         if invalid is not None:
             self._refuse_or_warn(kind.enforcement, f"payload does not match {event_type} {version} at "
