@@ -23,7 +23,8 @@ not match its version's schema when the type's enforcement is ``reject`` (the me
 JSON Pointer); a type or version missing from the catalog when the tenant's ``unknown_types`` is
 ``reject``; a payload that is not strict JSON (core.strict_json), whatever the enforcement.
 With ``warn`` the event is written and a warning logged (the job delivers it and counts it).
-``webhook.*`` types are the platform's own and are not checked.
+``webhook.*`` types are the platform's own and are not checked, and neither are the events of a
+tenant with no catalog yet (no type, no stored setting), which the job sends unchecked.
 
 **When the control plane cannot be reached** the last fetched catalog keeps being used; with
 none at all the event is written unchecked and a warning logged: producers keep committing while
@@ -66,6 +67,9 @@ class CatalogType:
 class TenantCatalog:
     types: Mapping[str, CatalogType]
     unknown_types: str  # reject | warn
+    # False while the tenant has no type and no stored setting: the job then has no catalog for it
+    # and sends its events unchecked (core.schema_check), so nothing is refused here either.
+    published: bool = True
 
 
 class CatalogSource(Protocol):
@@ -110,6 +114,8 @@ class SchemaGuard:
         if catalog is None:
             log.warning("event-type catalog of %s unavailable and never fetched: %s %s written unchecked "
                         "(the delivery job validates it)", tenant_id, event_type, schema_version)
+            return
+        if not catalog.published:
             return
         kind = catalog.types.get(event_type)
         if kind is None or version is None or version not in kind.schemas:

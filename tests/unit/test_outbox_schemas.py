@@ -129,3 +129,12 @@ def test_a_payload_that_is_not_strict_json_is_refused_whatever_the_enforcement(
     g = guard(FakeSource(catalog(enforcement)))
     with pytest.raises(SchemaRefused, match=f"not strict JSON: .*{says}"):
         g.check("acme", "invoice.paid", "1", payload)
+
+
+def test_a_tenant_the_job_has_no_catalog_for_is_not_checked() -> None:
+    """No type catalogued and no setting stored: the job has no catalog for the tenant and sends
+    its events unchecked, so the guard must not refuse them for a default ``reject`` (a new
+    tenant's first event, before any `event-types create`). A stored setting or a type counts."""
+    guard(FakeSource(TenantCatalog({}, "reject", published=False))).check("acme", "invoice.paid", "1", b"{}")
+    with pytest.raises(SchemaRefused, match="not in the catalog"):
+        guard(FakeSource(TenantCatalog({}, "reject"))).check("acme", "invoice.paid", "1", b"{}")
