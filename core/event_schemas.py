@@ -203,16 +203,14 @@ def _compare_new_property(old: Mapping[str, Any], name: str, schema: Any, at: st
         out.append(BreakingChange(at, "unproven", f"new property {name!r}: an old patternProperties regex does "
                                                   f"not compile ({exc}), so what it allowed cannot be shown"))
         return
-    # The old value met every schema in ``before``; accepting all that one of them accepts is enough.
-    first: list[BreakingChange] = []
+    why = ""
     for source, allowed in before:
         found: list[BreakingChange] = []
         _compare(allowed, schema, at, found)
         if not found:
-            return
-        first = first or [BreakingChange(at, "closed", f"new property {name!r} accepts less than {source} "
-                                                       f"allowed it before: {found[0].detail}")]
-    out.extend(first)
+            return  # an old value met every schema in ``before``, so it meets this one's superset
+        why = why or f"{source} allowed it before: {found[0].detail}"
+    out.append(BreakingChange(at, "closed", f"new property {name!r} accepts less than {why}"))
 
 
 def _old_member_schemas(old: Mapping[str, Any], name: str) -> list[tuple[str, Any]]:
