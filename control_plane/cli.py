@@ -566,7 +566,11 @@ def publish_event(args: argparse.Namespace) -> int:
     from the control plane) when a credential is set. The outbox is the producer database."""
     data = _event_data(args.data)
     dsn = args.dsn or load_settings().outbox.dsn
-    catalog = _catalog(args)
+    try:
+        catalog = _catalog(args)
+    except OSError as exc:
+        print(f"webhookctl: --ca {args.ca}: {exc.strerror}", file=sys.stderr)
+        return 2
     if catalog is None:
         print("webhookctl: not checked against the event-type catalog (set WEBHOOKCTL_API_KEY, or "
               "WEBHOOKCTL_ADMIN_TOKEN); the delivery job checks it", file=sys.stderr)

@@ -304,3 +304,11 @@ def test_publish_without_a_credential_says_the_catalog_was_not_consulted(
     assert "not checked against the event-type catalog" in err and "WEBHOOKCTL_API_KEY" in err
     code, conn, _, err = publish('{"amount": NaN}', monkeypatch, capsys, credential=False)
     assert code == 2 and conn.executed == [] and "NaN is not a JSON number" in err  # strict JSON, always
+
+
+def test_publish_with_a_missing_ca_file_is_a_usage_error(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("WEBHOOKCTL_API_KEY", "key_acme")
+    code = cli.main(["--target", "cp.example.com:443", "--ca", str(tmp_path / "none.pem"), "events", "publish",
+                     "--tenant", "acme", "--type", "invoice.paid", "--dsn", "postgresql://outbox", "--data", "{}"])
+    assert code == 2 and "--ca" in capsys.readouterr().err
