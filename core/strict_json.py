@@ -85,7 +85,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise NotStrictJson(f"the key {key!r} appears twice in one object")
+                raise NotStrictJson(f"the key {key[:80]!r} appears twice in one object")
             seen.add(key)
     return obj
 
