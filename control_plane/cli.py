@@ -2,8 +2,9 @@
 
     webhookctl [--target HOST:PORT] [--ca FILE | --insecure] [--json] GROUP COMMAND ...
 
-`events publish` writes to the producer database's outbox (like an application would), `stats`
-reads Prometheus; every other group calls the control plane's gRPC API.
+`events publish` writes to the producer database's outbox (like an application would, checked
+against the tenant's event-type catalog when a credential is set), `stats` reads Prometheus;
+every other group calls the control plane's gRPC API.
 Credentials come from the environment so they stay out of shell history and `ps`:
 WEBHOOKCTL_API_KEY for tenant commands, WEBHOOKCTL_ADMIN_TOKEN for `tenants`, `keys` and
 `reconcile`.
@@ -34,7 +35,9 @@ from control_plane import catalog_cli, history_query, listen, stats
 from control_plane.api import pb, rpc
 from control_plane.console import portal_cli
 from core.settings import load_settings
+from outbox.catalog_client import GrpcCatalog
 from outbox.producer import OutboxError, write_event
+from outbox.schemas import SchemaGuard
 
 Out = Callable[[Any], None]
 
@@ -558,28 +561,55 @@ def parser() -> argparse.ArgumentParser:
 
 
 def publish_event(args: argparse.Namespace) -> int:
-    """`events publish`: the producer library in one transaction of its own. Talks to the producer
-    database, not to the control plane, so it needs no API key."""
-    data = args.data
-    if data == "-":
-        data = sys.stdin.read()
-    elif data.startswith("@"):
-        with open(data[1:], "rb") as f:
-            data = f.read()
+    """`events publish`: the producer library in one transaction of its own, with the same checks
+    an application gets: strict JSON always, and the tenant's event-type catalog (SchemaGuard, read
+    from the control plane) when a credential is set. The outbox is the producer database."""
+    data = _event_data(args.data)
     dsn = args.dsn or load_settings().outbox.dsn
+    try:
+        catalog = _catalog(args)
+    except OSError as exc:
+        print(f"webhookctl: --ca {args.ca}: {exc.strerror}", file=sys.stderr)
+        return 2
+    if catalog is None:
+        print("webhookctl: not checked against the event-type catalog (set WEBHOOKCTL_API_KEY, or "
+              "WEBHOOKCTL_ADMIN_TOKEN); the delivery job checks it", file=sys.stderr)
     try:
         with psycopg.connect(dsn, connect_timeout=5) as conn:
             event_id = write_event(conn, args.tenant, args.type, data, object_id=args.object_id,
                                    object_version=args.object_version, schema_version=args.schema_version,
-                                   event_id=args.event_id)
+                                   event_id=args.event_id, schemas=SchemaGuard(catalog) if catalog else None)
     except OutboxError as exc:
         print(f"webhookctl: invalid event: {exc}", file=sys.stderr)
         return 2
     except psycopg.Error as exc:
         print(f"webhookctl: outbox write failed: {exc}".rstrip(), file=sys.stderr)
         return 1
+    finally:
+        if catalog is not None:
+            catalog.close()
     print(json.dumps({"event_id": event_id}) if args.json else event_id)
     return 0
+
+
+def _event_data(data: str) -> str | bytes:
+    if data == "-":
+        return sys.stdin.read()
+    if data.startswith("@"):
+        with open(data[1:], "rb") as f:
+            return f.read()
+    return data
+
+
+def _catalog(args: argparse.Namespace) -> GrpcCatalog | None:
+    """The tenant's catalog as the producer library reads it, with the credential `event-types`
+    would use for --tenant (the admin token, else the tenant's key); None without one. Unreachable,
+    it writes the event unchecked with a warning, as an application's producer does."""
+    token = os.environ.get("WEBHOOKCTL_ADMIN_TOKEN", "") or os.environ.get("WEBHOOKCTL_API_KEY", "")
+    if not token:
+        return None
+    plaintext = args.insecure or (args.ca is None and _is_loopback(args.target))
+    return GrpcCatalog(args.target, token, ca_file=args.ca, insecure=plaintext, timeout_s=args.timeout)
 
 
 class _Auth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):

@@ -11,15 +11,20 @@ major, so a receiver written for ``2.0`` keeps understanding every ``2.x`` event
 **The policy** (:func:`breaking_changes`), rule by rule:
 
 =====================  ======================================================================
-allowed in a minor      a new optional property; an enum given more values or dropped; a type
-                        widened (``integer`` -> ``number``, a second type); a bound relaxed
-                        (``maxLength`` up, ``minimum`` down, removed); ``pattern``/``format``
-                        dropped; annotations (``title``, ``description``, ``examples``...)
+allowed in a minor      a new optional property whose schema accepts every value its name was
+                        allowed before (under ``additionalProperties: false``, any schema; under
+                        an open object, only one accepting anything, such as ``{}``); an enum
+                        given more values or dropped; a type widened (``integer`` ->
+                        ``number``, a second type); a bound relaxed (``maxLength`` up,
+                        ``minimum`` down, removed); ``pattern``/``format`` dropped; annotations
+                        (``title``, ``description``, ``examples``...)
 needs a new major       ``removed``: a property (or ``$defs`` entry) is gone -- a rename is a
                         removal; ``required``: a property became required; ``type``: a type
                         narrowed or added where there was none; ``enum``/``const``: a value no
                         longer accepted; ``bound``: a bound tightened or added;
-                        ``closed``: ``additionalProperties`` became false or narrower;
+                        ``closed``: ``additionalProperties`` became false or narrower, or a
+                        new property accepts less than the ``additionalProperties`` or matching
+                        ``patternProperties`` that covered its name before;
                         ``unproven``: any other assertion changed (``pattern``, ``$ref``,
                         ``oneOf``...) -- the check cannot show it accepts every older event
 =====================  ======================================================================
@@ -105,7 +110,9 @@ def breaking_changes(old: Any, new: Any) -> list[BreakingChange]:
 
 
 def _compare(old: Any, new: Any, ptr: str, out: list[BreakingChange]) -> None:
-    if old == new or old is False or new is True:
+    if old is True:
+        old = {}  # the same schema, compared keyword by keyword below
+    if old == new or old is False or _accepts_anything(new):
         return  # nothing was valid before, or everything is valid now
     if not isinstance(old, Mapping) or not isinstance(new, Mapping):
         out.append(BreakingChange(ptr, "unproven", "the schema was replaced by a narrower one"))
@@ -126,6 +133,10 @@ def _compare(old: Any, new: Any, ptr: str, out: list[BreakingChange]) -> None:
             continue
         out.append(BreakingChange(f"{ptr}/{pointer_token(key)}", "unproven",
                                   f"{key!r} changed; only additive changes are allowed within a major"))
+
+
+def _accepts_anything(schema: Any) -> bool:
+    return schema is True or (isinstance(schema, Mapping) and set(schema) <= _ANNOTATIONS)
 
 
 def _types(schema: Mapping[str, Any]) -> set[str] | None:
@@ -162,7 +173,8 @@ _MISSING = object()
 def _compare_objects(old: Mapping[str, Any], new: Mapping[str, Any], ptr: str, out: list[BreakingChange]) -> None:
     old_props: Mapping[str, Any] = old.get("properties") or {}
     new_props: Mapping[str, Any] = new.get("properties") or {}
-    for name in sorted(set(new.get("required") or ()) - set(old.get("required") or ())):
+    newly_required = set(new.get("required") or ()) - set(old.get("required") or ())
+    for name in sorted(newly_required):
         what = "became required" if name in old_props else "was added as required (add it optional)"
         out.append(BreakingChange(f"{ptr}/properties/{pointer_token(name)}", "required", f"property {name!r} {what}"))
     for name in sorted(old_props):
@@ -171,12 +183,46 @@ def _compare_objects(old: Mapping[str, Any], new: Mapping[str, Any], ptr: str, o
             out.append(BreakingChange(at, "removed", f"property {name!r} was removed (a rename is a removal)"))
         else:
             _compare(old_props[name], new_props[name], at, out)
+    for name in sorted(set(new_props) - set(old_props) - newly_required):
+        _compare_new_property(old, name, new_props[name], f"{ptr}/properties/{pointer_token(name)}", out)
     old_extra, new_extra = old.get("additionalProperties", True), new.get("additionalProperties", True)
     if new_extra is False and old_extra is not False:
         out.append(BreakingChange(f"{ptr}/additionalProperties", "closed",
                                   "additionalProperties became false: unknown members were accepted before"))
     elif new_extra is not False:
         _compare(old_extra, new_extra, f"{ptr}/additionalProperties", out)
+
+
+def _compare_new_property(old: Mapping[str, Any], name: str, schema: Any, at: str, out: list[BreakingChange]) -> None:
+    """A property new in ``properties`` is additive only if its schema accepts every value the
+    old schema let that name have: an old event may already carry it. Under an open object
+    (``additionalProperties`` absent or true) only a schema that accepts anything is additive."""
+    try:
+        before = _old_member_schemas(old, name)
+    except re.error as exc:
+        out.append(BreakingChange(at, "unproven", f"new property {name!r}: an old patternProperties regex does "
+                                                  f"not compile ({exc}), so what it allowed cannot be shown"))
+        return
+    why = ""
+    for source, allowed in before:
+        found: list[BreakingChange] = []
+        _compare(allowed, schema, at, found)
+        if not found:
+            return  # an old value met every schema in ``before``, so it meets this one's superset
+        why = why or f"{source} allowed it before: {found[0].detail}"
+    out.append(BreakingChange(at, "closed", f"new property {name!r} accepts less than {why}"))
+
+
+def _old_member_schemas(old: Mapping[str, Any], name: str) -> list[tuple[str, Any]]:
+    """What the old schema required of a member ``name`` it did not list in ``properties``: each
+    ``patternProperties`` schema whose regex matches, and ``additionalProperties`` if none does
+    -- decided as the validator decides it (jsonschema: ``re.search``, the regexes joined by ``|``
+    for "additional"). Raises re.error for a regex Python cannot compile."""
+    patterns: Mapping[str, Any] = old.get("patternProperties") or {}
+    before = [(f"patternProperties {p!r}", sub) for p, sub in patterns.items() if re.search(p, name)]
+    if not (patterns and re.search("|".join(patterns), name)):
+        before.append(("additionalProperties", old.get("additionalProperties", True)))
+    return before or [("the old schema", True)]
 
 
 def _compare_bounds(old: Mapping[str, Any], new: Mapping[str, Any], ptr: str, out: list[BreakingChange]) -> None:

@@ -16,8 +16,13 @@ Two forms are accepted, so a real Debezium connector on an outbox table can feed
    milliseconds (Debezium renders timestamps as epoch numbers), and ``envelope_version`` (default 1)
    versions the outbox row layout. Version 2 is the platform's own outbox table
    (outbox/sql/001_webhook_outbox.sql): ``payload`` is a bytea column, which Debezium renders as
-   base64, and must hold one UTF-8 JSON document (every delivery is sent as application/json);
-   anything else is refused with reason ``payload_not_json``.
+   base64.
+
+In every form the payload must be one strict RFC 8259 document in UTF-8 (:mod:`core.strict_json`:
+no NaN or Infinity, no lone surrogate, no key twice, nothing after it): every delivery is sent as
+application/json, and the catalog check must judge what a receiver reads. Anything else is
+refused with reason ``payload_not_json``. The record itself is parsed as strictly (reasons
+``not_utf8`` and ``malformed_json``; a UTF-8 byte order mark before it is tolerated).
 
 Every refusal is an :class:`IngestError` with a stable ``reason`` code (for the dead-letter topic
 and the metric) and a human ``detail``. :func:`check_target` refuses (``untrusted_target``) an
@@ -30,11 +35,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from core import target_proof
+from core import strict_json, target_proof
 from core.records import EVENT_SCHEMA_V1, EventRecord
 from core.timeutil import iso_to_ms
 
@@ -46,6 +50,7 @@ _MAX_ID_LEN = 200
 # every send.
 _BIGINT = (-(2**63), 2**63 - 1)
 _TIMESTAMP_MS = (-62_135_596_800_000, 253_402_300_799_999)  # 0001-01-01 .. 9999-12-31, UTC
+_BOM = b"\xef\xbb\xbf"
 
 
 class IngestError(Exception):
@@ -55,20 +60,32 @@ class IngestError(Exception):
         self.detail = detail
 
 
-def parse_event(raw: bytes, max_payload_bytes: int) -> EventRecord:
+def parse_event(raw: bytes, max_payload_bytes: int, *, check_payload: bool = True) -> EventRecord:
+    """The event ``raw`` holds. ``check_payload=False`` is for an event ingest admitted before (a
+    redrive): one admitted before payloads had to be strict JSON is still redriven."""
+    event = _from_record(_record(raw), max_payload_bytes)
+    if check_payload:
+        _check_json(event.payload)  # last: the costliest check, and a payload too large is never parsed
+    return event
+
+
+def _record(raw: bytes) -> dict[str, Any]:
+    # A UTF-8 byte order mark before the record is still tolerated, as json.loads(bytes) did;
+    # a payload's is not (the payload is what receivers are sent).
+    if raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
     try:
-        # Decode explicitly: json.loads(bytes) would also accept UTF-16 and UTF-32 records.
-        # "utf-8-sig" still tolerates a UTF-8 byte order mark, as json.loads(bytes) did.
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
+        doc = strict_json.loads(raw)
+    except strict_json.NotUtf8 as exc:
         raise IngestError("not_utf8", f"record is not UTF-8: {exc}") from exc
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise IngestError("malformed_json", f"record is not valid JSON: {exc}") from exc
+    except strict_json.NotStrictJson as exc:
+        raise IngestError("malformed_json", f"record is not strict JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise IngestError("malformed_json", "record must be a JSON object")
+    return doc
 
+
+def _from_record(doc: dict[str, Any], max_payload_bytes: int) -> EventRecord:
     if "schema" in doc and isinstance(doc["schema"], str):
         if doc["schema"] != EVENT_SCHEMA_V1:
             raise IngestError("unknown_schema", f"unsupported event schema {doc['schema']!r}")
@@ -91,26 +108,20 @@ def _from_debezium(envelope: dict[str, Any], max_payload_bytes: int) -> EventRec
     if version not in SUPPORTED_OUTBOX_VERSIONS:
         raise IngestError("unknown_schema", f"unsupported outbox envelope_version {version!r}")
     if version == 2:
-        return _from_fields(after, max_payload_bytes, _json_bytea(after, max_payload_bytes))
+        return _from_fields(after, max_payload_bytes, _bytea(after))
     return _from_fields(after, max_payload_bytes)
 
 
-def _json_bytea(after: dict[str, Any], max_payload_bytes: int) -> bytes:
+def _bytea(after: dict[str, Any]) -> bytes:
     value = after.get("payload")
     if value is None:
         raise IngestError("missing_field", "payload is required")
     if not isinstance(value, str):
         raise IngestError("wrong_type", "payload must be base64 text (a bytea column)")
     try:
-        payload = base64.b64decode(value, validate=True)
+        return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise IngestError("wrong_type", f"payload is not base64: {exc}") from exc
-    if len(payload) <= max_payload_bytes:  # a larger one is refused as payload_too_large below
-        try:
-            json.loads(payload.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise IngestError("payload_not_json", f"payload is not one UTF-8 JSON document: {exc}") from exc
-    return payload
 
 
 def _from_fields(d: dict[str, Any], max_payload_bytes: int, payload: bytes | None = None) -> EventRecord:
@@ -143,6 +154,13 @@ def check_target(event: EventRecord, keys: Sequence[bytes]) -> None:
                for key in keys):
         raise IngestError("untrusted_target", f"target_endpoint_id {event.target_endpoint_id} is honoured only "
                           "on the control plane's own test events (no valid target_proof)")
+
+
+def _check_json(payload: bytes) -> None:
+    try:
+        strict_json.loads(payload)
+    except strict_json.NotStrictJson as exc:
+        raise IngestError("payload_not_json", f"payload is not one strict JSON document in UTF-8: {exc}") from exc
 
 
 def _payload_bytes(d: dict[str, Any]) -> bytes:

@@ -11,7 +11,8 @@ Topics and their records (all JSON, UTF-8):
        "payload": "{\\"id\\":\\"inv_9\\"}"}
 
   ``payload`` is a string whose UTF-8 encoding is the exact body every attempt sends;
-  ``payload_base64`` may be given instead for bytes that are not UTF-8. ``object_id`` and
+  ``payload_base64`` may carry the same bytes instead (the platform's own records do). Either way
+  they must be one strict JSON document in UTF-8 (core.strict_json). ``object_id`` and
   ``object_version`` are optional (ordering hints for receivers); ``target_endpoint_id`` (with
   ``target_proof``) is only set by the control plane's test ("ping") events. See :mod:`core.ingest`
   for the Debezium outbox envelope, which is also accepted.
@@ -504,7 +505,7 @@ class RedriveRequest:
         if d.get("schema") != REDRIVE_SCHEMA_V1:
             raise ValueError(f"unknown redrive schema {d.get('schema')!r}")
         try:
-            event = parse_event(json.dumps(d["event"]).encode(), max_payload_bytes=1 << 30)
+            event = parse_event(json.dumps(d["event"]).encode(), max_payload_bytes=1 << 30, check_payload=False)
         except IngestError as exc:
             raise ValueError(f"redrive of {d.get('delivery_id')!r}: unreadable event: {exc}") from exc
         return RedriveRequest(

@@ -25,10 +25,10 @@ history lists.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core import strict_json
 from core.event_schemas import SchemaVersion, SchemaVersionError, ValidatorCache
 from core.records import CatalogRecord, CatalogSettingsRecord, CatalogTypeRecord, EventRecord, SchemaPinsRecord
 
@@ -141,9 +141,9 @@ def check_event(event: EventRecord, catalog: TenantCatalog | None, validators: V
         return Refuse(SCHEMA_UNKNOWN, f"{what} is not in the event-type catalog of tenant {event.tenant_id}",
                       "", event.schema_version)
     try:
-        doc = json.loads(event.payload)
-    except ValueError:
-        invalid_pointer, message = "", "the payload is not JSON"
+        doc = strict_json.loads(event.payload)  # as ingest does: judge only what receivers read alike
+    except strict_json.NotStrictJson as exc:
+        invalid_pointer, message = "", f"the payload is not strict JSON: {exc}"
     else:
         invalid = validators.get((event.tenant_id, event.event_type, version), schema)(doc)
         if invalid is None:

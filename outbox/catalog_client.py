@@ -41,7 +41,8 @@ class GrpcCatalog:
             types={t.name: CatalogType(t.enforcement, {SchemaVersion.parse(v.version): json.loads(v.schema_json)
                                                        for v in t.versions})
                    for t in answer.event_types},
-            unknown_types=answer.settings.unknown_types or "reject")
+            unknown_types=answer.settings.unknown_types or "reject",
+            published=bool(answer.event_types) or not answer.settings.is_default)
 
     def close(self) -> None:
         self._channel.close()

@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from core import identifiers
+from core import identifiers, strict_json
 from outbox.schemas import SchemaGuard, SchemaRefused
 
 # The delivery job's default limit (ingest.max_payload_bytes); pass the deployment's own if it differs.
@@ -54,8 +54,9 @@ def new_event_id(now_ms: int | None = None, random_bytes: bytes | None = None) -
 
 def canonical_payload(payload: JsonPayload, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
     """The exact body bytes receivers get. A mapping or list is serialised compactly with sorted
-    keys (the same data always gives the same bytes); bytes or text must already be one UTF-8 JSON
-    document and are kept byte for byte, since receivers verify signatures over these bytes."""
+    keys (the same data always gives the same bytes); bytes or text must already be one strict
+    JSON document in UTF-8 (core.strict_json: no NaN, lone surrogate or key twice) and are kept
+    byte for byte, since receivers verify signatures over these bytes."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         body = bytes(payload)
     elif isinstance(payload, str):
@@ -70,13 +71,12 @@ def canonical_payload(payload: JsonPayload, max_bytes: int = DEFAULT_MAX_PAYLOAD
         raise OutboxError(f"payload must be a mapping, a list, bytes or str, got {type(payload).__name__}")
     if len(body) > max_bytes:
         raise OutboxError(f"payload is {len(body)} bytes; the limit is {max_bytes}")
-    if not isinstance(payload, (Mapping, list, tuple)):
-        try:
-            json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise OutboxError(f"payload is not UTF-8: {exc}") from exc
-        except ValueError as exc:
-            raise OutboxError(f"payload is not one JSON document: {exc}") from exc
+    try:
+        # The job's own check (core.ingest dead-letters anything else as payload_not_json), on
+        # the stored bytes whatever made them, so the two can never disagree.
+        strict_json.loads(body)
+    except strict_json.NotStrictJson as exc:
+        raise OutboxError(f"payload is not strict JSON: {exc}") from None
     return body
 
 

@@ -21,8 +21,10 @@ kept for the life of the process (core.event_schemas.ValidatorCache).
 **What is refused** (:class:`~outbox.producer.OutboxError`, before any SQL): a payload that does
 not match its version's schema when the type's enforcement is ``reject`` (the message names the
 JSON Pointer); a type or version missing from the catalog when the tenant's ``unknown_types`` is
-``reject``. With ``warn`` the event is written and a warning logged (the job delivers it and
-counts it). ``webhook.*`` types are the platform's own and are not checked.
+``reject``; a payload that is not strict JSON (core.strict_json), whatever the enforcement.
+With ``warn`` the event is written and a warning logged (the job delivers it and counts it).
+``webhook.*`` types are the platform's own and are not checked, and neither are the events of a
+tenant with no catalog yet (no type, no stored setting), which the job sends unchecked.
 
 **When the control plane cannot be reached** the last fetched catalog keeps being used; with
 none at all the event is written unchecked and a warning logged: producers keep committing while
@@ -32,7 +34,6 @@ event again at fan-out, so nothing invalid reaches a receiver either way.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from core import strict_json
 from core.event_schemas import SchemaVersion, SchemaVersionError, ValidatorCache
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,9 @@ class CatalogType:
 class TenantCatalog:
     types: Mapping[str, CatalogType]
     unknown_types: str  # reject | warn
+    # False while the tenant has no type and no stored setting: the job then has no catalog for it
+    # and sends its events unchecked (core.schema_check), so nothing is refused here either.
+    published: bool = True
 
 
 class CatalogSource(Protocol):
@@ -110,6 +115,8 @@ class SchemaGuard:
             log.warning("event-type catalog of %s unavailable and never fetched: %s %s written unchecked "
                         "(the delivery job validates it)", tenant_id, event_type, schema_version)
             return
+        if not catalog.published:
+            return
         kind = catalog.types.get(event_type)
         if kind is None or version is None or version not in kind.schemas:
             what = (f"event type {event_type!r}" if kind is None else f"schema version {schema_version!r} of "
@@ -117,9 +124,10 @@ class SchemaGuard:
             self._refuse_or_warn(catalog.unknown_types, f"{what} is not in the catalog of tenant {tenant_id}")
             return
         try:
-            doc = json.loads(payload)
-        except ValueError:
-            return  # outbox.producer already refused a payload that is not JSON
+            doc = strict_json.loads(payload)
+        except strict_json.NotStrictJson as exc:
+            # Whatever the enforcement: the job dead-letters it at ingest, before any catalog check.
+            raise SchemaRefused(f"payload is not strict JSON: {exc}") from None
         invalid = self._validators.get((tenant_id, event_type, version), kind.schemas[version])(doc)
         if invalid is not None:
             self._refuse_or_warn(kind.enforcement, f"payload does not match {event_type} {version} at "

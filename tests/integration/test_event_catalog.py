@@ -185,8 +185,12 @@ def test_an_incompatible_version_within_a_major_is_refused_naming_the_pointer(st
         lambda: add_version(stack, t, "invoice.paid", "1.1", required, [EXAMPLE])).details()
 
     additive = json.loads(json.dumps(V1))
-    additive["properties"]["note"] = {"type": "string"}
     additive["properties"]["status"]["enum"] = ["open", "paid", "void"]
+    typed_note = json.loads(json.dumps(additive))
+    typed_note["properties"]["note"] = {"type": "string"}  # V1 is open: a 1.0 event may carry "note": 5
+    assert "/properties/note" in rpc_error(
+        lambda: add_version(stack, t, "invoice.paid", "1.1", typed_note, [EXAMPLE])).details()
+    additive["properties"]["note"] = {"description": "free text, any JSON value"}
     add_version(stack, t, "invoice.paid", "1.1", additive, [EXAMPLE])
     done = add_version(stack, t, "invoice.paid", "2.0", renamed, [{**EXAMPLE, "state": "open"}])
     assert [v.version for v in done.versions] == ["1.0", "1.1", "2.0"]

@@ -93,6 +93,50 @@ def test_bad_records_are_dead_lettered_and_the_job_keeps_delivering(settings, gr
     assert rec.headers["webhook-event-id"] == good.event_id
 
 
+def test_payloads_that_are_not_strict_json_are_dead_lettered(settings, grpc_channel, receiver, delivery_job):
+    """Every delivery is sent as application/json and the catalog judges the parsed payload, so a
+    payload that is not one strict JSON document in UTF-8 (core/strict_json.py) is dead-lettered as
+    payload_not_json in every form; a lone surrogate in the record itself is malformed_json (it
+    used to reach fan-out, where encoding the event id fails). A valid event after them is sent."""
+    tenant_id, api_key = new_tenant(grpc_channel, settings)
+    path = f"/ep/{tenant_id}/strict"
+    _endpoint(grpc_channel, api_key, receiver.base_url + path, ["invoice.*"])
+
+    marker = uuid.uuid4().hex
+
+    def plain(**fields: object) -> bytes:
+        return _enc({**_valid_fields(tenant_id), "marker": marker, **fields})
+
+    def outbox_v2(body: bytes) -> bytes:
+        after = {k: v for k, v in _valid_fields(tenant_id).items() if k != "schema"}
+        after.update(envelope_version=2, payload=base64.b64encode(body).decode(), marker=marker)
+        return _enc({"op": "c", "before": None, "after": after})
+
+    cases: dict[bytes, str] = {
+        plain(payload='{"amount":NaN}'): "payload_not_json",
+        plain(payload='{"amount":Infinity}'): "payload_not_json",
+        plain(payload='{"note":"\\ud800"}'): "payload_not_json",  # a lone surrogate escape in the payload
+        plain(payload_base64=base64.b64encode('{"a":1}'.encode("utf-16")).decode()): "payload_not_json",
+        outbox_v2(b'{"amount":-5,"amount":5}'): "payload_not_json",
+        outbox_v2(b'{"amount":NaN}'): "payload_not_json",
+        plain(event_id=f"evt_\ud800_{marker}"): "malformed_json",  # json.dumps writes a \\ud800 escape
+    }
+    produce(settings, list(cases))
+
+    body = b'{"after":"the not strict ones"}'
+    good = event(tenant_id, "invoice.paid", body)
+    produce(settings, [good.to_json()], keys=[good.event_id])
+
+    letters = _dlq_letters(settings, cases)
+    for raw, reason in cases.items():
+        assert letters[raw]["reason"] == reason, (reason, letters[raw]["detail"])
+        assert base64.b64decode(letters[raw]["original_base64"]) == raw
+    (rec,) = receiver.wait_for(path, 1, timeout=90)
+    assert rec.body == body  # only the valid one reached the receiver
+    time.sleep(2)
+    assert len(receiver.requests(path)) == 1
+
+
 def test_debezium_outbox_envelope_is_delivered(settings, grpc_channel, receiver, delivery_job,
                                                cassandra_session):
     tenant_id, api_key = new_tenant(grpc_channel, settings)

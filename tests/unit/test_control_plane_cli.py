@@ -8,6 +8,10 @@ import pytest
 
 from control_plane import cli
 from control_plane.api import pb
+from core.event_schemas import SchemaVersion
+from outbox.schemas import CatalogType, TenantCatalog
+from tests.unit.test_outbox_producer import RecordingConnection
+from tests.unit.test_outbox_schemas import FakeSource
 
 
 class RecordingStub:
@@ -229,3 +233,82 @@ def test_schema_major_flags_on_create_and_update_and_get_shows_them() -> None:
     assert "schema_majors" not in stub.calls[0][1].update_mask.paths
     assert "schema majors:  2, 3" in cli.endpoint_detail(pb.Endpoint(schema_majors=[2, 3]))
     assert "schema majors:  all" in cli.endpoint_detail(pb.Endpoint())
+
+
+# -- events publish: the producer library, checked against the tenant's catalog ----------------
+
+
+class OutboxConnection(RecordingConnection):
+    """psycopg.connect's connection as `events publish` uses it: a context manager."""
+
+    def __enter__(self) -> OutboxConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class ClosableSource(FakeSource):
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+AMOUNT_CATALOG = TenantCatalog({"invoice.paid": CatalogType("reject", {SchemaVersion(1, 0): {
+    "type": "object", "properties": {"amount": {"type": "number", "minimum": 0}}, "required": ["amount"]}})},
+    "reject")
+
+
+def publish(data: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+            credential: bool = True) -> tuple[int, OutboxConnection, ClosableSource, str]:
+    conn, source, asked = OutboxConnection(), ClosableSource(AMOUNT_CATALOG), []
+    monkeypatch.setattr(cli.psycopg, "connect", lambda dsn, **kw: conn)
+    monkeypatch.setattr(cli, "GrpcCatalog", lambda *a, **kw: asked.append((a, kw)) or source, raising=False)
+    monkeypatch.delenv("WEBHOOKCTL_ADMIN_TOKEN", raising=False)
+    if credential:
+        monkeypatch.setenv("WEBHOOKCTL_API_KEY", "key_acme")
+    else:
+        monkeypatch.delenv("WEBHOOKCTL_API_KEY", raising=False)
+    code = cli.main(["--target", "127.0.0.1:50051", "events", "publish", "--tenant", "acme", "--type",
+                     "invoice.paid", "--schema-version", "1.0", "--dsn", "postgresql://outbox", "--data", data])
+    assert asked == ([(("127.0.0.1:50051", "key_acme"), {"ca_file": None, "insecure": True, "timeout_s": 30.0})]
+                     if credential else [])
+    return code, conn, source, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    ('{"id": "inv_3", "amount": "lots"}', "/amount: 'lots' is not of type 'number'"),
+    ('{"id": "inv_3", "amount": -5}', "/amount: -5 is less than the minimum of 0"),
+    ('{"id": "inv_3", "amount": NaN}', "NaN is not a JSON number"),
+    ('{"id": "inv_3", "amount": 5, "amount": -5}', "the key 'amount' appears twice"),
+])
+def test_publish_refuses_what_the_schema_version_or_strict_json_refuses_and_writes_nothing(
+        data: str, says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, conn, source, err = publish(data, monkeypatch, capsys)
+    assert code == 2 and conn.executed == []
+    assert err.startswith("webhookctl: invalid event: ") and says in err, err
+    assert source.closed
+
+
+def test_publish_writes_a_payload_its_schema_version_accepts(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, conn, source, err = publish('{"id": "inv_3", "amount": 5}', monkeypatch, capsys)
+    assert code == 0 and len(conn.executed) == 1 and source.fetches == 1 and err == ""
+
+
+def test_publish_without_a_credential_says_the_catalog_was_not_consulted(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, conn, _, err = publish('{"id": "inv_3", "amount": "lots"}', monkeypatch, capsys, credential=False)
+    assert code == 0 and len(conn.executed) == 1  # the job checks it at fan-out
+    assert "not checked against the event-type catalog" in err and "WEBHOOKCTL_API_KEY" in err
+    code, conn, _, err = publish('{"amount": NaN}', monkeypatch, capsys, credential=False)
+    assert code == 2 and conn.executed == [] and "NaN is not a JSON number" in err  # strict JSON, always
+
+
+def test_publish_with_a_missing_ca_file_is_a_usage_error(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("WEBHOOKCTL_API_KEY", "key_acme")
+    code = cli.main(["--target", "cp.example.com:443", "--ca", str(tmp_path / "none.pem"), "events", "publish",
+                     "--tenant", "acme", "--type", "invoice.paid", "--dsn", "postgresql://outbox", "--data", "{}"])
+    assert code == 2 and "--ca" in capsys.readouterr().err

@@ -67,8 +67,10 @@ def changed(path: list[str], value: Any) -> dict[str, Any]:
 # Additive changes: a minor version may make them.
 ALLOWED = [
     ("identical", BASE),
-    ("new optional property", changed(["properties", "note"], {"type": "string"})),
-    ("new optional nested property", changed(["properties", "customer", "properties", "name"], {"type": "string"})),
+    ("new optional property that accepts anything", changed(["properties", "note"], {})),
+    ("new optional property, annotations only", changed(["properties", "note"], {"description": "free text"})),
+    ("new optional nested property that accepts anything", changed(["properties", "customer", "properties", "name"],
+                                                                  True)),
     ("enum widened", changed(["properties", "status", "enum"], ["open", "paid", "void"])),
     ("enum dropped", changed(["properties", "status", "enum"], None)),
     ("integer widened to number", changed(["properties", "amount", "type"], "number")),
@@ -89,15 +91,18 @@ def test_additive_changes_are_allowed_within_a_major(case: str, new: dict[str, A
 # Breaking changes: each needs a new major; the refusal names the pointer into the schema.
 BREAKING = [
     ("property removed", changed(["properties", "status"], None), "/properties/status", "removed"),
-    ("property renamed", {**BASE, "properties": {**{k: v for k, v in BASE["properties"].items() if k != "id"},
-                                                 "invoice_id": {"type": "string"}},
-                          "required": ["amount"]},
-     "/properties/id", "removed"),
     ("nested property removed", changed(["properties", "customer", "properties", "email"], None),
      "/properties/customer/properties/email", "removed"),
     ("property removed inside array items", changed(["properties", "lines", "items", "properties", "sku"], None),
      "/properties/lines/items/properties/sku", "removed"),
     ("optional made required", changed(["required"], ["id", "amount", "status"]), "/properties/status", "required"),
+    # BASE's objects are open: a 1.0 event may carry "note" with any value, so a typed "note" is a
+    # narrowing (the new-property rules are in NEW_PROPERTIES below).
+    ("new optional property with a type", changed(["properties", "note"], {"type": "string"}),
+     "/properties/note", "closed"),
+    ("new optional nested property with a type",
+     changed(["properties", "customer", "properties", "name"], {"type": "string"}),
+     "/properties/customer/properties/name", "closed"),
     ("new property added as required", {**changed(["properties", "note"], {"type": "string"}),
                                         "required": ["id", "amount", "note"]}, "/properties/note", "required"),
     ("type changed", changed(["properties", "amount", "type"], "string"),
@@ -121,6 +126,14 @@ def test_breaking_changes_name_the_pointer(case: str, new: dict[str, Any], point
     found = breaking_changes(BASE, new)
     assert [(b.pointer, b.rule) for b in found] == [(pointer, rule)]
     assert pointer in str(found[0])
+
+
+def test_a_rename_is_a_removal_and_under_an_open_object_a_narrowing() -> None:
+    renamed = {**BASE, "properties": {**{k: v for k, v in BASE["properties"].items() if k != "id"},
+                                      "invoice_id": {"type": "string"}},
+               "required": ["amount"]}
+    assert [(b.pointer, b.rule) for b in breaking_changes(BASE, renamed)] == [
+        ("/properties/id", "removed"), ("/properties/invoice_id", "closed")]
 
 
 def test_number_to_integer_is_a_narrowing() -> None:
@@ -193,3 +206,69 @@ def test_the_cache_compiles_once_per_key_and_is_bounded() -> None:
     cache.get(("t", "c", "1.0"), BASE)
     assert len(cache) == 2
     assert cache.get(("t", "a", "1.0"), BASE) is not first  # evicted, least recently used
+
+
+# A property new in ``properties`` must accept every value the old schema let that name have: what
+# the old ``patternProperties`` matching the name said, or else the old ``additionalProperties``.
+STRING, INTEGER = {"type": "string"}, {"type": "integer"}
+CLOSED = {"additionalProperties": False}
+X_STRINGS = {"patternProperties": {"^x_": STRING}}  # extras open
+X_STRINGS_ONLY = {**X_STRINGS, **CLOSED}
+X_OR_ID_ID = {"type": "string", "maxLength": 8}
+X_OR_ID = {"patternProperties": {"^x_": STRING, "_id$": X_OR_ID_ID}, **CLOSED}
+NEW_PROPERTIES = [
+    # id                                         old object's extras          new property               breaks
+    ("closed before: any schema",                CLOSED,                      ("n", INTEGER),            False),
+    ("open before (absent): {}",                 {},                          ("n", {}),                 False),
+    ("open before (absent): true",               {},                          ("n", True),               False),
+    ("open before (absent): a type",             {},                          ("n", STRING),             True),
+    ("open before (absent): false",              {},                          ("n", False),              True),
+    ("open before (true): a type",               {"additionalProperties": True}, ("n", STRING),          True),
+    ("open before ({}): a type",                 {"additionalProperties": {}}, ("n", STRING),            True),
+    ("extras typed: the same type",              {"additionalProperties": STRING}, ("n", STRING),        False),
+    ("extras typed: a wider type",               {"additionalProperties": STRING},
+     ("n", {"type": ["string", "null"]}), False),
+    ("extras integer: number",                   {"additionalProperties": INTEGER}, ("n", {"type": "number"}), False),
+    ("extras typed: a bound added",              {"additionalProperties": STRING},
+     ("n", {"type": "string", "maxLength": 3}), True),
+    ("extras typed: another type",               {"additionalProperties": STRING}, ("n", INTEGER),       True),
+    ("extras typed: a pattern added",            {"additionalProperties": STRING},
+     ("n", {"type": "string", "pattern": "^a"}), True),
+    ("pattern matches: the same schema",         X_STRINGS_ONLY,              ("x_n", STRING),           False),
+    ("pattern matches: an enum added",           X_STRINGS_ONLY,
+     ("x_n", {"type": "string", "enum": ["a"]}), True),
+    ("pattern matches, extras open: narrower",   X_STRINGS,                   ("x_n", INTEGER),          True),
+    ("pattern matches, extras open: the same",   X_STRINGS,                   ("x_n", STRING),           False),
+    ("pattern does not match, extras closed",    X_STRINGS_ONLY,              ("n", INTEGER),            False),
+    ("pattern does not match, extras open",      X_STRINGS,                   ("n", STRING),             True),
+    ("pattern unanchored, as validators search", {"patternProperties": {"_id": STRING}, **CLOSED},
+     ("x_id_2", INTEGER), True),
+    ("two patterns: as narrow as one of them",   X_OR_ID,                     ("x_id", X_OR_ID_ID),      False),
+    ("two patterns: narrower than both",         X_OR_ID,
+     ("x_id", {"type": "string", "maxLength": 4}), True),
+    ("a pattern Python cannot compile",          {"patternProperties": {"(?<n>x)": STRING}, **CLOSED},
+     ("x", STRING), True),
+]
+
+
+@pytest.mark.parametrize(("extras", "added", "breaks"), [c[1:] for c in NEW_PROPERTIES],
+                         ids=[c[0] for c in NEW_PROPERTIES])
+def test_a_new_property_must_accept_what_its_name_was_allowed_before(
+        extras: dict[str, Any], added: tuple[str, Any], breaks: bool) -> None:
+    name, schema = added
+    old = {"type": "object", "properties": {"id": STRING}, **extras}
+    new = {**old, "properties": {"id": STRING, name: schema}}
+    found = breaking_changes(old, new)
+    assert [b.pointer for b in found] == ([f"/properties/{name}"] if breaks else []), found
+    assert all(b.rule in ("closed", "unproven") for b in found)
+
+
+def test_the_narrowing_is_shown_by_an_event_the_old_version_accepted() -> None:
+    """Why the rule exists: a 1.0-valid event would be schema_invalid labelled 1.1."""
+    old = {"type": "object", "properties": {"id": STRING}}
+    new = {**old, "properties": {"id": STRING, "note": STRING}}
+    event = {"id": "inv_1", "note": 5}
+    assert compile_validator(old)(event) is None and compile_validator(new)(event) is not None
+    (found,) = breaking_changes(old, new)
+    assert (found.pointer, found.rule) == ("/properties/note", "closed")
+    assert "additionalProperties" in found.detail

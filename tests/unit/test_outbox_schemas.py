@@ -113,3 +113,28 @@ def test_write_event_refuses_before_any_sql() -> None:
     assert conn.executed == []
     write_event(conn, "acme", "invoice.paid", {"amount": 3}, schema_version="1", schemas=g)  # type: ignore[arg-type]
     assert len(conn.executed) == 1
+
+
+@pytest.mark.parametrize("enforcement", ["reject", "warn"])
+@pytest.mark.parametrize(("payload", "says"), [
+    (b'{"amount":"x","amount":3}', "the key 'amount' appears twice"),  # json.loads keeps the valid 3
+    (b'{"amount":3,"n":NaN}', "NaN is not a JSON number"),
+    (b'{"amount":3,"n":"\\udfff"}', "lone surrogate"),
+    ('{"amount":3}'.encode("utf-16"), "not UTF-8"),
+], ids=["key twice", "NaN", "lone surrogate", "UTF-16"])
+def test_a_payload_that_is_not_strict_json_is_refused_whatever_the_enforcement(
+        enforcement: str, payload: bytes, says: str) -> None:
+    """The job dead-letters it at ingest (payload_not_json) before any catalog check, so even
+    ``warn`` does not let it through; the catalog never judges json.loads's reading of it."""
+    g = guard(FakeSource(catalog(enforcement)))
+    with pytest.raises(SchemaRefused, match=f"not strict JSON: .*{says}"):
+        g.check("acme", "invoice.paid", "1", payload)
+
+
+def test_a_tenant_the_job_has_no_catalog_for_is_not_checked() -> None:
+    """No type catalogued and no setting stored: the job has no catalog for the tenant and sends
+    its events unchecked, so the guard must not refuse them for a default ``reject`` (a new
+    tenant's first event, before any `event-types create`). A stored setting or a type counts."""
+    guard(FakeSource(TenantCatalog({}, "reject", published=False))).check("acme", "invoice.paid", "1", b"{}")
+    with pytest.raises(SchemaRefused, match="not in the catalog"):
+        guard(FakeSource(TenantCatalog({}, "reject"))).check("acme", "invoice.paid", "1", b"{}")

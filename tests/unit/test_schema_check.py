@@ -218,3 +218,39 @@ def test_a_record_kept_in_state_before_revisions_loads_as_revision_0(record: obj
     old = pickle.loads(pickle.dumps(record))
     assert old.revision == 0
     assert supersedes(old, record.__class__(**{**old.__dict__, "revision": 1}))  # type: ignore[arg-type]
+
+
+# The catalog check judges only strict JSON (core/strict_json.py): a value json.loads would make
+# of these passes "minimum": 0 or is not the document a receiver reads.
+AMOUNT = {"type": "object", "properties": {"amount": {"type": "number", "minimum": 0}}, "required": ["amount"]}
+NOT_STRICT = [
+    # id                      payload bytes
+    ("NaN", b'{"amount":NaN}'),
+    ("Infinity", b'{"amount":Infinity}'),
+    ("-Infinity inside", b'{"amount":1,"x":-Infinity}'),
+    ("past a double", b'{"amount":1e400}'),
+    ("UTF-16", '{"amount":5}'.encode("utf-16")),
+    ("UTF-32", '{"amount":5}'.encode("utf-32")),
+    ("byte order mark", b'\xef\xbb\xbf{"amount":5}'),
+    ("lone surrogate value", b'{"amount":5,"note":"\\ud800"}'),
+    ("lone surrogate key", b'{"amount":5,"\\udfff":1}'),
+    ("duplicate key", b'{"amount":-5,"amount":5}'),
+    ("trailing data", b'{"amount":5} {}'),
+]
+
+
+@pytest.mark.parametrize("payload", [p for _, p in NOT_STRICT], ids=[i for i, _ in NOT_STRICT])
+def test_a_payload_that_is_not_strict_json_is_schema_invalid(payload: bytes) -> None:
+    kind = CatalogTypeRecord("acme", "invoice.paid", "reject", 1, {"1.0": AMOUNT}, 0)
+    ev = EventRecord("evt_1", "acme", "invoice.paid", "1", "", 0, 0, payload)
+    decision = check_event(ev, TenantCatalog({"invoice.paid": kind}), ValidatorCache())
+    assert isinstance(decision, Refuse) and decision.reason == "schema_invalid", decision
+    assert "not strict JSON" in decision.detail
+
+
+@pytest.mark.parametrize("payload", [b'{"amount":5}', b'{"amount":0.5e2,"note":"\\ud83d\\ude00 \\u00e9"}',
+                                     b' {"amount":1e308}\r\n'])
+def test_strict_json_that_matches_is_sent(payload: bytes) -> None:
+    kind = CatalogTypeRecord("acme", "invoice.paid", "reject", 1, {"1.0": AMOUNT}, 0)
+    ev = EventRecord("evt_1", "acme", "invoice.paid", "1", "", 0, 0, payload)
+    assert check_event(ev, TenantCatalog({"invoice.paid": kind}), ValidatorCache()) == SEND
