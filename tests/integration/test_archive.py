@@ -714,3 +714,30 @@ def test_verification_fails_an_hour_whose_reader_left_rows_out(history, session,
     outcome = a.run_hour(hour, int(time.time() * 1000))
     assert outcome.state == FAILED and "deliveries: archive" in outcome.detail, outcome
     assert hot_ttl(session, sent[0]) > 86_400  # nothing released
+
+
+def test_a_release_that_failed_part_way_is_resumed_after_its_released_rows_expired(history, session, tmp_path):
+    hour = HOUR - 17 * HOUR_MS
+    dids = write_hour(history, session, hour, 9, "s")
+    a = archiver(session, tmp_path, release_ttl_s=1, page_size=2)
+    run_all = a._releaser._run_all
+    calls = []
+
+    def failing_part_way(writes: list[Any]) -> None:
+        calls.append(len(writes))
+        if len(calls) == 5:  # the first page's pointers, rewrites and check are done; the second page's pointers too
+            raise RuntimeError("Cassandra went away mid-release")
+        run_all(writes)
+
+    a._releaser._run_all = failing_part_way
+    with pytest.raises(RuntimeError):
+        a.run_hour(hour, int(time.time() * 1000))
+    a._releaser._run_all = run_all
+    time.sleep(2)  # the next run comes after the release TTL: some hot rows are gone
+    assert any(hot_delivery(session, did) == [] for did in dids)
+    outcome = a.run_hour(hour, int(time.time() * 1000))
+    assert outcome.state == RELEASED, outcome
+    assert a.state(hour) == RELEASED and a.failed_hours() == 0
+    time.sleep(2)
+    tiers = tiered(session, tmp_path)
+    assert all((d := tiers.get_delivery(did)) is not None and d.summary.tenant_id for did in dids)
