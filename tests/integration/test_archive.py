@@ -741,3 +741,24 @@ def test_a_release_that_failed_part_way_is_resumed_after_its_released_rows_expir
     time.sleep(2)
     tiers = tiered(session, tmp_path)
     assert all((d := tiers.get_delivery(did)) is not None and d.summary.tenant_id for did in dids)
+
+
+def test_an_event_whose_delivery_had_no_row_at_archive_time_keeps_its_payload_hot(history, session, tmp_path):
+    import asyncio
+
+    hour = HOUR - 18 * HOUR_MS
+    pair = [delivery(hour, "u", 0, k) for k in range(2)]
+    e = pair[0].event
+    waits = [history.write_snapshot(FanoutSnapshot(e.event_id, e.tenant_id, pair[0].created_at_ms,
+                                                   tuple((d.endpoint_id, 2) for d in pair)))]
+    i = Intent(1, f"att_{uuid.uuid4().hex}")  # only the first delivery's rows were written (a gap)
+    waits += [history.persist(pair[0], i),
+              history.record(pair[0], attempt(i, pair[0].created_at_ms + 100, "succeeded", "succeeded", 200), 1,
+                             None)]
+    durable(history, *waits)
+    a = archiver(session, tmp_path, release_ttl_s=1)
+    assert a.run_hour(hour, int(time.time() * 1000)).state == RELEASED
+    time.sleep(2)
+    # The missing delivery's redrive (reconciliation) reads the payload: it is still there.
+    assert asyncio.run(history.load_payload(e.event_id)).startswith(b'{"id": "inv_0"')
+    assert hot_delivery(session, pair[0].delivery_id) == []  # the archived delivery was released
