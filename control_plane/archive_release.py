@@ -96,6 +96,14 @@ def _cell_times(history: list[dict[str, Any]], replays: list[dict[str, Any]],
     return out
 
 
+def _facts(row: dict[str, Any] | None, attempts: list[dict[str, Any]], _: Any) -> tuple[Any, ...]:
+    """An archived delivery's pointer columns after its id and before its hour: tenant, status,
+    attempt count, next attempt, automatic retry, highest attempt number."""
+    assert row is not None  # the archive holds no delivery without its row
+    return (row["tenant_id"], row["status"], row["attempt_count"], row["next_attempt_at"], row["auto_retry_active"],
+            history_rows.top_attempt_number(attempts))
+
+
 class _Grouped:
     """Rows of a file in order, taken a key's run at a time."""
 
@@ -137,7 +145,11 @@ class Releaser:
         self._q_replays = p(_with_write_facts("replay_requests", "delivery_id, request_id", _REPLAY_COLUMNS,
                                               "delivery_id=?"))
         self._q_pointer = p("SELECT delivery_id FROM archived_deliveries WHERE delivery_id=?")
-        self._w_pointer = p("INSERT INTO archived_deliveries (delivery_id, tenant_id, hour) VALUES (?,?,?) USING TTL ?")
+        # With the delivery's facts as archived: the job's check of a delivery created again
+        # after its hot rows expired reads them (operators/history_store.py).
+        self._w_pointer = p("INSERT INTO archived_deliveries (delivery_id, tenant_id, status, attempt_count,"
+                            " next_attempt_at, auto_retry_active, last_attempt_number, hour) VALUES (?,?,?,?,?,?,?,?)"
+                            " USING TTL ?")
 
     def release(self, manifest: layout.Manifest, ttl_s: int, history_ttl_s: int, now_ms: int) -> Released:
         """Release what ``manifest`` (an hour, or some of its buckets) lists. Pointers live as
@@ -197,8 +209,7 @@ class Releaser:
         # pointer is written again (the archive answers for it); there is nothing to rewrite.
         gone = [did for did in dids if now[did][0] is None]
         kept = set(dids) - set(same) - set(gone)
-        tenants = {did: row["tenant_id"] for did, (row, _, _) in archived.items() if row is not None}
-        self._run_all([(self._w_pointer, (did, tenants[did], hour, pointer_ttl)) for did in same + gone])
+        self._run_all([(self._w_pointer, (did, *_facts(*archived[did]), hour, pointer_ttl)) for did in same + gone])
         self._run_all([w for did in same for w in self._delivery_rewrites(*read[did], ttl_s, _RELEASED_US)])
         # Written since that read: a cell whose write time is not the one just given it (a newer
         # write) or a cell not read then. A cell that already expired (a short release TTL) is

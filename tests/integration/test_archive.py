@@ -762,3 +762,19 @@ def test_an_event_whose_delivery_had_no_row_at_archive_time_keeps_its_payload_ho
     # The missing delivery's redrive (reconciliation) reads the payload: it is still there.
     assert asyncio.run(history.load_payload(e.event_id)).startswith(b'{"id": "inv_0"')
     assert hot_delivery(session, pair[0].delivery_id) == []  # the archived delivery was released
+
+
+def test_a_delivery_recreated_after_its_hour_was_released_is_known_final(history, session, tmp_path):
+    import asyncio
+
+    hour = HOUR - 19 * HOUR_MS
+    dids = write_hour(history, session, hour, 3, "v")
+    assert archiver(session, tmp_path, release_ttl_s=1).run_hour(hour, int(time.time() * 1000)).state == RELEASED
+    time.sleep(2)
+    assert hot_delivery(session, dids[0]) == []
+    # The events topic read again (an old savepoint): fan-out creates the delivery anew and the
+    # dispatcher checks Cassandra before persisting and sending it.
+    first = asyncio.run(history.check(dids[0]))
+    assert first.final and first.status == "succeeded" and first.max_attempt_number == 3, first
+    retried = asyncio.run(history.check(dids[5]))  # retried once, then succeeded
+    assert retried.final and retried.max_attempt_number == 2 and retried.attempt_count == 2, retried
