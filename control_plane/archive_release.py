@@ -15,7 +15,9 @@ delivery again and
 1. releases it only if its hot rows, shaped as archive rows, are exactly the archived ones; a
    delivery that changed since is **left hot whole**, with its own TTLs (it expires with its
    window like any row never archived; reads answer from Cassandra, which has all of it, and so
-   does reconciliation). Its event stays hot with it (a further replay reads the payload there);
+   does reconciliation). Its event stays hot with it (a further replay reads the payload there),
+   as does an event one of whose deliveries had no row at archive time (its redrive reads the
+   payload there): an event goes only once every delivery its snapshot names has its pointer;
 2. after rewriting, reads the released deliveries once more: a write that landed between that
    read and the rewrite makes the delivery differ, and its rewritten cells are **restored** (the
    same values at write time + 2 us, above the short-TTL copy at + 1 us and below any newer
@@ -51,6 +53,7 @@ from cassandra.query import PreparedStatement
 from control_plane.archive_store import ArchiveStore, ArchiveUnavailable
 from core import archive_layout as layout
 from core import history_rows
+from core.records import delivery_id_for
 
 if TYPE_CHECKING:
     from control_plane.archiver import ArchivedDelivery, HourReader
@@ -93,6 +96,14 @@ def _cell_times(history: list[dict[str, Any]], replays: list[dict[str, Any]],
     return out
 
 
+def _facts(row: dict[str, Any] | None, attempts: list[dict[str, Any]], _: Any) -> tuple[Any, ...]:
+    """An archived delivery's pointer columns after its id and before its hour: tenant, status,
+    attempt count, next attempt, automatic retry, highest attempt number."""
+    assert row is not None  # the archive holds no delivery without its row
+    return (row["tenant_id"], row["status"], row["attempt_count"], row["next_attempt_at"], row["auto_retry_active"],
+            history_rows.top_attempt_number(attempts))
+
+
 class _Grouped:
     """Rows of a file in order, taken a key's run at a time."""
 
@@ -133,7 +144,12 @@ class Releaser:
                                               _STATIC_COLUMNS + _ATTEMPT_COLUMNS, "delivery_id=?"))
         self._q_replays = p(_with_write_facts("replay_requests", "delivery_id, request_id", _REPLAY_COLUMNS,
                                               "delivery_id=?"))
-        self._w_pointer = p("INSERT INTO archived_deliveries (delivery_id, tenant_id, hour) VALUES (?,?,?) USING TTL ?")
+        self._q_pointer = p("SELECT delivery_id FROM archived_deliveries WHERE delivery_id=?")
+        # With the delivery's facts as archived: the job's check of a delivery created again
+        # after its hot rows expired reads them (operators/history_store.py).
+        self._w_pointer = p("INSERT INTO archived_deliveries (delivery_id, tenant_id, status, attempt_count,"
+                            " next_attempt_at, auto_retry_active, last_attempt_number, hour) VALUES (?,?,?,?,?,?,?,?)"
+                            " USING TTL ?")
 
     def release(self, manifest: layout.Manifest, ttl_s: int, history_ttl_s: int, now_ms: int) -> Released:
         """Release what ``manifest`` (an hour, or some of its buckets) lists. Pointers live as
@@ -158,13 +174,25 @@ class Releaser:
                 # over means the files are not what this merge assumes. Stop before the events.
                 raise ArchiveUnavailable(f"archive bucket {bucket} of {_ts(hour)}: attempts or replays out of order")
             for page in self._pages(manifest.files_of(bucket, "events")):
-                ids = [e["event_id"] for e in page if e["event_id"] not in kept_events]
+                ids = self._answered([e for e in page if e["event_id"] not in kept_events])
                 writes: list[Write] = []
                 for rows in self._read(self._q_event, ids):
                     for r in rows:
                         writes += self._rewrites("events", ("event_id",), EVENT_COLUMNS, r, ttl_s, _RELEASED_US)
                 self._run_all(writes)
         return out
+
+    def _answered(self, events: list[dict[str, Any]]) -> list[str]:
+        """The events the archive answers for every delivery of (each delivery their snapshot
+        names has its pointer): only those may go. A delivery with no row at archive time (the
+        job had not written it, or lost it: reconciliation's gap) is not in the archive, and its
+        redrive will read the event's payload from Cassandra; a delivery kept hot has no pointer
+        either."""
+        named = {e["event_id"]: [delivery_id_for(e["event_id"], ep) for ep, _ in e["endpoints"] or ()]
+                 for e in events}
+        dids = [did for ds in named.values() for did in ds]
+        pointed = {did for did, rows in zip(dids, self._read(self._q_pointer, dids), strict=True) if rows}
+        return [eid for eid, ds in named.items() if all(did in pointed for did in ds)]
 
     def _release_deliveries(self, hour_ms: int, archived: dict[str, ArchivedDelivery], ttl_s: int,
                             pointer_ttl: int) -> set[str]:
@@ -181,8 +209,7 @@ class Releaser:
         # pointer is written again (the archive answers for it); there is nothing to rewrite.
         gone = [did for did in dids if now[did][0] is None]
         kept = set(dids) - set(same) - set(gone)
-        tenants = {did: row["tenant_id"] for did, (row, _, _) in archived.items() if row is not None}
-        self._run_all([(self._w_pointer, (did, tenants[did], hour, pointer_ttl)) for did in same + gone])
+        self._run_all([(self._w_pointer, (did, *_facts(*archived[did]), hour, pointer_ttl)) for did in same + gone])
         self._run_all([w for did in same for w in self._delivery_rewrites(*read[did], ttl_s, _RELEASED_US)])
         # Written since that read: a cell whose write time is not the one just given it (a newer
         # write) or a cell not read then. A cell that already expired (a short release TTL) is

@@ -10,16 +10,19 @@ by the next one.
 Per hour (an arrival hour: core/archive_layout.py), each step only after the previous succeeded:
 
 1. **archive** -- page through the hour's fan-out snapshots (16 partitions of ``fanout_snapshots``;
-   they name every event of the hour and, by derivation, every delivery), keep those of this
+   they name every event of the hour and the deliveries fan-out chose), keep those of this
    shard's tenant buckets, read each page's event rows, delivery partitions and replay audit rows
-   concurrently, and stream them into one Parquet file per (tenant bucket, kind), a row group
-   every ``row_group_rows``: memory is bounded by the page and the row groups, not by the hour.
+   concurrently; then the endpoint index of the hour for the deliveries no snapshot names (a pair
+   fan-out skipped: HourReader says why); and stream them into one Parquet file per (tenant
+   bucket, kind), a row group every ``row_group_rows``: memory is bounded by the page and the
+   row groups, not by the hour.
    Files are written under temporary names, moved into place, read back for their checksums, then
    each bucket's part (its manifest) is published; once all 16 parts exist, the hour's manifest.
    A bucket whose part exists is not written again, nor an hour whose manifest does (its hot rows
    may be gone by now).
 2. **verify** -- read the manifest back, re-hash every file of this shard's buckets and read its
-   row count, and count those buckets in Cassandra again; any disagreement
+   row count, and count those buckets in Cassandra again from the endpoint index, not with the
+   writer's enumeration (HourCensus); any disagreement
    (core/archive_layout.disagreements) marks the hour ``failed``: it stays hot and the pushed
    gauge raises ArchiveVerificationFailed.
 3. **release** -- write each delivery's pointer row (``archived_deliveries``), then rewrite its
@@ -52,7 +55,8 @@ from control_plane.archive_rows import SCHEMAS, shape
 from control_plane.archive_store import ArchiveStore, ArchiveUnavailable
 from core import archive_layout as layout
 from core import archive_schedule, history_rows
-from core.fanout import SNAPSHOT_BUCKETS
+from core.fanout import SNAPSHOT_BUCKETS, snapshot_partition
+from core.history_buckets import HISTORY_BUCKETS
 from core.records import delivery_id_for
 from core.settings import ArchiveSettings, Settings
 
@@ -68,6 +72,11 @@ ArchivedDelivery = tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[
 
 def _ts(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _ms(value: datetime) -> int:
+    """A driver timestamp (naive UTC) as milliseconds."""
+    return int(value.replace(tzinfo=UTC).timestamp() * 1000) if value.tzinfo is None else int(value.timestamp() * 1000)
 
 
 def _pages(session: Session, stmt: PreparedStatement, params: tuple[Any, ...], size: int) -> Iterator[list[Any]]:
@@ -86,9 +95,49 @@ def _pages(session: Session, stmt: PreparedStatement, params: tuple[Any, ...], s
             return
 
 
+def registered_endpoints(session: Session, page_size: int, wanted: set[int]) -> set[tuple[str, str]]:
+    """(tenant, endpoint) of every endpoint the control plane has registered (a deleted one keeps
+    its row) whose tenant is in these tenant buckets: the endpoint history's partitions to read."""
+    stmt = session.prepare("SELECT tenant_id, endpoint_id FROM endpoints")
+    return {(r.tenant_id, r.endpoint_id) for page in _pages(session, stmt, (), page_size) for r in page
+            if layout.tenant_bucket(r.tenant_id or "") in wanted}
+
+
+def _chunks(results: Iterator[tuple[bool, Any]], size: int) -> Iterator[list[Any]]:
+    """Rows of concurrently started range queries (each read on, page after page, as it is
+    iterated) in chunks of ``size``, in the order of the queries."""
+    chunk: list[Any] = []
+    for ok, rows in results:
+        if not ok:
+            raise rows
+        for r in rows:
+            chunk.append(r)
+            if len(chunk) >= size:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+def _index_params(hour_ms: int, pairs: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
+    """endpoint_deliveries' partitions of these endpoints holding the hour, its range in each."""
+    hour = _ts(hour_ms)
+    return [(tenant, endpoint, hour.date(), b, hour, _ts(hour_ms + layout.HOUR_MS))
+            for tenant, endpoint in pairs for b in range(HISTORY_BUCKETS)]
+
+
 class HourReader:
-    """Every archived row of one hour, in an order that depends on the rows alone (snapshot
-    partitions in bucket order, each in clustering order; a snapshot's endpoints sorted)."""
+    """Every archived row of one hour, in an order that depends on the rows alone.
+
+    An hour's rows are found in two passes. The fan-out snapshots (their partitions in bucket
+    order, each in clustering order) name its events and the deliveries fan-out chose (a
+    snapshot's endpoints sorted). They do not name every delivery row: a pair fan-out skipped
+    (an endpoint pinned to other schema majors) has a delivery row, listed in its endpoint's
+    history, and no place in the snapshot. So the second pass reads the endpoint history's index
+    (endpoint_deliveries: every delivery row the job writes has its row there, created_at = the
+    arrival) of the hour's endpoints, and takes the deliveries their event's snapshot does not
+    name. Verification counts from that index alone (:class:`HourCensus`), so a kind of row this
+    reader missed fails the hour instead of passing it."""
 
     def __init__(self, session: Session, page_size: int) -> None:
         self._s = session
@@ -96,6 +145,12 @@ class HourReader:
         p = session.prepare
         self._q_snapshots = p("SELECT arrived_at, event_id, tenant_id, endpoints FROM fanout_snapshots"
                               " WHERE hour=? AND bucket=?")
+        self._q_snapshot = p("SELECT endpoints FROM fanout_snapshots WHERE hour=? AND bucket=? AND arrived_at=?"
+                             " AND event_id=?")
+        self._q_listed = p("SELECT created_at, delivery_id, event_id, endpoint_id FROM endpoint_deliveries"
+                           " WHERE tenant_id=? AND endpoint_id=? AND day=? AND bucket=? AND created_at>=?"
+                           " AND created_at<?")
+        self._q_listed.fetch_size = page_size
         self._q_event = p("SELECT event_id, " + ", ".join(EVENT_COLUMNS) + " FROM events WHERE event_id=?")
         self._q_history = p(history_rows.SELECT_NEW)
         self._q_old_delivery = p(history_rows.SELECT_OLD_DELIVERY)
@@ -115,13 +170,17 @@ class HourReader:
         """(kind, row) for every row of the hour in these tenant buckets, shaped as archive rows."""
         hour = _ts(hour_ms)
         wanted = set(buckets)
+        endpoints = registered_endpoints(self._s, self._page, wanted)
         for bucket in range(SNAPSHOT_BUCKETS):
             for page in _pages(self._s, self._q_snapshots, (hour, bucket), self._page):
                 # Every shard pages through all the hour's snapshots (small rows) and reads only
                 # its tenants' events and deliveries: the expensive reads are split, not repeated.
                 mine = [s for s in page if layout.tenant_bucket(s.tenant_id or "") in wanted]
+                endpoints |= {(s.tenant_id, ep) for s in mine for ep in s.endpoints or {}}
                 if mine:
                     yield from self._page_rows(mine, hour)
+        for listed in self._unnamed(hour_ms, sorted(endpoints)):
+            yield from self._delivery_rows(listed, hour)
 
     def deliveries(self, dids: list[str], hour: datetime) -> dict[str, ArchivedDelivery]:
         """Each delivery as the archive holds it: (delivery row or None, attempts in number
@@ -153,28 +212,115 @@ class HourReader:
 
     def _page_rows(self, snaps: list[Any], hour: datetime) -> Iterator[tuple[str, dict[str, Any]]]:
         with_endpoints = [s for s in snaps if s.endpoints]
-        dids = [delivery_id_for(s.event_id, ep) for s in with_endpoints for ep in sorted(s.endpoints)]
         events = self._many(self._q_event, [s.event_id for s in with_endpoints])
-        held = self.deliveries(dids, hour)
         for s in with_endpoints:
             for ev in events[s.event_id]:
                 yield "events", shape("events", {**ev, "arrived_at": s.arrived_at, "endpoints": s.endpoints}, hour)
-            for ep in sorted(s.endpoints):
-                row, attempts, replays = held[delivery_id_for(s.event_id, ep)]
-                if row is None:
-                    continue
-                yield "deliveries", row
-                for a in attempts:
-                    yield "attempts", a
-                for r in replays:
-                    yield "replays", r
+        yield from self._delivery_rows([delivery_id_for(s.event_id, ep) for s in with_endpoints
+                                        for ep in sorted(s.endpoints)], hour)
+
+    def _delivery_rows(self, dids: list[str], hour: datetime) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Each delivery with its attempts and replays right after it (the release's merge of the
+        files relies on that order)."""
+        held = self.deliveries(dids, hour)
+        for did in dids:
+            row, attempts, replays = held[did]
+            if row is None:
+                continue
+            yield "deliveries", row
+            for a in attempts:
+                yield "attempts", a
+            for r in replays:
+                yield "replays", r
+
+    def _unnamed(self, hour_ms: int, pairs: list[tuple[str, str]]) -> Iterator[list[str]]:
+        """Pages of the delivery ids the endpoint index lists for the hour whose event's snapshot
+        does not name them (or that have no snapshot): the first pass did not take them."""
+        results = execute_concurrent_with_args(self._s, self._q_listed, _index_params(hour_ms, pairs),
+                                               concurrency=SNAPSHOT_BUCKETS, results_generator=True)
+        for chunk in _chunks(results, self._page):
+            listed = [r for r in chunk if r.event_id is not None]  # no event id: a status-only row
+            keys = sorted({(r.event_id, r.created_at) for r in listed})
+            params = [(_ts(hour_ms), snapshot_partition(eid, _ms(at))[1], at, eid) for eid, at in keys]
+            named: dict[tuple[str, datetime], dict[str, int]] = {}
+            for key, (ok, rows) in zip(keys, execute_concurrent_with_args(self._s, self._q_snapshot, params,
+                                                                          concurrency=_CONCURRENCY), strict=True):
+                if not ok:
+                    raise rows
+                row = rows.one()
+                named[key] = dict(row.endpoints or {}) if row is not None else {}
+            dids = [r.delivery_id for r in listed if r.endpoint_id not in named[(r.event_id, r.created_at)]]
+            if dids:
+                yield dids
 
 
-def count(rows: Iterator[tuple[str, dict[str, Any]]]) -> layout.HourCounts:
-    c = layout.HourCounts()
-    for kind, row in rows:
-        c.add(kind, row[layout.ID_COLUMN[kind]])
-    return c
+class HourCensus:
+    """What Cassandra holds of an hour's tenant buckets, counted for verification from a source
+    the writer's enumeration does not decide: the endpoint history's index.
+
+    Why the index: a delivery row's only time-ordered listing is its endpoint's history
+    (endpoint_deliveries; deliveries_by_endpoint for rows written before that table), which the
+    job writes in the same batch as every delivery row of every kind -- sent, skipped, restored by
+    reconciliation -- and which the control plane answers endpoint histories from for 30 days.
+    The writer finds deliveries through the fan-out snapshots first; a verifier that recounted
+    with the writer's reader would agree with whatever it left out (it did: skipped pairs were
+    never archived, and verified). So deliveries are counted here from every index row of the
+    hour whatever its status, each one read by its key for its attempts and replays, and events
+    from the snapshots that name endpoints (whose event rows the job writes with their first
+    delivery). A row with no delivery row behind it is not counted: there is nothing to archive.
+    """
+
+    def __init__(self, session: Session, reader: HourReader, page_size: int) -> None:
+        self._s = session
+        self._reader = reader
+        self._page = page_size
+        p = session.prepare
+        self._q_snapshots = p("SELECT tenant_id, event_id, endpoints FROM fanout_snapshots WHERE hour=? AND bucket=?")
+        self._q_event = p("SELECT event_id FROM events WHERE event_id=?")
+        self._q_listed = p("SELECT delivery_id, event_id FROM endpoint_deliveries WHERE tenant_id=? AND endpoint_id=?"
+                           " AND day=? AND bucket=? AND created_at>=? AND created_at<?")
+        self._q_listed_old = p("SELECT delivery_id, event_id FROM deliveries_by_endpoint WHERE tenant_id=?"
+                               " AND endpoint_id=? AND day=? AND created_at>=? AND created_at<?")
+        for q in (self._q_listed, self._q_listed_old):
+            q.fetch_size = page_size
+
+    def counts(self, hour_ms: int, buckets: Sequence[int]) -> layout.HourCounts:
+        c = layout.HourCounts()
+        hour = _ts(hour_ms)
+        wanted = set(buckets)
+        endpoints = registered_endpoints(self._s, self._page, wanted)
+        for bucket in range(SNAPSHOT_BUCKETS):
+            for page in _pages(self._s, self._q_snapshots, (hour, bucket), self._page):
+                mine = [s for s in page if layout.tenant_bucket(s.tenant_id or "") in wanted]
+                endpoints |= {(s.tenant_id, ep) for s in mine for ep in s.endpoints or {}}
+                named = [s.event_id for s in mine if s.endpoints]
+                results = execute_concurrent_with_args(self._s, self._q_event, [(e,) for e in named],
+                                                       concurrency=_CONCURRENCY)
+                for event_id, (ok, rows) in zip(named, results, strict=True):
+                    if not ok:
+                        raise rows
+                    if rows.one() is not None:
+                        c.add("events", event_id)
+        pairs = sorted(endpoints)
+        new = execute_concurrent_with_args(self._s, self._q_listed, _index_params(hour_ms, pairs),
+                                           concurrency=SNAPSHOT_BUCKETS, results_generator=True)
+        old = execute_concurrent_with_args(self._s, self._q_listed_old,
+                                           [(t, e, hour.date(), hour, _ts(hour_ms + layout.HOUR_MS)) for t, e in pairs],
+                                           concurrency=SNAPSHOT_BUCKETS, results_generator=True)
+        for results in (new, old):
+            for chunk in _chunks(results, self._page):
+                # A row of endpoint_deliveries without an event id is a status mirrored there for a
+                # delivery created before that table: it is listed in deliveries_by_endpoint.
+                dids = [r.delivery_id for r in chunk if r.event_id is not None]
+                for did, (row, attempts, replays) in self._reader.deliveries(dids, hour).items():
+                    if row is None:
+                        continue
+                    c.add("deliveries", did)
+                    if attempts:
+                        c.add("attempts", did, len(attempts))
+                    if replays:
+                        c.add("replays", did, len(replays))
+        return c
 
 
 def publish_manifest(store: ArchiveStore, hour_ms: int) -> layout.Manifest | None:
@@ -286,6 +432,7 @@ class Archiver:
         self._store = store
         self._shard = shard
         self._reader = HourReader(session, settings.page_size)
+        self._census = HourCensus(session, self._reader, settings.page_size)
         self._releaser = Releaser(session, store, self._reader, settings.page_size)
         self._q_state = session.prepare("SELECT state FROM archive_hours WHERE hour=?")
         self._w_state = session.prepare(
@@ -347,7 +494,7 @@ class Archiver:
         buckets = layout.shard_buckets(*self._shard, hour_ms) if buckets is None else buckets
         mine = manifest.of_buckets(buckets)
         back = [self._store.facts(f.path) for f in mine.files]
-        return layout.disagreements(mine, back, count(self._reader.rows(hour_ms, buckets)))
+        return layout.disagreements(mine, back, self._census.counts(hour_ms, buckets))
 
     def run_hour(self, hour_ms: int, now_ms: int) -> HourOutcome:
         state = self.state(hour_ms)
@@ -364,14 +511,19 @@ class Archiver:
         mine = manifest.of_buckets(todo)
         counts = mine.counts()
         self._progress(hour_ms, ARCHIVED, counts, now_ms)
-        problems = self.verify(hour_ms, todo)
+        # A bucket whose release began (and did not finish: a run stopped or failed in it) was
+        # verified before; its hot rows may have expired since, so recounting them now would fail
+        # it at every run, for good. Its release is resumed instead (it skips what already went).
+        resumed = [b for b in todo if self._exists(layout.releasing_path(hour_ms, b))]
+        fresh = [b for b in todo if b not in resumed]
+        problems = self.verify(hour_ms, fresh) if fresh else []
         if problems:
             detail = "; ".join(problems)
             self._set(hour_ms, FAILED, counts, detail, now_ms)
             log.error("archive hour %s failed verification, its rows stay hot: %s", _ts(hour_ms), detail)
             return HourOutcome(hour_ms, FAILED, counts, detail)
         self._progress(hour_ms, VERIFIED, counts, now_ms)
-        for b in todo:
+        for b in fresh:
             self._store.put_bytes(layout.releasing_path(hour_ms, b), b"{}\n")
         released = self._releaser.release(mine, self._settings.release_ttl_s, self._history_ttl_s, now_ms)
         for b in todo:

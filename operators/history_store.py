@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 from cassandra import ConsistencyLevel
@@ -198,6 +199,9 @@ class CassandraHistory:
             "DELETE FROM blocked_ordering_keys USING TIMESTAMP ?"
             " WHERE tenant_id=? AND endpoint_id=? AND bucket=? AND ordering_key=?"
         )
+        self._select_archived = p(
+            "SELECT status, attempt_count, next_attempt_at, auto_retry_active, last_attempt_number"
+            " FROM archived_deliveries WHERE delivery_id=?")
         self._select_payload = p("SELECT payload FROM events WHERE event_id=?")
         self._select_event = p(
             "SELECT event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
@@ -353,8 +357,15 @@ class CassandraHistory:
         return delivery, attempts
 
     async def check(self, delivery_id: str) -> DurableRecord:
-        """The delivery as Cassandra has it: status None when no delivery row exists."""
+        """The delivery as Cassandra has it: status None when no delivery row exists. A delivery
+        the archiver released has none once its released rows expired; fan-out may create it again
+        (the events topic read again, an old savepoint), and it must not go out a second time:
+        its archive pointer says what it was (control_plane/archive_release.py)."""
         delivery, attempts = await self._read(delivery_id)
+        if delivery is None:
+            pointer = await self._run(self._select_archived, (delivery_id,))
+            if pointer:
+                return _archived(pointer[0], attempts)
         return _durable(delivery, attempts)
 
     async def load_payload(self, event_id: str) -> bytes:
@@ -413,6 +424,19 @@ def _durable(row: dict[str, Any] | None, attempts: list[dict[str, Any]]) -> Dura
         next_attempt_at_ms=None if row["next_attempt_at"] is None else _ms(row["next_attempt_at"]),
         auto_retry_active=row["auto_retry_active"] is not False and status not in FINAL_STATUSES,
         max_attempt_number=max_number)
+
+
+def _archived(pointer: Any, attempts: list[dict[str, Any]]) -> DurableRecord:
+    """A released delivery from its archive pointer (and any attempt rows written hot since). A
+    pointer written before it carried the delivery's facts gives no status: the delivery was at
+    least the archiver's archive_after old when released, past any retry, and counts as expired."""
+    if pointer.status is None:
+        return DurableRecord(status="expired", auto_retry_active=False,
+                             max_attempt_number=history_rows.top_attempt_number(attempts))
+    record = _durable({"status": pointer.status, "attempt_count": pointer.attempt_count,
+                       "next_attempt_at": pointer.next_attempt_at, "auto_retry_active": pointer.auto_retry_active},
+                      attempts)
+    return replace(record, max_attempt_number=max(record.max_attempt_number, pointer.last_attempt_number or 0))
 
 
 def _ms(value: dt.datetime | None) -> int:
