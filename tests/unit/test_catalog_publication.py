@@ -23,8 +23,11 @@ from operators.fanout import FanOut
 from tests.unit.test_fanout_schemas import BroadcastState, Ctx, RuntimeContext, send
 
 T0 = 1_767_225_600_000
-SCHEMA_1_0 = '{"type": "object", "properties": {"amount": {"type": "integer"}}}'
-SCHEMA_1_1 = '{"type": "object", "properties": {"amount": {"type": "integer"}, "note": {"type": "string"}}}'
+# Closed objects: adding a typed optional property is additive only where nothing else could have
+# carried that name before (core/event_schemas.py).
+SCHEMA_1_0 = '{"type": "object", "properties": {"amount": {"type": "integer"}}, "additionalProperties": false}'
+SCHEMA_1_1 = ('{"type": "object", "properties": {"amount": {"type": "integer"}, "note": {"type": "string"}}, '
+              '"additionalProperties": false}')
 ADMIN = Caller("acme", "admin", may_write=True)
 
 
