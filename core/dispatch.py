@@ -60,6 +60,16 @@ def replace(obj: T, **changes: Any) -> T:
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "expired"})
 
+# The error class of a delivery ended because its history write was refused for its own values.
+WRITE_REJECTED = "history_write_rejected"
+
+
+class WriteRejected(Exception):
+    """The store refused one delivery's write or read for what it carries, not for its own state:
+    a value the driver cannot encode (a lone surrogate in a text column), a statement Cassandra
+    calls invalid. Sent again as it is, it fails again. The adapter says which errors these are
+    (operators/history_errors.py); a timeout or an unavailable Cassandra is never one."""
+
 
 class Stage(enum.StrEnum):
     ADOPTED = "adopted"  # restored from a checkpoint: CHECK it once it is due (or a person asks)
@@ -167,6 +177,8 @@ class Pending:
     write_retry_at_ms: int = 0
     write_failures: int = 0
     failing_since_ms: int = 0  # when its storage I/O began failing without a success since
+    failed_at_ms: int = 0  # the latest of those failures
+    rejections: int = 0  # WriteRejected failures, each after another write succeeded (after_write_failed)
 
     @property
     def delivery_id(self) -> str:
@@ -186,7 +198,8 @@ def adopt(p: Pending) -> Pending:
     made a restored job spend ~100 s re-reading a 50,000 backlog while healthy endpoints waited."""
     manual = ((p.sending_manual,) if p.sending_manual else ()) + p.manual
     return replace(p, stage=Stage.CHECK if manual else Stage.ADOPTED, busy=False, intent=None, record=None,
-                   sending_manual=None, manual=manual, write_retry_at_ms=0, write_failures=0, failing_since_ms=0)
+                   sending_manual=None, manual=manual, write_retry_at_ms=0, write_failures=0, failing_since_ms=0,
+                   rejections=0)
 
 
 def after_check(p: Pending, durable: DurableRecord, rng: random.Random, now_ms: int) -> Pending | None:
@@ -218,7 +231,7 @@ def after_reserved(p: Pending) -> Pending:
     """The intent's row is durable (after PERSIST or RESERVE): the delivery may be sent."""
     assert p.intent is not None
     return replace(p, stage=Stage.READY, busy=False, issued=max(p.issued, p.intent.number),
-                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0)
+                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0, rejections=0)
 
 
 def start_sending(p: Pending) -> Pending:
@@ -318,7 +331,7 @@ def apply_result(
                 issued=max(p.issued, p.intent.number),
                 next_attempt_at_ms=next_at if next_at is not None else p.next_attempt_at_ms,
                 auto_retry_active=auto_active, sending_manual=None, record=record,
-                write_failures=0, write_retry_at_ms=0, failing_since_ms=0),
+                write_failures=0, write_retry_at_ms=0, failing_since_ms=0, rejections=0),
         breaker,
     )
 
@@ -385,15 +398,40 @@ def after_record_written(p: Pending) -> Pending | None:
         return None
     if p.intent is None:  # a manual request arrived after the write was started
         return replace(p, stage=Stage.RESERVE, busy=False, record=None, write_failures=0, write_retry_at_ms=0,
-                       failing_since_ms=0)
+                       failing_since_ms=0, rejections=0)
     return replace(p, stage=Stage.READY, busy=False, record=None, issued=max(p.issued, p.intent.number),
-                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0)
+                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0, rejections=0)
 
 
-def after_write_failed(p: Pending, now_ms: int) -> Pending:
+def after_write_failed(p: Pending, now_ms: int, rejected: bool = False, others_ok_ms: int | None = None) -> Pending:
     """Cassandra refused or timed out a write or read: keep the stage (and any intent, so a
     retried reservation reuses its number) and try again later, backing off. Nothing is sent
-    before its attempt row is durable; nothing is reported finished before its record is."""
+    before its attempt row is durable; nothing is reported finished before its record is.
+
+    ``rejected``: refused for its own values (WriteRejected). It counts towards ending the
+    delivery (end_rejected) only when another write succeeded (at ``others_ok_ms``) since this
+    one last failed: the error's type alone would also match a fault of every write (a column
+    missing after a bad migration), and once that is fixed the first success must not end the
+    deliveries that were only waiting for it. Any other failure starts the count again."""
     delay = min(60_000, 500 * (2 ** min(p.write_failures, 7)))
+    confirmed = rejected and p.write_failures > 0 and others_ok_ms is not None and others_ok_ms > p.failed_at_ms
     return replace(p, busy=False, write_failures=p.write_failures + 1, write_retry_at_ms=now_ms + delay,
-                   failing_since_ms=p.failing_since_ms if p.write_failures else now_ms)
+                   failing_since_ms=p.failing_since_ms if p.write_failures else now_ms, failed_at_ms=now_ms,
+                   rejections=p.rejections + confirmed if rejected else 0)
+
+
+def end_rejected(p: Pending, now_ms: int) -> Pending:
+    """The delivery's own write keeps being refused for what it carries: it ends ``failed`` with
+    a record that carries none of it -- ids, times and the error class only, the values this
+    platform makes itself -- so that write can succeed where the refused one cannot. Its unused
+    reserved attempt row, if any, is closed as not sent. Manual requests owed end with it (the
+    caller counts them: no row of theirs could hold the values either)."""
+    record = AttemptRecord(
+        intent=p.intent, sent=False, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
+        outcome="failed" if p.intent is None else "not_sent", error_class=WRITE_REJECTED,
+        detail="its history write was refused for its values", manual=False, delivery_status="failed",
+        next_attempt_at_ms=None, auto_retry_active=False)
+    issued = p.issued if p.intent is None else max(p.issued, p.intent.number)
+    return replace(p, stage=Stage.RECORDING, busy=False, auto_retry_active=False, manual=(), sending_manual=None,
+                   skip=None, intent=None, issued=issued, record=record, write_failures=0, write_retry_at_ms=0,
+                   failing_since_ms=0, rejections=0)

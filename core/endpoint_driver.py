@@ -159,6 +159,17 @@ class DriverPolicy:
     # due, and reconciliation names it orphaned and redrives it -- checked first, so it expires
     # there once Cassandra takes the write. Without a bound it was retried for ever, held for good.
     storage_give_up_ms: int = 3_600_000
+    # A delivery whose own write was refused for its values (core.dispatch.WriteRejected) this
+    # many times, each after some other write succeeded, ends failed with a record that carries
+    # none of those values (dispatch.end_rejected): a few seconds of back-off, well within its deadline.
+    rejected_write_tries: int = 3
+
+
+@dataclass
+class StorageHealth:
+    """When a history write last succeeded, over every endpoint that shares it (the operator gives
+    all its drivers one): what tells one delivery's poison write from a fault of every write."""
+    last_ok_ms: int | None = None
 
 
 def light(delivery: NewDelivery) -> NewDelivery:
@@ -168,8 +179,10 @@ def light(delivery: NewDelivery) -> NewDelivery:
 
 class EndpointDriver:
     def __init__(self, endpoint_id: str, policy: DriverPolicy, rng: random.Random, store: EndpointStore,
-                 scheduler: FairScheduler, counts: Counter[str] | None = None) -> None:
+                 scheduler: FairScheduler, counts: Counter[str] | None = None,
+                 storage: StorageHealth | None = None) -> None:
         self.endpoint_id = endpoint_id
+        self.storage = storage if storage is not None else StorageHealth()
         self.policy = policy
         self.rng = rng
         self.store = store
@@ -377,8 +390,11 @@ class EndpointDriver:
             return
         if exc is not None:
             self.counts["history_write_failures"] += 1
-            self._put(d.after_write_failed(p, now_ms))
+            self._put(d.after_write_failed(p, now_ms, isinstance(exc, d.WriteRejected), self.storage.last_ok_ms))
             return
+        if kind != "check":
+            # Writes only: reads may well work while a write fails for everyone (a bad migration).
+            self.storage.last_ok_ms = now_ms
         if kind == "check":
             assert isinstance(result, d.DurableRecord)
             if result.status is None:
@@ -584,7 +600,23 @@ class EndpointDriver:
                 self.counts["manual_unrecorded"] += len(p.manual) + (p.sending_manual is not None)
                 self._forget(did)
                 continue
-            if p.write_retry_at_ms > now_ms:
+            if p.rejections >= self.policy.rejected_write_tries:
+                # Poison, not an outage: this one write keeps being refused for its own values
+                # while other writes go through (dispatch.after_write_failed counts only such
+                # failures). Retried, it would fail until the give-up bound, past its deadline. A
+                # timeout or an unavailable Cassandra is never a rejection: then nothing ends
+                # here, and nothing is sent before its record is durable.
+                if p.record is not None and p.record.error_class == d.WRITE_REJECTED:
+                    # Even the record without its values was refused: nothing of it can be written.
+                    # Its row, if any, stays pending for reconciliation (as expired_unrecorded).
+                    self.counts["rejected_unrecorded"] += 1
+                    self._forget(did)
+                    continue
+                self.counts["writes_rejected"] += 1
+                self.counts["manual_unrecorded"] += len(p.manual) + (p.sending_manual is not None)
+                p = d.end_rejected(p, now_ms)
+                self._put(p)  # ended, whether its record starts in this step or a later one
+            elif p.write_retry_at_ms > now_ms:
                 dec.wake_at(p.write_retry_at_ms, "storage retry")
                 continue
             if budget <= 0:

@@ -124,6 +124,7 @@ class FakeHistory:
     def __init__(self, *_: Any) -> None:
         self.payload_reads = 0
         self.fail_persist: BaseException | None = None  # the next persist raises, once
+        self.poison: set[str] = set()  # deliveries whose persist raises as the driver binds its values
         self.fail_payload_reads: BaseException | None = None  # every payload read raises this
         self.records: list[dispatch.AttemptRecord] = []
         self.slow = False  # writes stay in flight until complete_writes()
@@ -154,6 +155,10 @@ class FakeHistory:
         if self.fail_persist is not None:
             exc, self.fail_persist = self.fail_persist, None
             raise exc
+        if d.delivery_id in self.poison:
+            # What the Cassandra driver raises binding a text value with a lone surrogate (a JSON
+            # "\ud800" escape that passed ingest), sending a large payload's event row alone.
+            d.event.object_id.encode("utf-8")
         self.persisted.append(d.delivery_id)
         return self._done()
 
@@ -339,7 +344,8 @@ def _fail_second_keys(w: World) -> None:
 
 
 def _fail_first_persist(w: World) -> None:
-    w.history.fail_persist = OverflowError("int too large to bind")
+    # A failure of the store, not of this write's values (those fail that delivery only: below).
+    w.history.fail_persist = RuntimeError("Cassandra session is shut down")
 
 
 @pytest.mark.parametrize("fail", [_fail_submit_all, _fail_second_keys, _fail_first_persist],
@@ -379,6 +385,50 @@ def test_a_failed_payload_read_is_not_a_sent_attempt_and_spends_no_retry_budget(
     w.fire_timers_until(T0 + 3 * 3_600_000)
     assert w.sender.sent == ["dlv_1"]
     assert [(r.sent, r.outcome) for r in w.history.records] == [(True, "succeeded")]
+
+
+def test_a_poison_write_fails_only_its_delivery_which_ends_with_a_recorded_reason(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The poison delivery's creation write raised as the adapter started it, every pass: the whole
+    # pass was contained, the endpoint held up to 300 s and every request after it handed back.
+    w = World(monkeypatch)
+    w.history.poison.add("dlv_2")
+    for n in _ids(5):
+        e = EventRecord(event_id=f"evt_{n}", tenant_id="t_1", event_type="invoice.paid", schema_version="1",
+                        object_id="obj_\ud800" if n == 2 else "obj", object_version=0, occurred_at_ms=T0,
+                        payload=b"{}")
+        w.element(NEW, NewDelivery(delivery_id=f"dlv_{n}", event=e, endpoint_id=w.ep, tenant_id="t_1",
+                                   endpoint_config_version=1, created_at_ms=T0, expires_at_ms=T0 + 86_400_000))
+    w.fire_timers_until(T0 + 1_000)
+    assert sorted(w.sender.sent) == ["dlv_1", "dlv_3", "dlv_4", "dlv_5"]  # at once, not after a hold
+    assert w.d._counts["endpoint_internal_errors"] == 0
+    for n in range(6, 66):  # the endpoint's traffic goes on: other writes keep succeeding
+        w.new(n)
+        w.fire_timers_until(w.timers.now + 500)
+    assert len(w.sender.sent) == 64
+    ended = [r for r in w.history.records if r.error_class == dispatch.WRITE_REJECTED]
+    assert [(r.delivery_status, r.sent) for r in ended] == [("failed", False)]
+    assert w.d._counts["writes_rejected"] == 1 and "dlv_2" not in w.d._drivers[w.ep].items
+    assert "dlv_2" not in w.sender.sent and w.busy_without_io() == []
+    assert w.d._drivers[w.ep].held_until_ms <= w.timers.now
+
+
+def test_a_write_refused_for_every_delivery_ends_none_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same error type from every write (a column missing after a bad migration) is no
+    # delivery's poison: with no write succeeding, none is ended; they wait, unsent.
+    w = World(monkeypatch)
+    w.history.poison.update(f"dlv_{n}" for n in _ids(3))
+    for n in _ids(3):
+        e = EventRecord(event_id=f"evt_{n}", tenant_id="t_1", event_type="invoice.paid", schema_version="1",
+                        object_id="obj_\ud800", object_version=0, occurred_at_ms=T0, payload=b"{}")
+        w.element(NEW, NewDelivery(delivery_id=f"dlv_{n}", event=e, endpoint_id=w.ep, tenant_id="t_1",
+                                   endpoint_config_version=1, created_at_ms=T0, expires_at_ms=T0 + 86_400_000))
+    w.fire_timers_until(T0 + 600_000)
+    assert w.history.records == [] and w.sender.sent == []
+    assert w.d._counts["writes_rejected"] == 0 and len(w.d._drivers[w.ep].items) == 3
+    w.history.poison.clear()  # the schema is fixed
+    w.fire_timers_until(T0 + 700_000)
+    assert sorted(w.sender.sent) == ["dlv_1", "dlv_2", "dlv_3"]
 
 
 def test_one_endpoints_storage_backlog_leaves_another_tenants_writes_their_share(

@@ -28,6 +28,7 @@ from core.endpoint_driver import (
     Record,
     Reserve,
     Send,
+    StorageHealth,
 )
 from core.endpoint_store import InMemoryEndpointStore
 from core.fairness import FairScheduler
@@ -66,6 +67,7 @@ class Durable:
     next_attempt_at_ms: int | None = None
     auto: bool = True
     rows: dict[int, str] = field(default_factory=dict)  # attempt number -> outcome
+    error_class: str | None = None
 
 
 class Sim:
@@ -88,6 +90,10 @@ class Sim:
         self.held: list[tuple[str, Any]] = []
         self.sent_numbers: dict[str, list[int]] = {}
         self.fail_writes: set[str] = set()  # deliveries whose every storage action fails
+        # deliveries whose storage actions are refused for their values (poison); "all": even the
+        # record that carries none of them
+        self.reject_writes: dict[str, str] = {}
+        self.storage = StorageHealth()
         self.unbuildable = False  # no request can be built (no signing key decrypts)
         self.created: dict[str, NewDelivery] = {}
         self.first_request_at: dict[str, int] = {}
@@ -97,7 +103,8 @@ class Sim:
     def driver(self, ep: str) -> EndpointDriver:
         if ep not in self.drivers:
             store = self.stores.setdefault(ep, InMemoryEndpointStore())
-            self.drivers[ep] = EndpointDriver(ep, self.policy, self.rng, store, self.scheduler, self.counts)
+            self.drivers[ep] = EndpointDriver(ep, self.policy, self.rng, store, self.scheduler, self.counts,
+                                              self.storage)
         return self.drivers[ep]
 
     # inputs, each followed by a pass like the adapter's process_element
@@ -140,6 +147,10 @@ class Sim:
                     kind = {Check: "check", Persist: "persist", Reserve: "reserve", Record: "record"}[type(a)]
                     drv.io_done(kind, a.p.delivery_id, None, TimeoutError("write timed out"), self.now)
                     done_any = True  # a finished I/O, failed or not, drives a pass
+                elif not isinstance(a, Load) and self._rejected(a):
+                    kind = {Check: "check", Persist: "persist", Reserve: "reserve", Record: "record"}[type(a)]
+                    drv.io_done(kind, a.p.delivery_id, None, dsp.WriteRejected("UnicodeEncodeError"), self.now)
+                    done_any = True
                 else:
                     self._storage(drv, a)
                     done_any = True
@@ -149,6 +160,11 @@ class Sim:
             if not done_any:
                 return
         raise AssertionError("storage never settled")
+
+    def _rejected(self, a: Check | Persist | Reserve | Record) -> bool:
+        how = self.reject_writes.get(a.p.delivery_id)
+        valueless = isinstance(a, Record) and a.p.record is not None and a.p.record.error_class == dsp.WRITE_REJECTED
+        return how == "all" or (how is not None and not valueless)
 
     def _storage(self, drv: EndpointDriver, a: Any) -> None:
         if isinstance(a, Check):
@@ -171,7 +187,7 @@ class Sim:
                 h.rows.setdefault(a.p.intent.number, "reserved")
             if r.delivery_status is not None and h.status not in dsp.FINAL_STATUSES:
                 h.status, h.next_attempt_at_ms, h.auto = r.delivery_status, r.next_attempt_at_ms, r.auto_retry_active
-                h.attempt_count = a.p.attempt_count
+                h.attempt_count, h.error_class = a.p.attempt_count, r.error_class
             drv.io_done("record", a.p.delivery_id, None, None, self.now)
         elif isinstance(a, Load):
             d, h = self.created.get(a.delivery_id), self.history.get(a.delivery_id)
@@ -1261,3 +1277,62 @@ def test_queued_retries_of_a_disabled_endpoint_expire_by_their_deadline() -> Non
     drv = sim.driver("ep_1")
     assert not drv.items and not drv.queued_retries
 
+
+
+# -- a poison history write ----------------------------------------------------------------------
+
+def _poison_among_traffic(how: str) -> tuple[Sim, NewDelivery]:
+    """ep_1 takes a delivery every second for two minutes; the second one's writes are refused
+    for their values (``how``: "values" -- not the record without them -- or "all")."""
+    sim = Sim()
+    sim.config(config())
+    poison = delivery(1)
+    sim.reject_writes[poison.delivery_id] = how
+    for n in range(120):
+        sim.new(delivery(n, created=sim.now))
+        sim.answer_all("ep_1")
+        sim.advance(sim.now + 1_000)
+    return sim, poison
+
+
+def test_a_poison_write_fails_only_its_delivery_which_ends_failed_with_its_reason_recorded() -> None:
+    """A write refused for its own values (an encode error) was retried like a timeout: the
+    delivery stayed in memory, unrecorded, until the give-up bound an hour past its deadline."""
+    sim, poison = _poison_among_traffic("values")
+    did = poison.delivery_id
+    assert sim.requests[did] == 0, "sent before its creation record was durable"
+    assert did not in sim.driver("ep_1").items
+    h = sim.history[did]
+    assert (h.status, h.error_class) == ("failed", dsp.WRITE_REJECTED)
+    assert set(h.rows.values()) == {"not_sent"}  # its reserved row closed: no request was made
+    assert sim.counts["writes_rejected"] == 1
+    others = [f"dlv_ep_1_{n}" for n in range(120) if n != 1]
+    assert all(sim.requests[o] == 1 and sim.history[o].status == "succeeded" for o in others)
+
+
+def test_a_poison_delivery_whose_valueless_record_is_refused_too_is_let_go_counted() -> None:
+    sim, poison = _poison_among_traffic("all")
+    assert poison.delivery_id not in sim.driver("ep_1").items and sim.requests[poison.delivery_id] == 0
+    assert sim.counts["rejected_unrecorded"] == 1 and poison.delivery_id not in sim.history
+
+
+@pytest.mark.parametrize("error", ["rejected", "timeout"])
+def test_a_write_refused_while_no_other_write_succeeds_ends_nothing(error: str) -> None:
+    """The same refusal from every write (a column missing after a bad migration) or an outage is
+    no delivery's poison: nothing ends, nothing is sent, and all goes once writes work again."""
+    sim = Sim()
+    sim.config(config())
+    ds = [delivery(n) for n in range(3)]
+    for d in ds:
+        if error == "rejected":
+            sim.reject_writes[d.delivery_id] = "all"
+        else:
+            sim.fail_writes.add(d.delivery_id)
+        sim.new(d)
+    sim.advance(T0 + 600_000)
+    assert sim.counts["writes_rejected"] == 0 and len(sim.driver("ep_1").items) == 3
+    assert not sim.requests and not sim.history
+    sim.reject_writes.clear()
+    sim.fail_writes.clear()
+    sim.advance(T0 + 700_000)
+    assert all(sim.history[d.delivery_id].status == "succeeded" for d in ds)
