@@ -43,7 +43,7 @@ from core.outcomes import (
     is_endpoint_failure,
     is_fast_failure,
 )
-from core.retry import RetrySchedule, decide
+from core.retry import RetrySchedule, backoff_delay_ms, decide
 
 T = TypeVar("T")
 
@@ -62,6 +62,18 @@ FINAL_STATUSES = frozenset({"succeeded", "failed", "expired"})
 
 # The error class of a delivery ended because its history write was refused for its own values.
 WRITE_REJECTED = "history_write_rejected"
+
+
+# The error class of an attempt that failed before its request left the process.
+INTERNAL_BEFORE_SEND = "internal_before_send"
+
+
+class NotSent(Exception):
+    """Raised by the sending side for an error before any byte of the request left the process:
+    building the payload the endpoint may see, signing, the headers, the egress check failing
+    unexpectedly, a closed HTTP session. Any other error of a send may have come after bytes
+    left, so it is recorded as a sent attempt (``internal``), as a request the receiver may
+    have seen. The message names the step and the error's type, never a value."""
 
 
 class WriteRejected(Exception):
@@ -179,6 +191,7 @@ class Pending:
     failing_since_ms: int = 0  # when its storage I/O began failing without a success since
     failed_at_ms: int = 0  # the latest of those failures
     rejections: int = 0  # WriteRejected failures, each after another write succeeded (after_write_failed)
+    unsent_tries: int = 0  # automatic tries that failed before their request left (NotSent)
 
     @property
     def delivery_id(self) -> str:
@@ -247,6 +260,41 @@ def send_not_started(p: Pending) -> Pending:
     intent is still unused and the manual request still owed."""
     manual = ((p.sending_manual,) if p.sending_manual else ()) + p.manual
     return replace(p, stage=Stage.READY, busy=False, sending_manual=None, manual=manual)
+
+
+def failed_before_leaving(p: Pending, now_ms: int, detail: str, schedule: RetrySchedule,
+                          rng: random.Random) -> Pending:
+    """The request failed before it left (NotSent): its attempt row is closed as not sent, with
+    error class internal_before_send. It was no request, so it neither counts against the retry
+    budget (max attempts) nor tells the breaker anything -- a bug of ours must not use up a
+    delivery's attempts nor open its endpoint's breaker -- but it is tried again with the retry
+    back-off of its own count, within the delivery's deadline: an error that stays ends the
+    delivery expired, never a tight loop. The endpoint is not held: the error may well be this
+    delivery's own (a header value it carries), and its other deliveries must keep going. A
+    manual request ends not sent: a person's request is one try, and the row says why."""
+    assert p.intent is not None
+    manual = p.sending_manual
+    status: str | None
+    auto, next_at, tries = p.auto_retry_active, p.next_attempt_at_ms, p.unsent_tries
+    if manual is not None:
+        status = None  # says nothing of the automatic schedule
+    else:
+        tries += 1
+        next_at = now_ms + backoff_delay_ms(tries, schedule, rng)
+        if next_at > p.delivery.expires_at_ms:
+            status, auto = "expired", False
+            detail = f"{detail}; the next try would start after the deadline"
+        else:
+            status = "pending"
+    record = AttemptRecord(
+        intent=p.intent, sent=False, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
+        outcome="not_sent", error_class=INTERNAL_BEFORE_SEND, detail=detail, manual=manual is not None,
+        delivery_status=status, next_attempt_at_ms=next_at if status == "pending" else None,
+        auto_retry_active=auto, requested_by=manual.requested_by if manual else "",
+        request_id=manual.request_id if manual else "")
+    return replace(p, stage=Stage.RECORDING, busy=False, intent=None, issued=max(p.issued, p.intent.number),
+                   next_attempt_at_ms=next_at, auto_retry_active=auto, sending_manual=None, record=record,
+                   unsent_tries=tries)
 
 
 def is_due(p: Pending, now_ms: int) -> bool:

@@ -378,6 +378,9 @@ class EndpointDriver:
         if kind == "send":
             self.in_flight -= 1
             self.scheduler.release(self._tenant)
+            if isinstance(exc, d.NotSent):
+                self._failed_before_leaving(p, str(exc), now_ms)
+                return
             if exc is not None:
                 report = d.SendReport(
                     result=HttpResult(status=None, error=ErrorClass.INTERNAL, detail=type(exc).__name__),
@@ -850,6 +853,16 @@ class EndpointDriver:
                 config_version=report.endpoint_config_version, signal="gone",
                 detail=f"receiver answered 410 Gone for delivery {p.delivery_id}", at_ms=now_ms))
         self._put(p)
+
+    def _failed_before_leaving(self, p: Pending, detail: str, now_ms: int) -> None:
+        """No request left (dispatch.failed_before_leaving): no attempt, and no news of the endpoint."""
+        self.counts["attempts"] -= 1
+        self.counts["failed_before_sending"] += 1
+        before = self.breaker
+        self.breaker = brk.on_inconclusive(before)  # a probe that never left frees the probe slot
+        if self.breaker != before:
+            self.store.put_breaker(self.breaker)
+        self._put(d.failed_before_leaving(p, now_ms, detail, self.policy.schedule, self.rng))
 
     def _drop_load(self, did: str) -> None:
         self._loads.pop(did, None)

@@ -101,7 +101,7 @@ METRICS = (
     "replays_unknown", "replays_refused", "replays_duplicate", "manual_not_sent", "endpoint_holds",
     "endpoint_internal_errors", "signing_key_errors", "spilled", "paged_in", "retries_queued", "retries_paged_in",
     "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots", "skips", "skips_not_held",
-    "skips_not_head", "writes_rejected", "rejected_unrecorded",
+    "skips_not_head", "writes_rejected", "rejected_unrecorded", "failed_before_sending",
     # The operator's own: passes made (for elements and timers), and timers that found nothing
     # finished and no driver wake due, so made none.
     "passes", "empty_polls",

@@ -99,6 +99,7 @@ class FakeSender:
         self.sent: list[str] = []
         self.refuse: set[str] = set()  # deliveries the receiver answers 500
         self.fail_keys_at: int | None = None  # the how-manieth call of keys() raises, once
+        self.unbuildable: set[str] = set()  # deliveries whose next request cannot be built, once
 
     def keys(self, cfg: EndpointConfig, now_ms: int) -> list[Any]:
         if self.fail_keys_at is not None:
@@ -109,6 +110,9 @@ class FakeSender:
         return []
 
     async def send(self, p: dispatch.Pending, payload: bytes, cfg: EndpointConfig, keys: Any) -> dispatch.SendReport:
+        if p.delivery_id in self.unbuildable:
+            self.unbuildable.discard(p.delivery_id)
+            raise dispatch.NotSent("building the request failed: UnicodeEncodeError")
         self.sent.append(p.delivery_id)
         status = 500 if p.delivery_id in self.refuse else 200
         return dispatch.SendReport(result=HttpResult(status=status), started_at_ms=T0, finished_at_ms=T0,
@@ -429,6 +433,25 @@ def test_a_write_refused_for_every_delivery_ends_none_of_them(monkeypatch: pytes
     w.history.poison.clear()  # the schema is fixed
     w.fire_timers_until(T0 + 700_000)
     assert sorted(w.sender.sent) == ["dlv_1", "dlv_2", "dlv_3"]
+
+
+def test_a_request_that_fails_before_it_leaves_is_recorded_not_sent_and_holds_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch)
+    w.sender.unbuildable.add("dlv_2")
+    for n in _ids(3):
+        w.new(n)
+    w.fire_timers_until(T0 + 1_000)
+    assert sorted(w.sender.sent) == ["dlv_1", "dlv_3"]
+    (unsent,) = [r for r in w.history.records if not r.sent]
+    assert (unsent.outcome, unsent.error_class, unsent.delivery_status) == (
+        "not_sent", dispatch.INTERNAL_BEFORE_SEND, "pending")
+    drv = w.d._drivers[w.ep]
+    assert drv.held_until_ms == 0 and w.d._counts["endpoint_internal_errors"] == 0
+    w.fire_timers_until(T0 + 3_600_000)
+    assert sorted(w.sender.sent) == ["dlv_1", "dlv_2", "dlv_3"]
+    assert w.d._counts["attempts"] == 3 and w.d._counts["failed_before_sending"] == 1
+    assert w.free_pool_slots() == POOL
 
 
 def test_one_endpoints_storage_backlog_leaves_another_tenants_writes_their_share(

@@ -94,6 +94,7 @@ class Sim:
         # record that carries none of them
         self.reject_writes: dict[str, str] = {}
         self.storage = StorageHealth()
+        self.send_errors: dict[str, list[BaseException]] = {}  # delivery -> what its next sends raise
         self.unbuildable = False  # no request can be built (no signing key decrypts)
         self.created: dict[str, NewDelivery] = {}
         self.first_request_at: dict[str, int] = {}
@@ -200,6 +201,10 @@ class Sim:
         drv = self.driver(ep)
         sends, self.sends[ep] = self.sends.get(ep, []), []
         for s in sends:
+            errors = self.send_errors.get(s.p.delivery_id)
+            if errors:
+                drv.io_done("send", s.p.delivery_id, None, errors.pop(0), self.now)
+                continue
             res = result or self.answer_for.get(s.p.delivery_id) or self.answer.get(ep, HttpResult(200))
             drv.io_done("send", s.p.delivery_id, dsp.SendReport(res, self.now, self.now, s.config.url,
                                                                    s.config.config_version), None, self.now)
@@ -1336,3 +1341,71 @@ def test_a_write_refused_while_no_other_write_succeeds_ends_nothing(error: str) 
     sim.fail_writes.clear()
     sim.advance(T0 + 700_000)
     assert all(sim.history[d.delivery_id].status == "succeeded" for d in ds)
+
+
+# -- an error before the request leaves ---------------------------------------------------------
+
+def test_a_request_that_fails_before_it_leaves_is_no_attempt_and_is_tried_again() -> None:
+    """An error building the request (signing, headers, the egress check) was recorded as a sent
+    attempt of class internal: it spent the retry budget for a request no receiver saw."""
+    sim = Sim()
+    sim.config(config())
+    d = delivery(1)
+    sim.send_errors[d.delivery_id] = [dsp.NotSent("building the request failed: ValueError")] * 2
+    sim.new(d)
+    sim.answer_all("ep_1")
+    sim.advance(T0 + 3_600_000)
+    h = sim.history[d.delivery_id]
+    assert h.rows == {1: "not_sent", 2: "not_sent", 3: "succeeded"}
+    assert (h.status, h.attempt_count) == ("succeeded", 1)  # one request: one attempt of the budget
+    assert sim.counts["attempts"] == 1 and sim.counts["failed_before_sending"] == 2
+    drv = sim.driver("ep_1")
+    assert drv.breaker.consecutive_failures == 0 and drv.held_until_ms == 0
+
+
+@pytest.mark.parametrize(("error", "rows", "attempt_count"), [
+    (dsp.NotSent("building the request failed: ValueError"), "not_sent", 0),
+    # may have failed after bytes left: recorded as the request the receiver may have seen
+    (RuntimeError("sender bug"), "retry", 1),
+])
+def test_what_a_failed_send_is_recorded_as(error: BaseException, rows: str, attempt_count: int) -> None:
+    sim = Sim()
+    sim.config(config())
+    d = delivery(1)
+    sim.send_errors[d.delivery_id] = [error]
+    sim.new(d)
+    sim.answer_all("ep_1")
+    h = sim.history[d.delivery_id]
+    assert (h.rows[1], h.status, h.attempt_count) == (rows, "pending", attempt_count)
+    assert h.error_class == (dsp.INTERNAL_BEFORE_SEND if rows == "not_sent" else ErrorClass.INTERNAL.value)
+
+
+def test_a_request_that_never_leaves_ends_expired_at_its_deadline_not_at_max_attempts() -> None:
+    sim = Sim()
+    sim.config(config())
+    d = delivery(1)
+    sim.send_errors[d.delivery_id] = [dsp.NotSent("building the request failed: ValueError")] * 1000
+    sim.new(d)
+    sim.answer_all("ep_1")
+    sim.advance(T0 + DAY_MS + 60_000)
+    h = sim.history[d.delivery_id]
+    assert (h.status, h.attempt_count, h.auto) == ("expired", 0, False)
+    assert set(h.rows.values()) == {"not_sent"} and len(h.rows) > SCHEDULE.max_attempts
+    assert d.delivery_id not in sim.driver("ep_1").items
+
+
+def test_a_manual_request_that_fails_before_it_leaves_ends_not_sent_and_the_schedule_goes_on() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(503)
+    d = delivery(1)
+    sim.new(d)
+    sim.answer_all("ep_1")  # attempt 1 refused: a retry waits
+    sim.send_errors[d.delivery_id] = [dsp.NotSent("building the request failed: ValueError")]
+    assert sim.replay(ReplayRequest(d.delivery_id, "t_1", "ep_1", "alice", sim.now, "req-1")) == "queued"
+    sim.answer_all("ep_1")
+    h = sim.history[d.delivery_id]
+    assert h.rows[2] == "not_sent" and (h.status, h.attempt_count, h.auto) == ("pending", 1, True)
+    sim.answer.pop("ep_1")
+    sim.advance(T0 + 3_600_000)
+    assert sim.history[d.delivery_id].status == "succeeded"
