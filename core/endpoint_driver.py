@@ -214,6 +214,10 @@ class EndpointDriver:
         self._front_since: dict[str, tuple[int, int]] = {}
         self._work: set[str] = set()  # storage stages whose I/O has not started
         self._fresh: set[str] = set()  # never attempted: what the memory window counts
+        # (created at, delivery) of items as they became fresh / attempted, for the gauges' oldest
+        # ages (summary); entries no longer matching items[] are stale, skipped when they come up.
+        self._fresh_by_age: list[tuple[int, str]] = []
+        self._tried_by_age: list[tuple[int, str]] = []
         self._seq = 0
         self._loads: dict[str, tuple[d.ManualRequest, ...]] = dict(store.replays())
         self._loading: set[str] = set()
@@ -498,14 +502,36 @@ class EndpointDriver:
     def view(self, now_ms: int, retry_window_ms: int) -> telemetry.EndpointView:
         """This endpoint as the gauges see it (core.telemetry). Parked: nothing may be sent now
         (disabled, gone, held, or the breaker open and not yet probing)."""
-        parked = self._blocked_reason(now_ms) is not None or (
-            self.breaker.state is brk.CircuitState.OPEN and (self.breaker.open_until_ms or 0) > now_ms)
+        parked = self._parked(now_ms)
         head = self._spill_head_expires
         return telemetry.EndpointView(
             pending=tuple(telemetry.PendingView(p.delivery.created_at_ms, p.attempt_count > 0)
                           for p in self.items.values()),
             spilled=self.spilled, spilled_oldest_ms=head - retry_window_ms if head is not None else None,
             breaker=self.breaker.state, parked=parked, consecutive_failures=self.breaker.consecutive_failures)
+
+    def summary(self, now_ms: int, retry_window_ms: int) -> telemetry.EndpointSummary:
+        """``telemetry.summarize(self.view(...))`` without visiting each delivery: counts from the
+        fresh set, oldest ages from the age indexes (amortised O(log n) a delivery, kept by _put).
+        The gauges refresh every endpoint a pass touched each second, and a view of one draining
+        a large backlog built a record per held delivery each time."""
+        head = self._spill_head_expires
+        spilled = self.spilled
+        oldest_new = self._oldest_by_age(self._fresh_by_age, fresh=True)
+        if spilled and head is not None:
+            queued = head - retry_window_ms
+            oldest_new = queued if oldest_new is None else min(oldest_new, queued)
+        fresh = len(self._fresh)
+        return telemetry.EndpointSummary(
+            new=spilled + fresh, retry=len(self.items) - fresh, oldest_new_ms=oldest_new,
+            oldest_retry_ms=self._oldest_by_age(self._tried_by_age, fresh=False), breaker=self.breaker.state,
+            parked=self._parked(now_ms), consecutive_failures=self.breaker.consecutive_failures,
+            held=len(self.items) + spilled)
+
+    def _parked(self, now_ms: int) -> bool:
+        """Nothing may be sent now (disabled, gone, held, or the breaker open and not yet probing)."""
+        return self._blocked_reason(now_ms) is not None or (
+            self.breaker.state is brk.CircuitState.OPEN and (self.breaker.open_until_ms or 0) > now_ms)
 
     def _blocked_reason(self, now_ms: int) -> str | None:
         """Why nothing may be sent to this endpoint now (None: it may). No side effect."""
@@ -1207,9 +1233,12 @@ class EndpointDriver:
         prev = self.items.get(did)
         self.items[did] = p
         if p.attempt_count == 0:
-            self._fresh.add(did)
-        else:
+            if did not in self._fresh:
+                self._fresh.add(did)
+                self._age_index(self._fresh_by_age, p, len(self._fresh), fresh=True)
+        elif prev is None or did in self._fresh:
             self._fresh.discard(did)
+            self._age_index(self._tried_by_age, p, len(self.items) - len(self._fresh), fresh=False)
         self._work.discard(did)
         was_manual = did in self._manual
         self._manual.discard(did)
@@ -1243,6 +1272,25 @@ class EndpointDriver:
                     heapq.heapify(self._latest)
                 elif self._may_queue(p):
                     heapq.heappush(self._latest, (-p.next_attempt_at_ms, self._seq, did))
+
+    def _age_index(self, heap: list[tuple[int, str]], p: Pending, size: int, fresh: bool) -> None:
+        heapq.heappush(heap, (p.delivery.created_at_ms, p.delivery_id))
+        if len(heap) > 2 * size + 64:  # mostly stale entries: keep the valid ones
+            heap[:] = [e for e in heap if self._ages(e, fresh)]
+            heapq.heapify(heap)
+
+    def _ages(self, entry: tuple[int, str], fresh: bool) -> bool:
+        """Whether an age index entry still stands for a held delivery of its kind."""
+        at, did = entry
+        p = self.items.get(did)
+        return p is not None and (did in self._fresh) == fresh and p.delivery.created_at_ms == at
+
+    def _oldest_by_age(self, heap: list[tuple[int, str]], fresh: bool) -> int | None:
+        while heap:
+            if self._ages(heap[0], fresh):
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
 
     def _oldest_manual(self, n: int) -> list[Pending]:
         """The ``n`` deliveries whose waiting manual request is oldest, oldest first (stale heap

@@ -142,9 +142,10 @@ class Dispatcher(KeyedProcessFunction):
         self._metrics = {name: group.counter(name) for name in METRICS}
         self._group = group
         self._gauges = telemetry.DispatcherGauges()
-        # Each endpoint's part of the gauges, rebuilt only for endpoints a pass changed since the
-        # last refresh, or whose "parked" ends with time (a hold, an open breaker): walking every
-        # held delivery each second cost ~5 us a delivery.
+        # Each endpoint's part of the gauges, taken again only for endpoints a pass changed since
+        # the last refresh, or whose "parked" ends with time (a hold, an open breaker). The driver
+        # keeps it up to date as deliveries move (EndpointDriver.summary): walking every held
+        # delivery of each touched endpoint each second cost ~5 us a delivery.
         self._summaries: dict[str, telemetry.EndpointSummary] = {}
         self._changed: set[str] = set()
         self._parked_until: dict[str, int] = {}
@@ -441,7 +442,7 @@ class Dispatcher(KeyedProcessFunction):
             if drv is None or ep in self._idle_since:  # an idle driver kept a moment holds none
                 self._summaries.pop(ep, None)
                 continue
-            self._summaries[ep] = telemetry.summarize(drv.view(now, window))
+            self._summaries[ep] = drv.summary(now, window)
             # Parked may end with no pass (nothing to send): look again when it would.
             ends = [t for t in (drv.held_until_ms, drv.breaker.open_until_ms) if t is not None and t > now]
             if ends:
@@ -478,7 +479,7 @@ class Dispatcher(KeyedProcessFunction):
     def _summary(self, endpoint_id: str, drv: EndpointDriver, now: int, fresh: bool) -> telemetry.EndpointSummary:
         """The endpoint's summary for a report; ``fresh``: rebuilt now, not the gauges' last one."""
         known = None if fresh else self._summaries.get(endpoint_id)
-        return known or telemetry.summarize(drv.view(now, int(self._settings.dispatch.retry_deadline_s * 1000)))
+        return known or drv.summary(now, int(self._settings.dispatch.retry_deadline_s * 1000))
 
     def _report(self, endpoint_id: str, drv: EndpointDriver, summary: telemetry.EndpointSummary, now: int) -> None:
         row = health.report(endpoint_id, drv.tenant_id, summary, drv.breaker,
