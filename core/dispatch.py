@@ -60,8 +60,10 @@ def replace(obj: T, **changes: Any) -> T:
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "expired"})
 
-# The error class of a delivery ended because its history write was refused for its own values.
+# The error class of a delivery ended because its history write was refused for its own values,
+# and the detail of a record written without those values (end_rejected).
 WRITE_REJECTED = "history_write_rejected"
+WITHOUT_VALUES = "its history write was refused for its values: written without them"
 
 
 # The error class of an attempt that failed before its request left the process.
@@ -469,16 +471,24 @@ def after_write_failed(p: Pending, now_ms: int, rejected: bool = False, others_o
 
 
 def end_rejected(p: Pending, now_ms: int) -> Pending:
-    """The delivery's own write keeps being refused for what it carries: it ends ``failed`` with
-    a record that carries none of it -- ids, times and the error class only, the values this
-    platform makes itself -- so that write can succeed where the refused one cannot. Its unused
-    reserved attempt row, if any, is closed as not sent. Manual requests owed end with it (the
-    caller counts them: no row of theirs could hold the values either)."""
+    """The delivery's own write keeps being refused for what it carries: write instead a record
+    that carries none of it -- ids, numbers, times and classes, the values this platform makes
+    itself -- so that write can succeed where the refused one cannot.
+
+    Before any request (its creation or reservation was refused) the delivery ends ``failed``
+    with error class history_write_rejected; its unused reserved attempt row, if any, is closed
+    as not sent, and manual requests owed end with it (the caller counts them). The record of a
+    finished request keeps its outcome -- a success stays one -- without its URL, response
+    prefix and requester (the attempt row's text), and the delivery goes on as that outcome says."""
+    if p.record is not None:
+        record = replace(p.record, url="", response_prefix="", requested_by="", request_id="", detail=WITHOUT_VALUES)
+        return replace(p, busy=False, record=record, write_failures=0, write_retry_at_ms=0, failing_since_ms=0,
+                       rejections=0)
     record = AttemptRecord(
         intent=p.intent, sent=False, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
         outcome="failed" if p.intent is None else "not_sent", error_class=WRITE_REJECTED,
-        detail="its history write was refused for its values", manual=False, delivery_status="failed",
-        next_attempt_at_ms=None, auto_retry_active=False)
+        detail=WITHOUT_VALUES, manual=False, delivery_status="failed", next_attempt_at_ms=None,
+        auto_retry_active=False)
     issued = p.issued if p.intent is None else max(p.issued, p.intent.number)
     return replace(p, stage=Stage.RECORDING, busy=False, auto_retry_active=False, manual=(), sending_manual=None,
                    skip=None, intent=None, issued=issued, record=record, write_failures=0, write_retry_at_ms=0,

@@ -635,14 +635,16 @@ class EndpointDriver:
                 # failures). Retried, it would fail until the give-up bound, past its deadline. A
                 # timeout or an unavailable Cassandra is never a rejection: then nothing ends
                 # here, and nothing is sent before its record is durable.
-                if p.record is not None and p.record.error_class == d.WRITE_REJECTED:
+                if p.record is not None and p.record.detail == d.WITHOUT_VALUES:
                     # Even the record without its values was refused: nothing of it can be written.
                     # Its row, if any, stays pending for reconciliation (as expired_unrecorded).
                     self.counts["rejected_unrecorded"] += 1
+                    self.counts["manual_unrecorded"] += len(p.manual)
                     self._forget(did)
                     continue
                 self.counts["writes_rejected"] += 1
-                self.counts["manual_unrecorded"] += len(p.manual) + (p.sending_manual is not None)
+                if p.record is None:  # it ends: the requests owed end with it
+                    self.counts["manual_unrecorded"] += len(p.manual) + (p.sending_manual is not None)
                 p = d.end_rejected(p, now_ms)
                 self._put(p)  # ended, whether its record starts in this step or a later one
             elif p.write_retry_at_ms > now_ms:

@@ -532,7 +532,8 @@ class Dispatcher(KeyedProcessFunction):
                     # that delivery's write fails. Holding the endpoint for it, as for an error of
                     # the pass, would hand back every request after it in this decision, and the
                     # same write comes first again next pass: the endpoint silenced for a day.
-                    log.warning("%s of %s refused as built: %s", type(a).__name__, a.p.delivery_id,
+                    # (%r: the message may hold the very character that could not be encoded)
+                    log.warning("%s of %s refused as built: %r", type(a).__name__, a.p.delivery_id,
                                 redact(str(exc))[:200])
                     self._not_started(drv, [], [a], refused, now)
                     p = drv.items.get(a.p.delivery_id)

@@ -169,7 +169,7 @@ class Sim:
 
     def _rejected(self, a: Check | Persist | Reserve | Record) -> bool:
         how = self.reject_writes.get(a.p.delivery_id)
-        valueless = isinstance(a, Record) and a.p.record is not None and a.p.record.error_class == dsp.WRITE_REJECTED
+        valueless = isinstance(a, Record) and a.p.record is not None and a.p.record.detail == dsp.WITHOUT_VALUES
         return how == "all" or (how is not None and not valueless)
 
     def _storage(self, drv: EndpointDriver, a: Any) -> None:
@@ -1318,6 +1318,23 @@ def test_a_poison_write_fails_only_its_delivery_which_ends_failed_with_its_reaso
     assert sim.counts["writes_rejected"] == 1
     others = [f"dlv_ep_1_{n}" for n in range(120) if n != 1]
     assert all(sim.requests[o] == 1 and sim.history[o].status == "succeeded" for o in others)
+
+
+def test_a_finished_requests_record_refused_for_its_values_is_written_without_them() -> None:
+    """The request went out and succeeded; its record (URL, response prefix) is refused: written
+    without those, it stays a success, not a failure."""
+    sim = Sim()
+    sim.config(config())
+    d = delivery(1)
+    sim.new(d)
+    sim.reject_writes[d.delivery_id] = "values"
+    for n in range(2, 40):  # others' writes keep succeeding meanwhile
+        sim.answer_all("ep_1")
+        sim.new(delivery(n, created=sim.now))
+        sim.advance(sim.now + 1_000)
+    h = sim.history[d.delivery_id]
+    assert sim.requests[d.delivery_id] == 1 and (h.status, h.rows[1]) == ("succeeded", "succeeded")
+    assert sim.counts["writes_rejected"] == 1 and d.delivery_id not in sim.driver("ep_1").items
 
 
 def test_a_poison_delivery_whose_valueless_record_is_refused_too_is_let_go_counted() -> None:
