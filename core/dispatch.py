@@ -43,7 +43,7 @@ from core.outcomes import (
     is_endpoint_failure,
     is_fast_failure,
 )
-from core.retry import RetrySchedule, decide
+from core.retry import RetrySchedule, backoff_delay_ms, decide
 
 T = TypeVar("T")
 
@@ -59,6 +59,30 @@ def replace(obj: T, **changes: Any) -> T:
 
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "expired"})
+
+# The error class of a delivery ended because its history write was refused for its own values,
+# and the detail of a record written without those values (end_rejected).
+WRITE_REJECTED = "history_write_rejected"
+WITHOUT_VALUES = "its history write was refused for its values: written without them"
+
+
+# The error class of an attempt that failed before its request left the process.
+INTERNAL_BEFORE_SEND = "internal_before_send"
+
+
+class NotSent(Exception):
+    """Raised by the sending side for an error before any byte of the request left the process:
+    building the payload the endpoint may see, signing, the headers, the egress check failing
+    unexpectedly, a closed HTTP session. Any other error of a send may have come after bytes
+    left, so it is recorded as a sent attempt (``internal``), as a request the receiver may
+    have seen. The message names the step and the error's type, never a value."""
+
+
+class WriteRejected(Exception):
+    """The store refused one delivery's write or read for what it carries, not for its own state:
+    a value the driver cannot encode (a lone surrogate in a text column), a statement Cassandra
+    calls invalid. Sent again as it is, it fails again. The adapter says which errors these are
+    (operators/history_errors.py); a timeout or an unavailable Cassandra is never one."""
 
 
 class Stage(enum.StrEnum):
@@ -167,6 +191,9 @@ class Pending:
     write_retry_at_ms: int = 0
     write_failures: int = 0
     failing_since_ms: int = 0  # when its storage I/O began failing without a success since
+    failed_at_ms: int = 0  # the latest of those failures
+    rejections: int = 0  # WriteRejected failures, each after another write succeeded (after_write_failed)
+    unsent_tries: int = 0  # automatic tries that failed before their request left (NotSent)
 
     @property
     def delivery_id(self) -> str:
@@ -186,7 +213,8 @@ def adopt(p: Pending) -> Pending:
     made a restored job spend ~100 s re-reading a 50,000 backlog while healthy endpoints waited."""
     manual = ((p.sending_manual,) if p.sending_manual else ()) + p.manual
     return replace(p, stage=Stage.CHECK if manual else Stage.ADOPTED, busy=False, intent=None, record=None,
-                   sending_manual=None, manual=manual, write_retry_at_ms=0, write_failures=0, failing_since_ms=0)
+                   sending_manual=None, manual=manual, write_retry_at_ms=0, write_failures=0, failing_since_ms=0,
+                   rejections=0)
 
 
 def after_check(p: Pending, durable: DurableRecord, rng: random.Random, now_ms: int) -> Pending | None:
@@ -218,7 +246,7 @@ def after_reserved(p: Pending) -> Pending:
     """The intent's row is durable (after PERSIST or RESERVE): the delivery may be sent."""
     assert p.intent is not None
     return replace(p, stage=Stage.READY, busy=False, issued=max(p.issued, p.intent.number),
-                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0)
+                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0, rejections=0)
 
 
 def start_sending(p: Pending) -> Pending:
@@ -234,6 +262,41 @@ def send_not_started(p: Pending) -> Pending:
     intent is still unused and the manual request still owed."""
     manual = ((p.sending_manual,) if p.sending_manual else ()) + p.manual
     return replace(p, stage=Stage.READY, busy=False, sending_manual=None, manual=manual)
+
+
+def failed_before_leaving(p: Pending, now_ms: int, detail: str, schedule: RetrySchedule,
+                          rng: random.Random) -> Pending:
+    """The request failed before it left (NotSent): its attempt row is closed as not sent, with
+    error class internal_before_send. It was no request, so it neither counts against the retry
+    budget (max attempts) nor tells the breaker anything -- a bug of ours must not use up a
+    delivery's attempts nor open its endpoint's breaker -- but it is tried again with the retry
+    back-off of its own count, within the delivery's deadline: an error that stays ends the
+    delivery expired, never a tight loop. The endpoint is not held: the error may well be this
+    delivery's own (a header value it carries), and its other deliveries must keep going. A
+    manual request ends not sent: a person's request is one try, and the row says why."""
+    assert p.intent is not None
+    manual = p.sending_manual
+    status: str | None
+    auto, next_at, tries = p.auto_retry_active, p.next_attempt_at_ms, p.unsent_tries
+    if manual is not None:
+        status = None  # says nothing of the automatic schedule
+    else:
+        tries += 1
+        next_at = now_ms + backoff_delay_ms(tries, schedule, rng)
+        if next_at > p.delivery.expires_at_ms:
+            status, auto = "expired", False
+            detail = f"{detail}; the next try would start after the deadline"
+        else:
+            status = "pending"
+    record = AttemptRecord(
+        intent=p.intent, sent=False, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
+        outcome="not_sent", error_class=INTERNAL_BEFORE_SEND, detail=detail, manual=manual is not None,
+        delivery_status=status, next_attempt_at_ms=next_at if status == "pending" else None,
+        auto_retry_active=auto, requested_by=manual.requested_by if manual else "",
+        request_id=manual.request_id if manual else "")
+    return replace(p, stage=Stage.RECORDING, busy=False, intent=None, issued=max(p.issued, p.intent.number),
+                   next_attempt_at_ms=next_at, auto_retry_active=auto, sending_manual=None, record=record,
+                   unsent_tries=tries)
 
 
 def is_due(p: Pending, now_ms: int) -> bool:
@@ -318,7 +381,7 @@ def apply_result(
                 issued=max(p.issued, p.intent.number),
                 next_attempt_at_ms=next_at if next_at is not None else p.next_attempt_at_ms,
                 auto_retry_active=auto_active, sending_manual=None, record=record,
-                write_failures=0, write_retry_at_ms=0, failing_since_ms=0),
+                write_failures=0, write_retry_at_ms=0, failing_since_ms=0, rejections=0),
         breaker,
     )
 
@@ -385,15 +448,48 @@ def after_record_written(p: Pending) -> Pending | None:
         return None
     if p.intent is None:  # a manual request arrived after the write was started
         return replace(p, stage=Stage.RESERVE, busy=False, record=None, write_failures=0, write_retry_at_ms=0,
-                       failing_since_ms=0)
+                       failing_since_ms=0, rejections=0)
     return replace(p, stage=Stage.READY, busy=False, record=None, issued=max(p.issued, p.intent.number),
-                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0)
+                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0, rejections=0)
 
 
-def after_write_failed(p: Pending, now_ms: int) -> Pending:
+def after_write_failed(p: Pending, now_ms: int, rejected: bool = False, others_ok_ms: int | None = None) -> Pending:
     """Cassandra refused or timed out a write or read: keep the stage (and any intent, so a
     retried reservation reuses its number) and try again later, backing off. Nothing is sent
-    before its attempt row is durable; nothing is reported finished before its record is."""
+    before its attempt row is durable; nothing is reported finished before its record is.
+
+    ``rejected``: refused for its own values (WriteRejected). It counts towards ending the
+    delivery (end_rejected) only when another write succeeded (at ``others_ok_ms``) since this
+    one last failed: the error's type alone would also match a fault of every write (a column
+    missing after a bad migration), and once that is fixed the first success must not end the
+    deliveries that were only waiting for it. Any other failure starts the count again."""
     delay = min(60_000, 500 * (2 ** min(p.write_failures, 7)))
+    confirmed = rejected and p.write_failures > 0 and others_ok_ms is not None and others_ok_ms > p.failed_at_ms
     return replace(p, busy=False, write_failures=p.write_failures + 1, write_retry_at_ms=now_ms + delay,
-                   failing_since_ms=p.failing_since_ms if p.write_failures else now_ms)
+                   failing_since_ms=p.failing_since_ms if p.write_failures else now_ms, failed_at_ms=now_ms,
+                   rejections=p.rejections + confirmed if rejected else 0)
+
+
+def end_rejected(p: Pending, now_ms: int) -> Pending:
+    """The delivery's own write keeps being refused for what it carries: write instead a record
+    that carries none of it -- ids, numbers, times and classes, the values this platform makes
+    itself -- so that write can succeed where the refused one cannot.
+
+    Before any request (its creation or reservation was refused) the delivery ends ``failed``
+    with error class history_write_rejected; its unused reserved attempt row, if any, is closed
+    as not sent, and manual requests owed end with it (the caller counts them). The record of a
+    finished request keeps its outcome -- a success stays one -- without its URL, response
+    prefix and requester (the attempt row's text), and the delivery goes on as that outcome says."""
+    if p.record is not None:
+        record = replace(p.record, url="", response_prefix="", requested_by="", request_id="", detail=WITHOUT_VALUES)
+        return replace(p, busy=False, record=record, write_failures=0, write_retry_at_ms=0, failing_since_ms=0,
+                       rejections=0)
+    record = AttemptRecord(
+        intent=p.intent, sent=False, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
+        outcome="failed" if p.intent is None else "not_sent", error_class=WRITE_REJECTED,
+        detail=WITHOUT_VALUES, manual=False, delivery_status="failed", next_attempt_at_ms=None,
+        auto_retry_active=False)
+    issued = p.issued if p.intent is None else max(p.issued, p.intent.number)
+    return replace(p, stage=Stage.RECORDING, busy=False, auto_retry_active=False, manual=(), sending_manual=None,
+                   skip=None, intent=None, issued=issued, record=record, write_failures=0, write_retry_at_ms=0,
+                   failing_since_ms=0, rejections=0)

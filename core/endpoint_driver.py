@@ -159,6 +159,17 @@ class DriverPolicy:
     # due, and reconciliation names it orphaned and redrives it -- checked first, so it expires
     # there once Cassandra takes the write. Without a bound it was retried for ever, held for good.
     storage_give_up_ms: int = 3_600_000
+    # A delivery whose own write was refused for its values (core.dispatch.WriteRejected) this
+    # many times, each after some other write succeeded, ends failed with a record that carries
+    # none of those values (dispatch.end_rejected): a few seconds of back-off, well within its deadline.
+    rejected_write_tries: int = 3
+
+
+@dataclass
+class StorageHealth:
+    """When a history write last succeeded, over every endpoint that shares it (the operator gives
+    all its drivers one): what tells one delivery's poison write from a fault of every write."""
+    last_ok_ms: int | None = None
 
 
 def light(delivery: NewDelivery) -> NewDelivery:
@@ -168,8 +179,10 @@ def light(delivery: NewDelivery) -> NewDelivery:
 
 class EndpointDriver:
     def __init__(self, endpoint_id: str, policy: DriverPolicy, rng: random.Random, store: EndpointStore,
-                 scheduler: FairScheduler, counts: Counter[str] | None = None) -> None:
+                 scheduler: FairScheduler, counts: Counter[str] | None = None,
+                 storage: StorageHealth | None = None) -> None:
         self.endpoint_id = endpoint_id
+        self.storage = storage if storage is not None else StorageHealth()
         self.policy = policy
         self.rng = rng
         self.store = store
@@ -201,6 +214,10 @@ class EndpointDriver:
         self._front_since: dict[str, tuple[int, int]] = {}
         self._work: set[str] = set()  # storage stages whose I/O has not started
         self._fresh: set[str] = set()  # never attempted: what the memory window counts
+        # (created at, delivery) of items as they became fresh / attempted, for the gauges' oldest
+        # ages (summary); entries no longer matching items[] are stale, skipped when they come up.
+        self._fresh_by_age: list[tuple[int, str]] = []
+        self._tried_by_age: list[tuple[int, str]] = []
         self._seq = 0
         self._loads: dict[str, tuple[d.ManualRequest, ...]] = dict(store.replays())
         self._loading: set[str] = set()
@@ -365,6 +382,9 @@ class EndpointDriver:
         if kind == "send":
             self.in_flight -= 1
             self.scheduler.release(self._tenant)
+            if isinstance(exc, d.NotSent):
+                self._failed_before_leaving(p, str(exc), now_ms)
+                return
             if exc is not None:
                 report = d.SendReport(
                     result=HttpResult(status=None, error=ErrorClass.INTERNAL, detail=type(exc).__name__),
@@ -377,8 +397,11 @@ class EndpointDriver:
             return
         if exc is not None:
             self.counts["history_write_failures"] += 1
-            self._put(d.after_write_failed(p, now_ms))
+            self._put(d.after_write_failed(p, now_ms, isinstance(exc, d.WriteRejected), self.storage.last_ok_ms))
             return
+        if kind != "check":
+            # Writes only: reads may well work while a write fails for everyone (a bad migration).
+            self.storage.last_ok_ms = now_ms
         if kind == "check":
             assert isinstance(result, d.DurableRecord)
             if result.status is None:
@@ -479,14 +502,36 @@ class EndpointDriver:
     def view(self, now_ms: int, retry_window_ms: int) -> telemetry.EndpointView:
         """This endpoint as the gauges see it (core.telemetry). Parked: nothing may be sent now
         (disabled, gone, held, or the breaker open and not yet probing)."""
-        parked = self._blocked_reason(now_ms) is not None or (
-            self.breaker.state is brk.CircuitState.OPEN and (self.breaker.open_until_ms or 0) > now_ms)
+        parked = self._parked(now_ms)
         head = self._spill_head_expires
         return telemetry.EndpointView(
             pending=tuple(telemetry.PendingView(p.delivery.created_at_ms, p.attempt_count > 0)
                           for p in self.items.values()),
             spilled=self.spilled, spilled_oldest_ms=head - retry_window_ms if head is not None else None,
             breaker=self.breaker.state, parked=parked, consecutive_failures=self.breaker.consecutive_failures)
+
+    def summary(self, now_ms: int, retry_window_ms: int) -> telemetry.EndpointSummary:
+        """``telemetry.summarize(self.view(...))`` without visiting each delivery: counts from the
+        fresh set, oldest ages from the age indexes (amortised O(log n) a delivery, kept by _put).
+        The gauges refresh every endpoint a pass touched each second, and a view of one draining
+        a large backlog built a record per held delivery each time."""
+        head = self._spill_head_expires
+        spilled = self.spilled
+        oldest_new = self._oldest_by_age(self._fresh_by_age, fresh=True)
+        if spilled and head is not None:
+            queued = head - retry_window_ms
+            oldest_new = queued if oldest_new is None else min(oldest_new, queued)
+        fresh = len(self._fresh)
+        return telemetry.EndpointSummary(
+            new=spilled + fresh, retry=len(self.items) - fresh, oldest_new_ms=oldest_new,
+            oldest_retry_ms=self._oldest_by_age(self._tried_by_age, fresh=False), breaker=self.breaker.state,
+            parked=self._parked(now_ms), consecutive_failures=self.breaker.consecutive_failures,
+            held=len(self.items) + spilled)
+
+    def _parked(self, now_ms: int) -> bool:
+        """Nothing may be sent now (disabled, gone, held, or the breaker open and not yet probing)."""
+        return self._blocked_reason(now_ms) is not None or (
+            self.breaker.state is brk.CircuitState.OPEN and (self.breaker.open_until_ms or 0) > now_ms)
 
     def _blocked_reason(self, now_ms: int) -> str | None:
         """Why nothing may be sent to this endpoint now (None: it may). No side effect."""
@@ -584,7 +629,25 @@ class EndpointDriver:
                 self.counts["manual_unrecorded"] += len(p.manual) + (p.sending_manual is not None)
                 self._forget(did)
                 continue
-            if p.write_retry_at_ms > now_ms:
+            if p.rejections >= self.policy.rejected_write_tries:
+                # Poison, not an outage: this one write keeps being refused for its own values
+                # while other writes go through (dispatch.after_write_failed counts only such
+                # failures). Retried, it would fail until the give-up bound, past its deadline. A
+                # timeout or an unavailable Cassandra is never a rejection: then nothing ends
+                # here, and nothing is sent before its record is durable.
+                if p.record is not None and p.record.detail == d.WITHOUT_VALUES:
+                    # Even the record without its values was refused: nothing of it can be written.
+                    # Its row, if any, stays pending for reconciliation (as expired_unrecorded).
+                    self.counts["rejected_unrecorded"] += 1
+                    self.counts["manual_unrecorded"] += len(p.manual)
+                    self._forget(did)
+                    continue
+                self.counts["writes_rejected"] += 1
+                if p.record is None:  # it ends: the requests owed end with it
+                    self.counts["manual_unrecorded"] += len(p.manual) + (p.sending_manual is not None)
+                p = d.end_rejected(p, now_ms)
+                self._put(p)  # ended, whether its record starts in this step or a later one
+            elif p.write_retry_at_ms > now_ms:
                 dec.wake_at(p.write_retry_at_ms, "storage retry")
                 continue
             if budget <= 0:
@@ -818,6 +881,16 @@ class EndpointDriver:
                 config_version=report.endpoint_config_version, signal="gone",
                 detail=f"receiver answered 410 Gone for delivery {p.delivery_id}", at_ms=now_ms))
         self._put(p)
+
+    def _failed_before_leaving(self, p: Pending, detail: str, now_ms: int) -> None:
+        """No request left (dispatch.failed_before_leaving): no attempt, and no news of the endpoint."""
+        self.counts["attempts"] -= 1
+        self.counts["failed_before_sending"] += 1
+        before = self.breaker
+        self.breaker = brk.on_inconclusive(before)  # a probe that never left frees the probe slot
+        if self.breaker != before:
+            self.store.put_breaker(self.breaker)
+        self._put(d.failed_before_leaving(p, now_ms, detail, self.policy.schedule, self.rng))
 
     def _drop_load(self, did: str) -> None:
         self._loads.pop(did, None)
@@ -1162,9 +1235,12 @@ class EndpointDriver:
         prev = self.items.get(did)
         self.items[did] = p
         if p.attempt_count == 0:
-            self._fresh.add(did)
-        else:
+            if did not in self._fresh:
+                self._fresh.add(did)
+                self._age_index(self._fresh_by_age, p, len(self._fresh), fresh=True)
+        elif prev is None or did in self._fresh:
             self._fresh.discard(did)
+            self._age_index(self._tried_by_age, p, len(self.items) - len(self._fresh), fresh=False)
         self._work.discard(did)
         was_manual = did in self._manual
         self._manual.discard(did)
@@ -1198,6 +1274,25 @@ class EndpointDriver:
                     heapq.heapify(self._latest)
                 elif self._may_queue(p):
                     heapq.heappush(self._latest, (-p.next_attempt_at_ms, self._seq, did))
+
+    def _age_index(self, heap: list[tuple[int, str]], p: Pending, size: int, fresh: bool) -> None:
+        heapq.heappush(heap, (p.delivery.created_at_ms, p.delivery_id))
+        if len(heap) > 2 * size + 64:  # mostly stale entries: keep the valid ones
+            heap[:] = [e for e in heap if self._ages(e, fresh)]
+            heapq.heapify(heap)
+
+    def _ages(self, entry: tuple[int, str], fresh: bool) -> bool:
+        """Whether an age index entry still stands for a held delivery of its kind."""
+        at, did = entry
+        p = self.items.get(did)
+        return p is not None and (did in self._fresh) == fresh and p.delivery.created_at_ms == at
+
+    def _oldest_by_age(self, heap: list[tuple[int, str]], fresh: bool) -> int | None:
+        while heap:
+            if self._ages(heap[0], fresh):
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
 
     def _oldest_manual(self, n: int) -> list[Pending]:
         """The ``n`` deliveries whose waiting manual request is oldest, oldest first (stale heap

@@ -30,6 +30,8 @@ written rarely and lag behind:
 | endpoint config               | keyed value   | on a newer config version            | read as is                 |
 | breaker, token bucket, 410    | keyed values  | on change                            | read as is                 |
 | stage, intent, in-flight I/O  | driver memory | never                                | gone: CHECK redoes it      |
+| write failures and refusals,  | driver memory | never                                | counted again from zero    |
+| tries not sent, gauge indexes |               |                                      | (the indexes rebuilt)      |
 | tenant slots                  | scheduler     | never                                | gone with their requests   |
 
 Rules the driver keeps: (1) no request leaves before its attempt row is durable in Cassandra

@@ -51,6 +51,7 @@ from core.endpoint_driver import (
     Record,
     Reserve,
     Send,
+    StorageHealth,
 )
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
@@ -59,7 +60,7 @@ from core.retry import RetrySchedule
 from core.secrets import redact
 from core.settings import Settings
 from core.write_shares import WriteShares
-from operators import task_resources
+from operators import history_errors, task_resources
 from operators.async_runtime import AsyncRuntime
 from operators.endpoint_state import FlinkEndpointStore
 from operators.history_store import CassandraHistory, PayloadUnavailable
@@ -100,7 +101,7 @@ METRICS = (
     "replays_unknown", "replays_refused", "replays_duplicate", "manual_not_sent", "endpoint_holds",
     "endpoint_internal_errors", "signing_key_errors", "spilled", "paged_in", "retries_queued", "retries_paged_in",
     "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots", "skips", "skips_not_held",
-    "skips_not_head",
+    "skips_not_head", "writes_rejected", "rejected_unrecorded", "failed_before_sending",
     # The operator's own: passes made (for elements and timers), and timers that found nothing
     # finished and no driver wake due, so made none.
     "passes", "empty_polls",
@@ -141,9 +142,10 @@ class Dispatcher(KeyedProcessFunction):
         self._metrics = {name: group.counter(name) for name in METRICS}
         self._group = group
         self._gauges = telemetry.DispatcherGauges()
-        # Each endpoint's part of the gauges, rebuilt only for endpoints a pass changed since the
-        # last refresh, or whose "parked" ends with time (a hold, an open breaker): walking every
-        # held delivery each second cost ~5 us a delivery.
+        # Each endpoint's part of the gauges, taken again only for endpoints a pass changed since
+        # the last refresh, or whose "parked" ends with time (a hold, an open breaker). The driver
+        # keeps it up to date as deliveries move (EndpointDriver.summary): walking every held
+        # delivery of each touched endpoint each second cost ~5 us a delivery.
         self._summaries: dict[str, telemetry.EndpointSummary] = {}
         self._changed: set[str] = set()
         self._parked_until: dict[str, int] = {}
@@ -171,6 +173,7 @@ class Dispatcher(KeyedProcessFunction):
                                         tenant_quota=s.dispatch.tenant_max_in_flight,
                                         grant_pickup_ms=s.dispatch.harvest_interval_ms)
         self._drivers: dict[str, EndpointDriver] = {}
+        self._storage_health = StorageHealth()  # shared: any endpoint's write shows Cassandra takes writes
         self._idle_since: dict[str, int] = {}  # drivers holding nothing, kept a moment, oldest first
         # An endpoint that used all its write budget contends for longer than its longest back-off.
         self._shares = WriteShares(s.cassandra.max_concurrent_writes, want_ttl_ms=2 * self._policy.slot_wait_max_ms)
@@ -319,7 +322,8 @@ class Dispatcher(KeyedProcessFunction):
         if drv is None:
             # First touch in this incarnation: built from keyed state (entries a restore left are
             # adopted and CHECKed against Cassandra before anything is sent).
-            drv = EndpointDriver(endpoint_id, self._policy, self._rng, self._store, self._scheduler, self._counts)
+            drv = EndpointDriver(endpoint_id, self._policy, self._rng, self._store, self._scheduler, self._counts,
+                                 self._storage_health)
             self._drivers[endpoint_id] = drv
         return drv
 
@@ -332,7 +336,7 @@ class Dispatcher(KeyedProcessFunction):
             self._finished(drv, f, now)
         budget = self._shares.budget(endpoint_id, drv.tenant_id, now)
         decision = drv.step(now, budget)
-        self._start(endpoint_id, drv, decision, now)
+        retry_at = self._start(endpoint_id, drv, decision, now)
         used = sum(1 for a in decision.actions if not isinstance(a, (Send, Load)))  # what the budget bounds
         self._shares.used(endpoint_id, drv.tenant_id, budget, used, now)
         for signal in decision.signals:
@@ -340,6 +344,8 @@ class Dispatcher(KeyedProcessFunction):
         wake = decision.wake.at_ms if decision.wake else None
         if drv.held_until_ms > now and (wake is None or drv.held_until_ms < wake):
             wake = drv.held_until_ms  # held by send_not_started, after the step chose its wake
+        if retry_at is not None and (wake is None or retry_at < wake):
+            wake = retry_at  # a write refused as it was built, after the step chose its wake
         self._wakes.asked(endpoint_id, wake)
         poll = self._poll_at(endpoint_id, now)
         self._register(ctx, self._wakes.next_timer(endpoint_id, poll, now))
@@ -436,7 +442,7 @@ class Dispatcher(KeyedProcessFunction):
             if drv is None or ep in self._idle_since:  # an idle driver kept a moment holds none
                 self._summaries.pop(ep, None)
                 continue
-            self._summaries[ep] = telemetry.summarize(drv.view(now, window))
+            self._summaries[ep] = drv.summary(now, window)
             # Parked may end with no pass (nothing to send): look again when it would.
             ends = [t for t in (drv.held_until_ms, drv.breaker.open_until_ms) if t is not None and t > now]
             if ends:
@@ -473,7 +479,7 @@ class Dispatcher(KeyedProcessFunction):
     def _summary(self, endpoint_id: str, drv: EndpointDriver, now: int, fresh: bool) -> telemetry.EndpointSummary:
         """The endpoint's summary for a report; ``fresh``: rebuilt now, not the gauges' last one."""
         known = None if fresh else self._summaries.get(endpoint_id)
-        return known or telemetry.summarize(drv.view(now, int(self._settings.dispatch.retry_deadline_s * 1000)))
+        return known or drv.summary(now, int(self._settings.dispatch.retry_deadline_s * 1000))
 
     def _report(self, endpoint_id: str, drv: EndpointDriver, summary: telemetry.EndpointSummary, now: int) -> None:
         row = health.report(endpoint_id, drv.tenant_id, summary, drv.breaker,
@@ -498,19 +504,41 @@ class Dispatcher(KeyedProcessFunction):
             drv.send_not_started(f.key, str(f.exc), now)
             log.warning("endpoint %s held until %d: %s", drv.endpoint_id, drv.held_until_ms, redact(str(f.exc)))
             return
-        if f.exc is not None and f.kind != "send":
-            log.warning("%s of %s failed, will retry: %s", f.kind, f.key, redact(str(f.exc)))
-        drv.io_done(f.kind, f.key, result, f.exc, now)
+        exc = f.exc
+        if exc is not None and f.kind != "send":
+            log.warning("%s of %s failed, will retry: %s", f.kind, f.key, redact(str(exc)))
+            exc = history_errors.as_driver_error(exc)
+        drv.io_done(f.kind, f.key, result, exc, now)
 
-    def _start(self, endpoint_id: str, drv: EndpointDriver, decision: Decision, now: int) -> None:
+    def _start(self, endpoint_id: str, drv: EndpointDriver, decision: Decision, now: int) -> int | None:
         """Start the I/O the driver decided. Should starting one raise, what was decided but not
         started is handed back to the driver before _contain holds the endpoint: left busy, it
-        would never be sent nor release its in-flight count and tenant/pool slots."""
+        would never be sent nor release its in-flight count and tenant/pool slots. Returns when
+        to retry the writes refused for their own values (None: none was)."""
         sends: list[tuple[str, Any]] = []
         first_unstarted = 0
+        retry_at: int | None = None
         try:
             for a in decision.actions:
-                self._start_one(endpoint_id, drv, a, sends, now)
+                try:
+                    self._start_one(endpoint_id, drv, a, sends, now)
+                except Exception as exc:
+                    if isinstance(a, (Send, Load)):
+                        raise
+                    refused = history_errors.as_driver_error(exc)
+                    if not isinstance(refused, dispatch.WriteRejected):
+                        raise
+                    # This write's own values (one delivery's poison) raise as it is built: only
+                    # that delivery's write fails. Holding the endpoint for it, as for an error of
+                    # the pass, would hand back every request after it in this decision, and the
+                    # same write comes first again next pass: the endpoint silenced for a day.
+                    # (%r: the message may hold the very character that could not be encoded)
+                    log.warning("%s of %s refused as built: %r", type(a).__name__, a.p.delivery_id,
+                                redact(str(exc))[:200])
+                    self._not_started(drv, [], [a], refused, now)
+                    p = drv.items.get(a.p.delivery_id)
+                    if p is not None and (retry_at is None or p.write_retry_at_ms < retry_at):
+                        retry_at = p.write_retry_at_ms
                 first_unstarted += 1
             if sends:
                 # One wake-up of the I/O loop for the whole batch, not one per request.
@@ -522,6 +550,7 @@ class Dispatcher(KeyedProcessFunction):
             self._not_started(drv, sends, decision.actions[first_unstarted:], exc, now)
             raise
         self._history.flush_if_due()
+        return retry_at
 
     def _not_started(self, drv: EndpointDriver, sends: list[tuple[str, Any]], actions: list[Action],
                      exc: BaseException, now: int) -> None:

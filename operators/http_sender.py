@@ -2,7 +2,8 @@
 
 Created inside the dispatcher's background asyncio loop (``await HttpSender.create(...)``); every
 ``send`` returns a :class:`SendResult` and never raises for anything the endpoint or the network
-did, so the caller's code is a plain mapping from result to outcome (:mod:`core.outcomes`).
+did, so the caller's code is a plain mapping from result to outcome (:mod:`core.outcomes`). It
+raises :class:`core.dispatch.NotSent` for an error of ours before anything was sent.
 
 How the SSRF controls are enforced, in the order a request meets them:
 
@@ -36,6 +37,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
+from core.dispatch import NotSent
 from core.egress import EgressPolicy, EgressRefused, check_resolved, parse_target
 from core.outcomes import ErrorClass, HttpResult
 from core.secrets import redact
@@ -91,7 +93,12 @@ class _PolicyResolver(AbstractResolver):
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         addresses = list(dict.fromkeys(await self._lookup(host, port)))
-        check_resolved(addresses, self._policy)
+        try:
+            check_resolved(addresses, self._policy)
+        except EgressRefused:
+            raise
+        except Exception as exc:  # the check itself failed: no connection was made for it
+            raise NotSent(f"checking the resolved addresses failed: {type(exc).__name__}") from exc
         return [
             ResolveResult(
                 hostname=host,
@@ -195,10 +202,14 @@ class HttpSender:
         def elapsed_ms() -> int:
             return int((time.monotonic() - started) * 1000)
 
+        if self._session.closed:  # aiohttp would raise inside post, taken below for a sent request
+            raise NotSent("the HTTP session is closed")
         try:
             target = parse_target(url, self._policy)
         except EgressRefused as refused:
             return SendResult(None, ErrorClass.EGRESS_REFUSED, _detail(refused), elapsed_ms())
+        except Exception as exc:  # the policy check itself failed: nothing was sent
+            raise NotSent(f"judging the URL failed: {type(exc).__name__}") from exc
 
         status: int | None = None
         retry_after: str | None = None
@@ -211,6 +222,8 @@ class HttpSender:
                 status = response.status
                 retry_after = response.headers.get("Retry-After")
                 received, info = await self._read_capped(response)
+        except NotSent:
+            raise  # from the resolver, before any connection: not an attempt
         except Exception as exc:  # an adapter: every failure becomes a result, none escapes
             error, detail = _classify(exc)
             if status is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from core import dispatch
+from core.dispatch import NotSent
 from core.minimise import minimise
 from core.outcomes import ErrorClass, HttpResult
 from core.records import EndpointConfig
@@ -55,17 +56,22 @@ class Sender:
     async def send(self, p: dispatch.Pending, payload: bytes, cfg: EndpointConfig,
                    keys: SigningKeys) -> dispatch.SendReport:
         e = p.delivery.event
-        # What this endpoint may see of the event; the signature covers exactly these bytes.
-        payload = minimise(payload, cfg.payload_mode, cfg.payload_fields, event_type=e.event_type,
-                           event_id=e.event_id, object_id=e.object_id, object_version=e.object_version,
-                           occurred_at_ms=e.occurred_at_ms)
-        started = int(time.time() * 1000)
-        headers = build_headers(
-            p.delivery_id, started // 1000, payload, keys, event_type=e.event_type,
-            event_id=e.event_id, occurred_at_ms=e.occurred_at_ms, schema_version=e.schema_version,
-            object_id=e.object_id, object_version=e.object_version,
-            attempt=p.intent.number if p.intent is not None else None)
-        headers["user-agent"] = self._settings.user_agent
+        try:
+            # What this endpoint may see of the event; the signature covers exactly these bytes.
+            payload = minimise(payload, cfg.payload_mode, cfg.payload_fields, event_type=e.event_type,
+                               event_id=e.event_id, object_id=e.object_id, object_version=e.object_version,
+                               occurred_at_ms=e.occurred_at_ms)
+            started = int(time.time() * 1000)
+            headers = build_headers(
+                p.delivery_id, started // 1000, payload, keys, event_type=e.event_type,
+                event_id=e.event_id, occurred_at_ms=e.occurred_at_ms, schema_version=e.schema_version,
+                object_id=e.object_id, object_version=e.object_version,
+                attempt=p.intent.number if p.intent is not None else None)
+            headers["user-agent"] = self._settings.user_agent
+        except Exception as exc:
+            # Nothing has left the process: not an attempt (core.dispatch.failed_before_leaving).
+            # The type only: a message could carry the payload or a secret.
+            raise NotSent(f"building the request failed: {type(exc).__name__}") from exc
         r = await self._http.send(cfg.url, payload, headers)
         finished = int(time.time() * 1000)
         error = ErrorClass(r.error) if r.error else None

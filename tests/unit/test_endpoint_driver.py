@@ -28,6 +28,7 @@ from core.endpoint_driver import (
     Record,
     Reserve,
     Send,
+    StorageHealth,
 )
 from core.endpoint_store import InMemoryEndpointStore
 from core.fairness import FairScheduler
@@ -35,6 +36,7 @@ from core.fanout import NewDelivery
 from core.outcomes import ErrorClass, HttpResult
 from core.records import EndpointConfig, EndpointStatus, EventRecord, ReplayRequest, SigningKey
 from core.retry import RetrySchedule
+from core.telemetry import summarize
 
 T0 = 1_700_000_000_000
 DAY_MS = 24 * 3600 * 1000
@@ -66,6 +68,7 @@ class Durable:
     next_attempt_at_ms: int | None = None
     auto: bool = True
     rows: dict[int, str] = field(default_factory=dict)  # attempt number -> outcome
+    error_class: str | None = None
 
 
 class Sim:
@@ -88,6 +91,11 @@ class Sim:
         self.held: list[tuple[str, Any]] = []
         self.sent_numbers: dict[str, list[int]] = {}
         self.fail_writes: set[str] = set()  # deliveries whose every storage action fails
+        # deliveries whose storage actions are refused for their values (poison); "all": even the
+        # record that carries none of them
+        self.reject_writes: dict[str, str] = {}
+        self.storage = StorageHealth()
+        self.send_errors: dict[str, list[BaseException]] = {}  # delivery -> what its next sends raise
         self.unbuildable = False  # no request can be built (no signing key decrypts)
         self.created: dict[str, NewDelivery] = {}
         self.first_request_at: dict[str, int] = {}
@@ -97,7 +105,8 @@ class Sim:
     def driver(self, ep: str) -> EndpointDriver:
         if ep not in self.drivers:
             store = self.stores.setdefault(ep, InMemoryEndpointStore())
-            self.drivers[ep] = EndpointDriver(ep, self.policy, self.rng, store, self.scheduler, self.counts)
+            self.drivers[ep] = EndpointDriver(ep, self.policy, self.rng, store, self.scheduler, self.counts,
+                                              self.storage)
         return self.drivers[ep]
 
     # inputs, each followed by a pass like the adapter's process_element
@@ -140,6 +149,10 @@ class Sim:
                     kind = {Check: "check", Persist: "persist", Reserve: "reserve", Record: "record"}[type(a)]
                     drv.io_done(kind, a.p.delivery_id, None, TimeoutError("write timed out"), self.now)
                     done_any = True  # a finished I/O, failed or not, drives a pass
+                elif not isinstance(a, Load) and self._rejected(a):
+                    kind = {Check: "check", Persist: "persist", Reserve: "reserve", Record: "record"}[type(a)]
+                    drv.io_done(kind, a.p.delivery_id, None, dsp.WriteRejected("UnicodeEncodeError"), self.now)
+                    done_any = True
                 else:
                     self._storage(drv, a)
                     done_any = True
@@ -147,8 +160,17 @@ class Sim:
             if drv.held_until_ms > self.now and (dec.wake is None or drv.held_until_ms < dec.wake.at_ms):
                 self.wakes[ep] = (drv.held_until_ms, "hold ends")  # held after the step chose its wake
             if not done_any:
+                # The gauges' summary, kept as deliveries move, is the full recount's after each pass
+                # (every 25th with a large backlog, whose recount is the slow part of a test).
+                if len(drv.items) <= 300 or self.passes[ep] % 25 == 0:
+                    assert drv.summary(self.now, DAY_MS) == summarize(drv.view(self.now, DAY_MS))
                 return
         raise AssertionError("storage never settled")
+
+    def _rejected(self, a: Check | Persist | Reserve | Record) -> bool:
+        how = self.reject_writes.get(a.p.delivery_id)
+        valueless = isinstance(a, Record) and a.p.record is not None and a.p.record.detail == dsp.WITHOUT_VALUES
+        return how == "all" or (how is not None and not valueless)
 
     def _storage(self, drv: EndpointDriver, a: Any) -> None:
         if isinstance(a, Check):
@@ -171,7 +193,7 @@ class Sim:
                 h.rows.setdefault(a.p.intent.number, "reserved")
             if r.delivery_status is not None and h.status not in dsp.FINAL_STATUSES:
                 h.status, h.next_attempt_at_ms, h.auto = r.delivery_status, r.next_attempt_at_ms, r.auto_retry_active
-                h.attempt_count = a.p.attempt_count
+                h.attempt_count, h.error_class = a.p.attempt_count, r.error_class
             drv.io_done("record", a.p.delivery_id, None, None, self.now)
         elif isinstance(a, Load):
             d, h = self.created.get(a.delivery_id), self.history.get(a.delivery_id)
@@ -184,6 +206,10 @@ class Sim:
         drv = self.driver(ep)
         sends, self.sends[ep] = self.sends.get(ep, []), []
         for s in sends:
+            errors = self.send_errors.get(s.p.delivery_id)
+            if errors:
+                drv.io_done("send", s.p.delivery_id, None, errors.pop(0), self.now)
+                continue
             res = result or self.answer_for.get(s.p.delivery_id) or self.answer.get(ep, HttpResult(200))
             drv.io_done("send", s.p.delivery_id, dsp.SendReport(res, self.now, self.now, s.config.url,
                                                                    s.config.config_version), None, self.now)
@@ -1261,3 +1287,147 @@ def test_queued_retries_of_a_disabled_endpoint_expire_by_their_deadline() -> Non
     drv = sim.driver("ep_1")
     assert not drv.items and not drv.queued_retries
 
+
+
+# -- a poison history write ----------------------------------------------------------------------
+
+def _poison_among_traffic(how: str) -> tuple[Sim, NewDelivery]:
+    """ep_1 takes a delivery every second for two minutes; the second one's writes are refused
+    for their values (``how``: "values" -- not the record without them -- or "all")."""
+    sim = Sim()
+    sim.config(config())
+    poison = delivery(1)
+    sim.reject_writes[poison.delivery_id] = how
+    for n in range(120):
+        sim.new(delivery(n, created=sim.now))
+        sim.answer_all("ep_1")
+        sim.advance(sim.now + 1_000)
+    return sim, poison
+
+
+def test_a_poison_write_fails_only_its_delivery_which_ends_failed_with_its_reason_recorded() -> None:
+    """A write refused for its own values (an encode error) was retried like a timeout: the
+    delivery stayed in memory, unrecorded, until the give-up bound an hour past its deadline."""
+    sim, poison = _poison_among_traffic("values")
+    did = poison.delivery_id
+    assert sim.requests[did] == 0, "sent before its creation record was durable"
+    assert did not in sim.driver("ep_1").items
+    h = sim.history[did]
+    assert (h.status, h.error_class) == ("failed", dsp.WRITE_REJECTED)
+    assert set(h.rows.values()) == {"not_sent"}  # its reserved row closed: no request was made
+    assert sim.counts["writes_rejected"] == 1
+    others = [f"dlv_ep_1_{n}" for n in range(120) if n != 1]
+    assert all(sim.requests[o] == 1 and sim.history[o].status == "succeeded" for o in others)
+
+
+def test_a_finished_requests_record_refused_for_its_values_is_written_without_them() -> None:
+    """The request went out and succeeded; its record (URL, response prefix) is refused: written
+    without those, it stays a success, not a failure."""
+    sim = Sim()
+    sim.config(config())
+    d = delivery(1)
+    sim.new(d)
+    sim.reject_writes[d.delivery_id] = "values"
+    for n in range(2, 40):  # others' writes keep succeeding meanwhile
+        sim.answer_all("ep_1")
+        sim.new(delivery(n, created=sim.now))
+        sim.advance(sim.now + 1_000)
+    h = sim.history[d.delivery_id]
+    assert sim.requests[d.delivery_id] == 1 and (h.status, h.rows[1]) == ("succeeded", "succeeded")
+    assert sim.counts["writes_rejected"] == 1 and d.delivery_id not in sim.driver("ep_1").items
+
+
+def test_a_poison_delivery_whose_valueless_record_is_refused_too_is_let_go_counted() -> None:
+    sim, poison = _poison_among_traffic("all")
+    assert poison.delivery_id not in sim.driver("ep_1").items and sim.requests[poison.delivery_id] == 0
+    assert sim.counts["rejected_unrecorded"] == 1 and poison.delivery_id not in sim.history
+
+
+@pytest.mark.parametrize("error", ["rejected", "timeout"])
+def test_a_write_refused_while_no_other_write_succeeds_ends_nothing(error: str) -> None:
+    """The same refusal from every write (a column missing after a bad migration) or an outage is
+    no delivery's poison: nothing ends, nothing is sent, and all goes once writes work again."""
+    sim = Sim()
+    sim.config(config())
+    ds = [delivery(n) for n in range(3)]
+    for d in ds:
+        if error == "rejected":
+            sim.reject_writes[d.delivery_id] = "all"
+        else:
+            sim.fail_writes.add(d.delivery_id)
+        sim.new(d)
+    sim.advance(T0 + 600_000)
+    assert sim.counts["writes_rejected"] == 0 and len(sim.driver("ep_1").items) == 3
+    assert not sim.requests and not sim.history
+    sim.reject_writes.clear()
+    sim.fail_writes.clear()
+    sim.advance(T0 + 700_000)
+    assert all(sim.history[d.delivery_id].status == "succeeded" for d in ds)
+
+
+# -- an error before the request leaves ---------------------------------------------------------
+
+def test_a_request_that_fails_before_it_leaves_is_no_attempt_and_is_tried_again() -> None:
+    """An error building the request (signing, headers, the egress check) was recorded as a sent
+    attempt of class internal: it spent the retry budget for a request no receiver saw."""
+    sim = Sim()
+    sim.config(config())
+    d = delivery(1)
+    sim.send_errors[d.delivery_id] = [dsp.NotSent("building the request failed: ValueError")] * 2
+    sim.new(d)
+    sim.answer_all("ep_1")
+    sim.advance(T0 + 3_600_000)
+    h = sim.history[d.delivery_id]
+    assert h.rows == {1: "not_sent", 2: "not_sent", 3: "succeeded"}
+    assert (h.status, h.attempt_count) == ("succeeded", 1)  # one request: one attempt of the budget
+    assert sim.counts["attempts"] == 1 and sim.counts["failed_before_sending"] == 2
+    drv = sim.driver("ep_1")
+    assert drv.breaker.consecutive_failures == 0 and drv.held_until_ms == 0
+
+
+@pytest.mark.parametrize(("error", "rows", "attempt_count"), [
+    (dsp.NotSent("building the request failed: ValueError"), "not_sent", 0),
+    # may have failed after bytes left: recorded as the request the receiver may have seen
+    (RuntimeError("sender bug"), "retry", 1),
+])
+def test_what_a_failed_send_is_recorded_as(error: BaseException, rows: str, attempt_count: int) -> None:
+    sim = Sim()
+    sim.config(config())
+    d = delivery(1)
+    sim.send_errors[d.delivery_id] = [error]
+    sim.new(d)
+    sim.answer_all("ep_1")
+    h = sim.history[d.delivery_id]
+    assert (h.rows[1], h.status, h.attempt_count) == (rows, "pending", attempt_count)
+    assert h.error_class == (dsp.INTERNAL_BEFORE_SEND if rows == "not_sent" else ErrorClass.INTERNAL.value)
+
+
+def test_a_request_that_never_leaves_ends_expired_at_its_deadline_not_at_max_attempts() -> None:
+    sim = Sim()
+    sim.config(config())
+    d = delivery(1)
+    sim.send_errors[d.delivery_id] = [dsp.NotSent("building the request failed: ValueError")] * 1000
+    sim.new(d)
+    sim.answer_all("ep_1")
+    sim.advance(T0 + DAY_MS + 60_000)
+    h = sim.history[d.delivery_id]
+    assert (h.status, h.attempt_count, h.auto) == ("expired", 0, False)
+    assert set(h.rows.values()) == {"not_sent"} and len(h.rows) > SCHEDULE.max_attempts
+    assert d.delivery_id not in sim.driver("ep_1").items
+
+
+def test_a_manual_request_that_fails_before_it_leaves_ends_not_sent_and_the_schedule_goes_on() -> None:
+    sim = Sim()
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(503)
+    d = delivery(1)
+    sim.new(d)
+    sim.answer_all("ep_1")  # attempt 1 refused: a retry waits
+    sim.send_errors[d.delivery_id] = [dsp.NotSent("building the request failed: ValueError")]
+    assert sim.replay(ReplayRequest(d.delivery_id, "t_1", "ep_1", "alice", sim.now, "req-1")) == "queued"
+    sim.answer_all("ep_1")
+    h = sim.history[d.delivery_id]
+    assert h.rows[2] == "not_sent" and (h.status, h.attempt_count, h.auto) == ("pending", 1, True)
+    sim.answer.pop("ep_1")
+    sim.advance(T0 + 3_600_000)
+    assert sim.history[d.delivery_id].status == "succeeded"

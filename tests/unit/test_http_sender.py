@@ -23,9 +23,11 @@ import pytest
 import trustme
 from aiohttp import web
 
+from core.dispatch import NotSent
 from core.egress import EgressPolicy, check_resolved
 from core.outcomes import ErrorClass, classify
 from core.settings import DispatchSettings
+from operators import http_sender as http_sender_module
 from operators.http_sender import HttpSender, SendResult
 
 HOST = "hooks.example.com"
@@ -524,3 +526,37 @@ def test_secrets_never_appear_in_error_details(settings: DispatchSettings) -> No
     result = run(scenario())
     assert result.error is ErrorClass.EGRESS_REFUSED
     assert "whsec_[REDACTED]" in result.error_detail and secret not in result.error_detail
+
+
+# -- errors of ours before the request leaves ------------------------------------------------------
+
+def _parse_target_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: Any) -> None:
+        raise RuntimeError("a bug judging the URL")
+    monkeypatch.setattr(http_sender_module, "parse_target", broken)
+
+
+def _address_check_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: Any) -> None:
+        raise KeyError("a bug judging the addresses")
+    monkeypatch.setattr(http_sender_module, "check_resolved", broken)
+
+
+@pytest.mark.parametrize("fail", [_parse_target_fails, _address_check_fails, None],
+                         ids=["the URL check raises", "the address check raises", "the session is closed"])
+def test_an_error_of_ours_before_the_request_leaves_raises_not_sent(
+        settings: DispatchSettings, monkeypatch: pytest.MonkeyPatch, fail: Any) -> None:
+    # Such errors came back as a result with error class internal: recorded as a sent attempt,
+    # spending the retry budget, though no byte had left.
+    if fail is not None:
+        fail(monkeypatch)
+
+    async def scenario() -> None:
+        dns = FakeDns({HOST: [[ALLOWED_IP]]})
+        async with sender(settings, policy_for([9], ALLOWED_IP), dns) as s:
+            if fail is None:
+                await s.close()
+            await s.send(f"https://{HOST}:9/", BODY, HEADERS)
+
+    with pytest.raises(NotSent):
+        asyncio.run(scenario())
