@@ -95,6 +95,18 @@ def _pages(session: Session, stmt: PreparedStatement, params: tuple[Any, ...], s
             return
 
 
+def _shard_snapshots(session: Session, stmt: PreparedStatement, hour: datetime, wanted: set[int],
+                     size: int) -> Iterator[list[Any]]:
+    """The hour's fan-out snapshots of these tenant buckets, a non-empty page at a time. Every
+    shard pages through all the hour's snapshots (small rows) and reads only its tenants' events
+    and deliveries: the expensive reads are split, not repeated."""
+    for bucket in range(SNAPSHOT_BUCKETS):
+        for page in _pages(session, stmt, (hour, bucket), size):
+            mine = [s for s in page if layout.tenant_bucket(s.tenant_id or "") in wanted]
+            if mine:
+                yield mine
+
+
 def registered_endpoints(session: Session, page_size: int, wanted: set[int]) -> set[tuple[str, str]]:
     """(tenant, endpoint) of every endpoint the control plane has registered (a deleted one keeps
     its row) whose tenant is in these tenant buckets: the endpoint history's partitions to read."""
@@ -171,14 +183,9 @@ class HourReader:
         hour = _ts(hour_ms)
         wanted = set(buckets)
         endpoints = registered_endpoints(self._s, self._page, wanted)
-        for bucket in range(SNAPSHOT_BUCKETS):
-            for page in _pages(self._s, self._q_snapshots, (hour, bucket), self._page):
-                # Every shard pages through all the hour's snapshots (small rows) and reads only
-                # its tenants' events and deliveries: the expensive reads are split, not repeated.
-                mine = [s for s in page if layout.tenant_bucket(s.tenant_id or "") in wanted]
-                endpoints |= {(s.tenant_id, ep) for s in mine for ep in s.endpoints or {}}
-                if mine:
-                    yield from self._page_rows(mine, hour)
+        for mine in _shard_snapshots(self._s, self._q_snapshots, hour, wanted, self._page):
+            endpoints |= {(s.tenant_id, ep) for s in mine for ep in s.endpoints or {}}
+            yield from self._page_rows(mine, hour)
         for listed in self._unnamed(hour_ms, sorted(endpoints)):
             yield from self._delivery_rows(listed, hour)
 
@@ -289,18 +296,16 @@ class HourCensus:
         hour = _ts(hour_ms)
         wanted = set(buckets)
         endpoints = registered_endpoints(self._s, self._page, wanted)
-        for bucket in range(SNAPSHOT_BUCKETS):
-            for page in _pages(self._s, self._q_snapshots, (hour, bucket), self._page):
-                mine = [s for s in page if layout.tenant_bucket(s.tenant_id or "") in wanted]
-                endpoints |= {(s.tenant_id, ep) for s in mine for ep in s.endpoints or {}}
-                named = [s.event_id for s in mine if s.endpoints]
-                results = execute_concurrent_with_args(self._s, self._q_event, [(e,) for e in named],
-                                                       concurrency=_CONCURRENCY)
-                for event_id, (ok, rows) in zip(named, results, strict=True):
-                    if not ok:
-                        raise rows
-                    if rows.one() is not None:
-                        c.add("events", event_id)
+        for mine in _shard_snapshots(self._s, self._q_snapshots, hour, wanted, self._page):
+            endpoints |= {(s.tenant_id, ep) for s in mine for ep in s.endpoints or {}}
+            named = [s.event_id for s in mine if s.endpoints]
+            results = execute_concurrent_with_args(self._s, self._q_event, [(e,) for e in named],
+                                                   concurrency=_CONCURRENCY)
+            for event_id, (ok, rows) in zip(named, results, strict=True):
+                if not ok:
+                    raise rows
+                if rows.one() is not None:
+                    c.add("events", event_id)
         pairs = sorted(endpoints)
         new = execute_concurrent_with_args(self._s, self._q_listed, _index_params(hour_ms, pairs),
                                            concurrency=SNAPSHOT_BUCKETS, results_generator=True)
