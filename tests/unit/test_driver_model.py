@@ -54,11 +54,13 @@ import copy
 import os
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from hypothesis.internal.conjecture import providers
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from core import breaker as brk
@@ -1115,6 +1117,24 @@ DriverMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=60, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestDriverModel = DriverMachine.TestCase
+
+
+@pytest.fixture(autouse=True)
+def _cases_independent_of_the_other_test_files() -> Iterator[None]:
+    """Derandomized, the machine still explored other cases depending on which test files ran
+    with it: hypothesis draws one value in twenty from the constants of every non-test module
+    imported so far in the process (6.170, providers._get_local_constants), so the modules other
+    files import changed the cases (from the fourth on, run with the dispatcher adapter's tests),
+    and a failing case was found in one order only. The seeds and picks drawn here have
+    nothing to do with the code's constants: the machine draws from the global constants only,
+    the same 200 cases alone, in any subset, or in the whole suite. (Private API, pinned in
+    requirements.lock: a hypothesis upgrade that renames it fails here, loudly.)"""
+    empty = providers.Constants()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(providers, "_get_local_constants", lambda: empty)
+        providers.CONSTANTS_CACHE.cache.clear()  # filled from the pool by earlier tests
+        yield
+        providers.CONSTANTS_CACHE.cache.clear()  # filled without it by this one
 
 
 # -- the issue's defects as seeds ---------------------------------------------------------------------
