@@ -1510,3 +1510,22 @@ def test_breaker_blocked_work_files_no_slot_ticket() -> None:
     m.complete_io(landing=0, pick=0, result="200")
     m.world_invariants()
     m.teardown()
+
+
+def test_a_due_retry_bucket_takes_memory_from_later_retries() -> None:
+    """The machine's example, as it printed it (found when run with the dispatcher adapter's
+    tests): memory full, a pass out of page-in budget left due retries queued and retries due
+    later in memory, and slept until its next retry (test_endpoint_driver has it step by step)."""
+    m = DriverMachine()
+    m.init(seed=13734, lag="", pool=2, quota=2, patient=True)
+    m.refused_burst(ep="ep_a1", n=6)
+    m.fire_next_timer()
+    m.refused_burst(ep="ep_b1", n=6)
+    m.refused_burst(ep="ep_a1", n=6)
+    m.refused_burst(ep="ep_b1", n=6)
+    m.refused_burst(ep="ep_a1", n=10)
+    m.fire_next_timer()
+    m.fire_next_timer()
+    m.fire_next_timer()
+    m.world_invariants()
+    m.teardown()
