@@ -1099,6 +1099,11 @@ class EndpointDriver:
                 self._superseded.clear()
             return
         room = len(self.items) < 2 * window
+        if budget <= 0 and not room and start <= now_ms:
+            # Out of budget, due retries still queued, memory full: the latest retry in memory, if
+            # due after this bucket, goes out now, so memory holds what is due soonest between
+            # passes too, and the next pass (at once) brings the next page into its room.
+            room = self._make_room(1, now_ms + self.policy.retry_bucket_ms, now_ms) > 0
         if start > now_ms:
             dec.wake_at(start, "queued retry due")
         elif late[0] <= now_ms and late_paged:

@@ -54,11 +54,13 @@ import copy
 import os
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from hypothesis.internal.conjecture import providers
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from core import breaker as brk
@@ -1117,6 +1119,24 @@ DriverMachine.TestCase.settings = settings(
 TestDriverModel = DriverMachine.TestCase
 
 
+@pytest.fixture(autouse=True)
+def _cases_independent_of_the_other_test_files() -> Iterator[None]:
+    """Derandomized, the machine still explored other cases depending on which test files ran
+    with it: hypothesis draws one value in twenty from the constants of every non-test module
+    imported so far in the process (6.170, providers._get_local_constants), so the modules other
+    files import changed the cases (from the fourth on, run with the dispatcher adapter's tests),
+    and a failing case was found in one order only. The seeds and picks drawn here have
+    nothing to do with the code's constants: the machine draws from the global constants only,
+    the same 200 cases alone, in any subset, or in the whole suite. (Private API, pinned in
+    requirements.lock: a hypothesis upgrade that renames it fails here, loudly.)"""
+    empty = providers.Constants()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(providers, "_get_local_constants", lambda: empty)
+        providers.CONSTANTS_CACHE.cache.clear()  # filled from the pool by earlier tests
+        yield
+        providers.CONSTANTS_CACHE.cache.clear()  # filled without it by this one
+
+
 # -- the issue's defects as seeds ---------------------------------------------------------------------
 
 
@@ -1488,5 +1508,24 @@ def test_breaker_blocked_work_files_no_slot_ticket() -> None:
     m.replay(mode="ok", pick=1)
     m.complete_io(landing=0, pick=5, result="dns")
     m.complete_io(landing=0, pick=0, result="200")
+    m.world_invariants()
+    m.teardown()
+
+
+def test_a_due_retry_bucket_takes_memory_from_later_retries() -> None:
+    """The machine's example, as it printed it (found when run with the dispatcher adapter's
+    tests): memory full, a pass out of page-in budget left due retries queued and retries due
+    later in memory, and slept until its next retry (test_endpoint_driver has it step by step)."""
+    m = DriverMachine()
+    m.init(seed=13734, lag="", pool=2, quota=2, patient=True)
+    m.refused_burst(ep="ep_a1", n=6)
+    m.fire_next_timer()
+    m.refused_burst(ep="ep_b1", n=6)
+    m.refused_burst(ep="ep_a1", n=6)
+    m.refused_burst(ep="ep_b1", n=6)
+    m.refused_burst(ep="ep_a1", n=10)
+    m.fire_next_timer()
+    m.fire_next_timer()
+    m.fire_next_timer()
     m.world_invariants()
     m.teardown()

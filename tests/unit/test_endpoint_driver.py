@@ -1288,6 +1288,28 @@ def test_queued_retries_of_a_disabled_endpoint_expire_by_their_deadline() -> Non
     assert not drv.items and not drv.queued_retries
 
 
+def test_a_due_bucket_larger_than_a_page_takes_memory_from_later_retries_at_once() -> None:
+    """A pass brings back one page of a due bucket. With memory full it stopped there and slept
+    until the next retry in memory, holding retries due ten minutes later while due ones waited
+    in the queue (the memory invariant of the model test, which found it: seed 13734)."""
+    policy = replace(PATIENT, memory_window=3, page_size=1, retry_bucket_ms=10_000)
+    sim = Sim(policy=policy)
+    sim.config(config(max_in_flight=64))
+    later = [f"dlv_ep_1_{i}" for i in range(3)]
+    for i in range(13):  # three due in 30 s, then ten due in 60 s: memory holds six
+        sim.answer_for[f"dlv_ep_1_{i}"] = HttpResult(503, retry_after="30" if i < 3 else "60")
+        sim.new(delivery(i, created=sim.now))
+        sim.answer_all("ep_1")
+    for did in later:  # at their retry they are told to come back in ten minutes: still in memory
+        sim.answer_for[did] = HttpResult(503, retry_after="600")
+    sim.advance(T0 + 59_999)
+    drv, store = sim.driver("ep_1"), sim.stores["ep_1"]
+    assert set(later) <= set(drv.items) and len(store.queued_retry_ids()) == 7
+    sim.advance(T0 + 60_000)  # the bucket starts: seven due, a page of one per pass
+    assert store.queued_retry_ids(), "memory holds six due in this bucket: the rest wait for room"
+    assert not set(later) & set(drv.items), "retries due in ten minutes kept due ones out of memory"
+
+
 
 # -- a poison history write ----------------------------------------------------------------------
 
