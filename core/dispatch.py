@@ -66,6 +66,11 @@ WRITE_REJECTED = "history_write_rejected"
 WITHOUT_VALUES = "its history write was refused for its values: written without them"
 
 
+# What a delivery's storage I/O counts are reset to once one of its writes succeeded (or a
+# restore adopts it): the back-off, the failure clock and the rejections all start again.
+STORAGE_OK: dict[str, int] = {"write_failures": 0, "write_retry_at_ms": 0, "failing_since_ms": 0, "rejections": 0}
+
+
 # The error class of an attempt that failed before its request left the process.
 INTERNAL_BEFORE_SEND = "internal_before_send"
 
@@ -213,8 +218,7 @@ def adopt(p: Pending) -> Pending:
     made a restored job spend ~100 s re-reading a 50,000 backlog while healthy endpoints waited."""
     manual = ((p.sending_manual,) if p.sending_manual else ()) + p.manual
     return replace(p, stage=Stage.CHECK if manual else Stage.ADOPTED, busy=False, intent=None, record=None,
-                   sending_manual=None, manual=manual, write_retry_at_ms=0, write_failures=0, failing_since_ms=0,
-                   rejections=0)
+                   sending_manual=None, manual=manual, **STORAGE_OK)
 
 
 def after_check(p: Pending, durable: DurableRecord, rng: random.Random, now_ms: int) -> Pending | None:
@@ -246,7 +250,7 @@ def after_reserved(p: Pending) -> Pending:
     """The intent's row is durable (after PERSIST or RESERVE): the delivery may be sent."""
     assert p.intent is not None
     return replace(p, stage=Stage.READY, busy=False, issued=max(p.issued, p.intent.number),
-                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0, rejections=0)
+                   **STORAGE_OK)
 
 
 def start_sending(p: Pending) -> Pending:
@@ -381,7 +385,7 @@ def apply_result(
                 issued=max(p.issued, p.intent.number),
                 next_attempt_at_ms=next_at if next_at is not None else p.next_attempt_at_ms,
                 auto_retry_active=auto_active, sending_manual=None, record=record,
-                write_failures=0, write_retry_at_ms=0, failing_since_ms=0, rejections=0),
+                **STORAGE_OK),
         breaker,
     )
 
@@ -447,10 +451,9 @@ def after_record_written(p: Pending) -> Pending | None:
     if not p.owes_send:
         return None
     if p.intent is None:  # a manual request arrived after the write was started
-        return replace(p, stage=Stage.RESERVE, busy=False, record=None, write_failures=0, write_retry_at_ms=0,
-                       failing_since_ms=0, rejections=0)
+        return replace(p, stage=Stage.RESERVE, busy=False, record=None, **STORAGE_OK)
     return replace(p, stage=Stage.READY, busy=False, record=None, issued=max(p.issued, p.intent.number),
-                   write_failures=0, write_retry_at_ms=0, failing_since_ms=0, rejections=0)
+                   **STORAGE_OK)
 
 
 def after_write_failed(p: Pending, now_ms: int, rejected: bool = False, others_ok_ms: int | None = None) -> Pending:
@@ -482,8 +485,7 @@ def end_rejected(p: Pending, now_ms: int) -> Pending:
     prefix and requester (the attempt row's text), and the delivery goes on as that outcome says."""
     if p.record is not None:
         record = replace(p.record, url="", response_prefix="", requested_by="", request_id="", detail=WITHOUT_VALUES)
-        return replace(p, busy=False, record=record, write_failures=0, write_retry_at_ms=0, failing_since_ms=0,
-                       rejections=0)
+        return replace(p, busy=False, record=record, **STORAGE_OK)
     record = AttemptRecord(
         intent=p.intent, sent=False, started_at_ms=now_ms, finished_at_ms=now_ms, http_status=None,
         outcome="failed" if p.intent is None else "not_sent", error_class=WRITE_REJECTED,
@@ -491,5 +493,4 @@ def end_rejected(p: Pending, now_ms: int) -> Pending:
         auto_retry_active=False)
     issued = p.issued if p.intent is None else max(p.issued, p.intent.number)
     return replace(p, stage=Stage.RECORDING, busy=False, auto_retry_active=False, manual=(), sending_manual=None,
-                   skip=None, intent=None, issued=issued, record=record, write_failures=0, write_retry_at_ms=0,
-                   failing_since_ms=0, rejections=0)
+                   skip=None, intent=None, issued=issued, record=record, **STORAGE_OK)
