@@ -608,8 +608,8 @@ def _catalog(args: argparse.Namespace) -> GrpcCatalog | None:
     token = os.environ.get("WEBHOOKCTL_ADMIN_TOKEN", "") or os.environ.get("WEBHOOKCTL_API_KEY", "")
     if not token:
         return None
-    plaintext = args.insecure or (args.ca is None and _is_loopback(args.target))
-    return GrpcCatalog(args.target, token, ca_file=args.ca, insecure=plaintext, timeout_s=args.timeout)
+    return GrpcCatalog(args.target, token, ca_file=args.ca, insecure=_plaintext(args.target, args.ca, args.insecure),
+                       timeout_s=args.timeout)
 
 
 class _Auth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
@@ -638,13 +638,19 @@ class _Timeout(grpc.UnaryUnaryClientInterceptor):
 
 def open_channel(target: str, ca: str | None, insecure: bool) -> grpc.Channel:
     """TLS unless asked for plaintext or talking to this machine's loopback (the dev stack)."""
-    if insecure or (ca is None and _is_loopback(target)):
+    if _plaintext(target, ca, insecure):
         return grpc.insecure_channel(target)
     roots = None
     if ca is not None:
         with open(ca, "rb") as f:
             roots = f.read()
     return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
+
+
+def _plaintext(target: str, ca: str | None, insecure: bool) -> bool:
+    """Whether webhookctl talks to ``target`` without TLS: asked to, or this machine's loopback
+    with no CA named (the dev stack)."""
+    return insecure or (ca is None and _is_loopback(target))
 
 
 def _is_loopback(target: str) -> bool:
