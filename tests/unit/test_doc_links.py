@@ -78,3 +78,10 @@ def test_main_fails_on_a_broken_link(tmp_path: Path, capsys) -> None:
     (root / "docs").mkdir()
     (root / "docs" / "gone.md").write_text("# Gone\n")
     assert doc_links.main(["--root", str(root)]) == 0
+
+
+def test_the_readme_stays_a_page_for_users_with_its_tour() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    tour = readme.split("\n## The five-minute tour\n", 1)[1].split("\n## ", 1)[0]
+    assert tour.split("```\n")[1].startswith("make run LOCAL_RECEIVERS=1")
