@@ -56,9 +56,10 @@ bench-archive: setup up ## archive tier: bytes per delivery in Cassandra and in 
 archive: setup up ## move every closed hour older than archive.archive_after_s to Parquet, verified, then released, once (make run keeps one doing it each hour: stack/archiver.sh)
 	@$(PY) -m control_plane.archiver
 
-lint: ## ruff and mypy over the whole tree (make test runs it first)
+lint: ## ruff and mypy over the whole tree, and every relative link and anchor in README.md and docs/ (make test runs it first)
 	@$(PY) -m ruff check .
 	@$(PY) -m mypy
+	@$(PY) -m stack.doc_links
 
 proto:
 	@$(PY) -m control_plane.codegen

@@ -1,7 +1,7 @@
 """The history writes of N deliveries alone: Cassandra's CPU per delivery without Flink or HTTP.
 
 The full benchmark's CPU per delivery mixes every process on two shared cores, and its
-Cassandra share (~1.1-1.5 ms) is the largest after the TaskManager. This isolates it: the
+Cassandra share is the largest after the TaskManager. This isolates it: the
 dispatcher's own `CassandraHistory` (same statements, same batching) writes each delivery's
 creation rows, then its successful first attempt, for ``--events`` events of ``--endpoints``
 endpoints, keeping at most ``--in-flight`` deliveries unwritten as the dispatcher's pool does.

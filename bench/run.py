@@ -156,8 +156,8 @@ def bench_env(run_id: str, receiver_port: int, partitions: int) -> dict[str, str
     """WEBHOOKS_* for this run's job and control plane: own topics, loopback egress allowance."""
     return {
         # A keyspace of its own: the stack's control plane reconciles its keyspace's recent
-        # deliveries every 10 minutes (three point reads each), which ran at ~90 % of a core over
-        # a bench's 100,000 deliveries, in the middle of the next run's measurement.
+        # deliveries every 10 minutes, which would land in the next run's measurement
+        # (docs/performance-log.md, the bench itself).
         **isolated_env(f"bench-{run_id}", own_keyspace=True),
         "WEBHOOKS_KAFKA__PARTITIONS": str(partitions),
         "WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS": '["127.0.0.1/32"]',
@@ -418,9 +418,9 @@ def wait_and_measure(rx: ReceiverControl, sent: Sent, timeout_s: float, wait_pat
     """Wait until the expected count arrived on `wait_paths` (default: all), then read recordings.
 
     Gives up when nothing new arrived for ``stall_s`` (a stuck job) or after ``timeout_s`` in all.
-    A fixed wait alone cut a slow machine's full-speed phase short (19,482 of 20,000 after 90 s at
-    ~210/s): its CPU was measured over part of the work and the half-load phase then started behind
-    the remainder, its latencies measuring that queue."""
+    A fixed wait alone cut a slow machine's full-speed phase short: its CPU was measured over part
+    of the work and the half-load phase then started behind the remainder, its latencies measuring
+    that queue (docs/performance-log.md, the bench itself)."""
     paths = wait_paths or sent.paths
     wanted = set(paths)
     expected_on_wait = sum(1 for _, _, path in sent.produced_at.values() if path in wanted)
@@ -729,10 +729,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"warm: configs broadcast, one event per tenant delivered ({time.monotonic() - started:.0f}s in)")
         if args.warm_events:
             # Shown, not counted: a freshly started stack's JVMs (Cassandra, Kafka, the TaskManager)
-            # are still compiling their hot paths, which a stack running for days has long paid.
-            # The first bench after `make up` read 1.8-3.1 ms of CPU per delivery after a burst
-            # of 10,000 deliveries (the TaskManager's C2 still at 7 % of a core), 1.07 after one
-            # of 50,000, and 1.33 on a stack already through two benches.
+            # are still compiling their hot paths, which a stack running for days has long paid
+            # (docs/performance.md, how to run the benches: the warm-up burst).
             phase("warm-burst", settings, rx, tenants, args.warm_events, body, args.timeout)
         if args.catalog:
             confirm_validating(settings, tenants, body, timeout_s=60)

@@ -20,8 +20,8 @@ L/4 no event waits and none is held. What keeps the promise here:
   from just before its Cassandra write until Kafka confirms its config, so no tick this process
   decides meanwhile carries T past the hold, and the answer waits L plus
   ``hold_scan_interval_ms`` after the failure. A publish that fails writes a durable hold row
-  (``config_holds``) that every replica reads at most that interval later (20 reads/s of that
-  partition cost Cassandra ~12 % of a core at idle, so not on every tick); a replica's ticks
+  (``config_holds``) that every replica reads at most that interval later (not on every tick:
+  that cost Cassandra CPU at idle, docs/performance-log.md, the config path); a replica's ticks
   decided before its read carry T no later than the failure plus the interval, which the answer
   waited out. Ticks decided once the hold is read do not advance until some replica publishes the
   config; after that, ticks come after the config on the topic. Held ticks stop, so fan-out holds

@@ -22,9 +22,8 @@ crosses them:
 Duplicates are not gaps: an attempt row still ``reserved`` after its delivery moved on is a
 request whose outcome was never recorded -- a crash came between its reservation and its outcome,
 so the request may or may not have left. They are counted as ``requests_outcome_unknown``: an
-upper bound on the duplicates the window holds, each one named by its row (measured after a
-TaskManager SIGKILL mid-burst: 1,484 such rows for 64 actual duplicates -- most reserved requests
-had not left yet).
+upper bound on the duplicates the window holds, each one named by its row (most reserved
+requests have not left yet: docs/operating.md, reconciliation, has a measured example).
 """
 
 from __future__ import annotations

@@ -48,8 +48,7 @@ class KafkaSettings(BaseModel):
     # this only sets how often an idle consumer asks (Kafka's 500 ms: twice a second, all day).
     # The events and endpoints sources keep Kafka's 500 ms: after a broker dies, the partitions
     # that moved to another broker join a consumer's fetch only when its fetch in flight there
-    # returns, up to this long later (docs/performance.md: 5 s on the events source put the
-    # healthy tenant's first-attempt p99 at 7.1 s while a broker was down).
+    # returns, up to this long later (docs/operating.md, faults beyond one node).
     control_fetch_max_wait_ms: int = Field(default=5_000, ge=1)
 
     @model_validator(mode="after")
@@ -76,8 +75,8 @@ class CassandraSettings(BaseModel):
     # counters) go to a second replica when the first has not answered within this delay. A node
     # that hangs (a long GC, SIGSTOP) keeps its connections open, so without it every request it
     # coordinates waits out the 10 s request timeout, and the one history batch in flight holds
-    # back every write behind it (healthy first attempts p99 ~29 s on the 3-node ring during a 30 s
-    # hang). Only with more than one node at the job's start (the local stack has one). 0: off.
+    # back every write behind it (docs/operating.md, faults beyond one node: a hung node). Only
+    # with more than one node at the job's start (the local stack has one). 0: off.
     speculative_delay_ms: int = Field(default=500, ge=0)
     # Consistency of every history write and of the reads that drive decisions (the dispatcher's
     # check before re-sending, replay loads; the control plane's reads). LOCAL_QUORUM survives one
@@ -90,20 +89,18 @@ class CassandraSettings(BaseModel):
     max_concurrent_writes: int = Field(default=1024, ge=1)
     # History writes of many deliveries travel as one unlogged batch (operators/write_batcher.py):
     # sent when it holds this many statements (4 per finished attempt) or ~bytes, when no earlier
-    # batch is in flight, or when its oldest write has waited linger_ms. 20 ms gave 1,228
-    # deliveries/s where 5 ms gave 1,012 in the bench (then linger applied at light load too).
-    # 1 statement = one request per write. Bytes stay under Cassandra's default
-    # batch_size_fail_threshold (50 KiB); larger payloads go by a request of their own.
+    # batch is in flight, or when its oldest write has waited linger_ms (why 20 ms:
+    # docs/performance-log.md, Cassandra history writes). 1 statement = one request per write.
+    # Bytes stay under Cassandra's default batch_size_fail_threshold (50 KiB); larger payloads go
+    # by a request of their own.
     history_batch_max_statements: int = Field(default=200, ge=1)
     history_batch_max_bytes: int = Field(default=40 * 1024, ge=1024)
     history_batch_linger_ms: int = Field(default=20, ge=0)
     # With nothing in flight a batch still waits until this long after the previous one left
     # (bounded by linger_ms); a write after a quiet spell goes at once. Sent whenever the last
-    # one had come back (0), each request carried about one delivery's writes at full speed; with
-    # 10 ms, four interleaved pairs of quick benches: CPU per delivery 2.75-2.94 -> 2.16-2.52 ms
-    # (the TaskManager 2.23-2.38 -> 1.65-2.03: fewer driver requests, and the completions of
-    # several deliveries harvested by one pass), half-load p50 26-27 -> 30-32 ms. 20 ms saved
-    # a little more and took the half-load p50 to ~47 ms (docs/performance.md).
+    # one had come back (0), each request carried about one delivery's writes at full speed; a
+    # paced batch carries several, and one pass harvests their completions together, for a few
+    # ms of light-load latency (docs/performance-log.md, a minimum interval between batches).
     history_batch_min_interval_ms: int = Field(default=10, ge=0)
     # The same while the dispatcher is catching up (dispatch.catch_up_late_ms): its deliveries
     # are late already, and fewer, fuller batches leave it more CPU to drain the backlog.
@@ -114,8 +111,8 @@ class CassandraSettings(BaseModel):
     def sockopts(self) -> list[tuple[int, int, int]]:
         """Socket options for every driver connection. TCP_NODELAY: the Python driver does not set
         it, and a request written in more than one piece (a creation batch of a few deliveries with
-        their payloads) then waited ~40 ms for the kernel's delayed ACK -- measured 47 ms for a 2 ms
-        batch, most of the first-attempt latency at light load."""
+        their payloads) then waited for the kernel's delayed ACK, most of the first-attempt latency
+        at light load (docs/performance-log.md, TCP_NODELAY)."""
         return [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
@@ -128,8 +125,8 @@ class DispatchSettings(BaseModel):
     default_max_in_flight: int = Field(default=8, ge=1)
     # Requests in flight per tenant across all of its endpoints (one operator instance). It also
     # bounds the CPU a tenant's hanging endpoints can take (each timeout costs a retry with a new
-    # TLS handshake and a history write): measured here, 64 kept a healthy tenant's p99 within
-    # +20-29 % beside 1,000 hanging endpoints, where 256 gave +19-90 %.
+    # TLS handshake and a history write); `make bench`'s fairness phase measures it
+    # (docs/performance-log.md, figures once kept in code comments).
     tenant_max_in_flight: int = Field(default=64, ge=1)
     # Requests in flight for one operator instance: the HTTP pool size.
     max_in_flight: int = Field(default=512, ge=1)
@@ -147,8 +144,8 @@ class DispatchSettings(BaseModel):
     # Deliveries created (Kafka time) before the dispatcher opened, plus this much clock skew
     # between producers/brokers and TaskManagers, read their durable record before being sent
     # (after a restore the topic is re-read from the checkpoint). Every such read costs two
-    # Cassandra reads: 5 s here made the benchmark check every delivery of a burst produced just
-    # after the job started and cost ~25 % of its throughput.
+    # Cassandra reads, so a wide skew makes a burst produced just after the job started pay them
+    # for every delivery (docs/performance-log.md, figures once kept in code comments).
     restore_check_skew_ms: int = Field(default=1_000, ge=0)
     # How long a manual replay may wait for its endpoint (disabled, no slot) before it ends
     # visibly as "not sent" with an attempt row saying why.
@@ -160,8 +157,8 @@ class DispatchSettings(BaseModel):
     # Payload bytes the dispatcher keeps in memory (by event) for requests; keyed state drops a
     # payload once its event row is durable, and an evicted one is read back from Cassandra.
     payload_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
-    # Deliveries one endpoint keeps in the dispatcher's memory (~1.5 KB each); a backlog beyond
-    # it waits in keyed state (~250 B each) and comes back page_size at a time.
+    # Deliveries one endpoint keeps in the dispatcher's memory; a backlog beyond it waits in keyed
+    # state and comes back page_size at a time (the cost of each: docs/operating.md, backlog capacity).
     memory_window: int = Field(default=20_000, ge=2)
     page_size: int = Field(default=1_000, ge=1)
     # How often the dispatcher harvests finished requests (processing-time timer) of an endpoint
@@ -175,9 +172,8 @@ class DispatchSettings(BaseModel):
     # come for catch_up_hold_ms it looks at I/O in flight every catch_up_harvest_interval_ms
     # and history batches wait cassandra.history_batch_catch_up_interval_ms, trading ~10 ms of a
     # late delivery's latency for the CPU that drains the backlog sooner. 250 ms: above the
-    # light-load p99 (~60-110 ms), so light load stays at the fast pace; with 1 s a load between
-    # the two paces' capacities swung between them with ~1 s of lag each time (half-load p99
-    # 542 and 945 ms in two `make bench` runs).
+    # light-load p99, so light load stays at the fast pace, and low enough that a load between the
+    # two paces' capacities does not swing between them (docs/performance-log.md, catch-up).
     catch_up_late_ms: int = Field(default=250, ge=1)
     catch_up_hold_ms: int = Field(default=2000, ge=0)
     catch_up_harvest_interval_ms: int = Field(default=20, ge=1)
@@ -208,8 +204,8 @@ class FlinkSettings(BaseModel):
     # savepoint, fixed for the state's life (changing it needs a state migration). None: Flink's
     # own choice (128 at these parallelisms, or the restored savepoint's), which is what every
     # existing savepoint of the single-node stack was taken with. The cluster topology sets 256
-    # for the brief's peak: ~42 subtasks (README, scale-out sheet) get 6-7 key groups each, the
-    # busiest 1.15x the mean (with 128: 3-4 each, 1.31x), and rescaling has room to 256.
+    # for the brief's peak: several key groups per subtask keep the busiest near the mean, with
+    # room to rescale (docs/operating.md, max parallelism 256; docs/performance.md, scale-out sheet).
     max_parallelism: int | None = Field(default=None, ge=1, le=32768)
     checkpoint_interval_ms: int = Field(default=5000, ge=100)
     # Dedupe memory for event_ids: longer than any replay window of the events topic.
@@ -219,19 +215,20 @@ class FlinkSettings(BaseModel):
     job_name: str = "webhooks-delivery"
     # Where this job's checkpoints go (file://, s3://, hdfs://); None = the cluster's default.
     checkpoint_dir: str | None = None
-    # thread: Python runs inside the TaskManager JVM (measured ~2-10x faster here, see DESIGN.md).
+    # thread: Python runs inside the TaskManager JVM, no hop to a Python process per record
+    # (docs/performance-log.md, figures once kept in code comments).
     python_execution_mode: str = "thread"
     # Longest a network buffer between operators waits to fill before it is sent, on the event
     # path (parse -> fan-out -> dispatch). Flink's default (100 ms) is paid at each exchange when
     # traffic is light, which was most of the first-attempt latency. 0 is Flink's "flush after
     # every record": each record's buffer goes as it is written and the task has no output
-    # flusher. A flusher wakes at its period whatever the traffic (two at 2 ms were ~1 % of an
-    # idle TaskManager's core), while sending per record costs only while records flow. A cluster
+    # flusher. A flusher wakes at its period whatever the traffic, while sending per record costs
+    # only while records flow (docs/performance-log.md, buffer timeout 0). A cluster
     # whose exchanges cross machines at high rates may prefer a few ms, to batch network sends.
     buffer_timeout_ms: int = Field(default=0, ge=0)
     # The same for every other exchange (endpoint configs and clock ticks, replay requests, dead
     # letters, the table planner's). They carry a few records a second, so per-record sends cost
-    # nothing, and no flusher wakes for them either (eight at 100 ms were ~0.3 % of a core).
+    # nothing, and no flusher wakes for them either.
     control_buffer_timeout_ms: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")

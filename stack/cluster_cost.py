@@ -3,8 +3,8 @@
 `python -m stack.cluster_cost [--seconds 30]` reads every part with a live pid in the run directory
 (each ``<part>/pid`` the stack scripts write, with every process below it: the PostgreSQL
 postmaster's backends, a script's JVM) -- whichever topology runs, one node of each or the
-cluster's fifteen. Run it with the job running and no traffic, it is the idle cost the README
-states. CPU is in percent of one core, averaged over the window.
+cluster's fifteen. Run it with the job running and no traffic, it is the idle cost docs/operating.md
+states (cluster topology). CPU is in percent of one core, averaged over the window.
 """
 
 from __future__ import annotations

@@ -67,9 +67,8 @@ extra_tms() { find "$RUN" -maxdepth 1 -name 'flink-tm-*' -printf '%f\n' | sort; 
 # The timer slack of every server started here, in ns ("default": the kernel's 50 us). A timed
 # wait may end up to this much late, so a thread polling for work in short naps (Cassandra's
 # request workers nap 10 us at a time for ~10 ms after each request) wakes far less often; a
-# thread that sleeps a fixed interval only wakes up to 1 ms later. Measured on Cassandra's history
-# writes at 300 deliveries/s: 1.36-1.39 -> 0.45-0.55 ms of Cassandra CPU a delivery with 1 ms
-# (docs/performance.md).
+# thread that sleeps a fixed interval only wakes up to 1 ms later (what it saves Cassandra:
+# docs/operating.md, deployment notes, timer slack).
 # Set through /proc/self/timerslack_ns: every thread and child inherits it, exec keeps it.
 TIMER_SLACK_NS="${WEBHOOKS_TIMER_SLACK_NS:-1000000}"
 

@@ -2,9 +2,9 @@
 
 Flink's reporter pushes each JobManager's and TaskManager's metrics every 5 s under
 ``webhooks-flink<random suffix>`` and deletes its group on a clean shutdown. A process that dies
-(SIGKILL in a fault test, a crash) leaves its group behind for good: on a dev stack that had been
-restarted a few dozen times, 26 dead groups kept the Pushgateway at ~20 % of a core (Prometheus
-scrapes them all) and their last values on the dashboards. `stack/flink.sh start` runs this; a
+(SIGKILL in a fault test, a crash) leaves its group behind for good: dead groups pile up, cost the
+Pushgateway CPU (Prometheus scrapes them all; docs/performance-log.md, stale Pushgateway groups)
+and leave their last values on the dashboards. `stack/flink.sh start` runs this; a
 group is dead when its last push is older than ``--max-age-s``.
 
     python -m stack.pushgateway_gc [--url http://127.0.0.1:9091] [--max-age-s 120] [--prefix webhooks-flink]

@@ -239,7 +239,7 @@ class SteadyTenant:
         self._settings, self._receiver, self._per_s = settings, receiver, per_s
         self.produced: dict[str, float] = {}  # delivery_id -> produce time
         # One long-lived producer, as an outbox relay keeps: a new idempotent producer's first
-        # records reach consumers only after the broker's fetch wait (~500 ms, see docs/performance.md).
+        # records reach consumers only after the broker's fetch wait (~500 ms, see docs/performance-log.md).
         self._producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers,
                                    "enable.idempotence": True, "linger.ms": 0})
         self._stop = threading.Event()

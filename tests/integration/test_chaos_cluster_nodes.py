@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos_cluster, pytest.mark.cl
 
 WARM_S = 10  # load before the fault, so the pause is measured against a steady flow
 AFTER_S = 15  # load after recovery: the "after" p99
-# The pauses each fault may cause, measured from the fault on a loaded 2-core machine (README).
+# The pauses each fault may cause, measured from the fault on a loaded 2-core machine (docs/operating.md).
 BROKER_PAUSE_S = 30.0
 CASSANDRA_KILL_PAUSE_S = 30.0
 CASSANDRA_STOP_PAUSE_S = 30.0

@@ -178,7 +178,7 @@ def test_the_cluster_delivers_through_both_control_planes_at_rf3_on_two_taskmana
                      ["taskmanagers"]}
             assert len(hosts) == 2, f"{vertex['name']}: subtasks on {hosts}"
 
-    # What it costs with the job running and no traffic (the README's figures come from this).
+    # What it costs with the job running and no traffic (docs/operating.md's figures come from this).
     cost = subprocess.run([str(REPO_ROOT / ".venv/bin/python"), "-m", "stack.cluster_cost", "--seconds", "20"],
                           cwd=REPO_ROOT, env=cluster_env, capture_output=True, text=True, timeout=60)
     print(f"\nidle cost, job running, no traffic:\n{cost.stdout}{cost.stderr}")

@@ -2,7 +2,7 @@
 
 Cassandra's request workers nap 10 us at a time for ~10 ms after each request before they sleep for
 good; with the kernel's default slack (50 us) that is hundreds of wake-ups per request, which was
-most of Cassandra's CPU per delivery (docs/performance.md). start_bg sets the slack before it
+most of Cassandra's CPU per delivery (docs/operating.md, deployment notes). start_bg sets the slack before it
 execs the server, so the server and every thread it makes inherit it.
 """
 
