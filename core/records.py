@@ -399,11 +399,18 @@ class ReplayRequest:
     requested_at_ms: int
     request_id: str = ""
     action: str = "replay"
+    # The replay window the control plane found for the delivery when it queued the request
+    # (core/replay_policy.py): the job refuses the request if it reads it at or after this
+    # time. None: no window but the 30-day history.
+    replay_closes_at_ms: int | None = None
+    replay_rule: str = ""
 
     def to_json(self) -> bytes:
         d = asdict(self)
         if self.action == REPLAY:
             del d["action"]  # replays stay as they were: an older job reads them
+        if self.replay_closes_at_ms is None:
+            del d["replay_closes_at_ms"], d["replay_rule"]  # as above; an older job ignores them
         d["schema"] = REPLAY_SCHEMA_V1
         return json.dumps(d, separators=(",", ":")).encode()
 
@@ -420,6 +427,8 @@ class ReplayRequest:
             requested_at_ms=int(d["requested_at_ms"]),
             request_id=str(d.get("request_id", "")),
             action=_replay_action(d.get("action", REPLAY)),
+            replay_closes_at_ms=None if d.get("replay_closes_at_ms") is None else int(d["replay_closes_at_ms"]),
+            replay_rule=str(d.get("replay_rule", "")),
         )
 
 
