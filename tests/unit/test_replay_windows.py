@@ -4,15 +4,28 @@ console's refusal make of them (control_plane/deliveries.py, control_plane/repla
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from control_plane import errors
 from control_plane.catalog import Caller, EventTypeEntry, ReplayRuleEntry
+from control_plane.console.app import Console, build_app
+from control_plane.console.sessions import Kind, Session, SessionCodec
 from control_plane.cursor import Cursors
 from control_plane.deliveries import DeliveryDeps, DeliveryService
-from control_plane.domain import DeliveryStatus, Endpoint
+from control_plane.domain import (
+    Attempt,
+    DeliveryDetail,
+    DeliveryStatus,
+    DeliverySummary,
+    Endpoint,
+    Principal,
+    ReplayAudit,
+)
 from control_plane.replay_windows import CatalogReplayWindows
 from core.records import CatalogTypeRecord, ReplayRequest
 from core.timeutil import ms_to_iso
@@ -257,3 +270,54 @@ def test_a_bulk_recovery_reads_each_types_window_and_the_rules_once(p: Policy) -
     p.catalog.get_type, p.catalog.list_replay_rules = get_type, list_rules  # type: ignore[method-assign]
     list(p.deliveries.recover(ALICE, e.endpoint_id, p.w.clock.now - DAY_MS, p.w.clock.now + 1))
     assert sorted(reads) == ["rules", "user.disabled"]
+
+
+# -- the console's delivery page -------------------------------------------------------------------
+
+
+class _Deliveries:
+    def __init__(self, detail: DeliveryDetail, refusal: str) -> None:
+        self.detail, self.refusal = detail, refusal
+
+    def get(self, principal: Principal, delivery_id: str) -> DeliveryDetail:
+        return self.detail
+
+    def replay_refusal(self, principal: Principal, detail: DeliveryDetail) -> str:
+        return self.refusal
+
+
+def _page(refusal: str) -> str:
+    codec = SessionCodec(b"k" * 32)
+    now = 1_800_000_000_000
+    session = Session(sid="s1", kind=Kind.PORTAL, expires_at_ms=now + 1000, tenant_id="acme", key_id="key_1")
+    summary = DeliverySummary("dlv_1", "evt_1", "acme", "ep_1", "user.disabled", DeliveryStatus.FAILED, 1, 500,
+                              now - H, None)
+    attempt = Attempt(1, "att1", now - H, now - H + 5, 500, 5, "failed", "http_5xx", False, 1, "https://x", (1,),
+                      "", "")
+    refused = ReplayAudit("dlv_1", "rpl_1/refused", "acme", "key_1", now - 1, "replay not allowed: ...", "refused")
+    detail = DeliveryDetail(summary, 1, False, None, None, "http_5xx", (attempt,), (refused,))
+    services = SimpleNamespace(now_ms=lambda: now, random_bytes=lambda n: b"r" * n,
+                               deliveries=_Deliveries(detail, refusal))
+    app = build_app(Console(services, codec, secure_cookies=False))  # type: ignore[arg-type]
+
+    async def get() -> str:
+        async with TestClient(TestServer(app)) as client:
+            response = await client.get(f"/s/{codec.encode(session)}/deliveries/dlv_1")
+            assert response.status == 200
+            return await response.text()
+
+    return asyncio.run(get())
+
+
+def test_the_delivery_page_shows_the_refusal_instead_of_the_replay_form_and_the_whole_history() -> None:
+    refusal = "replay not allowed: catalog user.disabled: replay window 1h (closed at 2027-01-15T07:00:00.000Z)"
+    html = _page(refusal)
+    assert 'id="replay-refused"' in html and refusal in html
+    assert 'id="replay"' not in html and "Send again" not in html
+    assert 'id="attempts"' in html and "http_5xx" in html  # the history stays visible
+    assert "refused" in html.split('id="replays"')[1]  # the job's refusal, in the request audit
+
+
+def test_the_delivery_page_keeps_the_replay_form_while_the_window_is_open() -> None:
+    html = _page("")
+    assert 'id="replay"' in html and 'id="replay-refused"' not in html
