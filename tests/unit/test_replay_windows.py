@@ -11,8 +11,10 @@ from types import SimpleNamespace
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from control_plane import errors
+from control_plane import catalog_cli, cli, errors
+from control_plane.api import pb
 from control_plane.catalog import Caller, EventTypeEntry, ReplayRuleEntry
+from control_plane.catalog_api import cpb
 from control_plane.console.app import Console, build_app
 from control_plane.console.sessions import Kind, Session, SessionCodec
 from control_plane.cursor import Cursors
@@ -29,6 +31,7 @@ from control_plane.domain import (
 from control_plane.replay_windows import CatalogReplayWindows
 from core.records import CatalogTypeRecord, ReplayRequest
 from core.timeutil import ms_to_iso
+from tests.unit.test_catalog_cli import RecordingStub
 from tests.unit.test_catalog_publication import ADMIN, MemoryCatalog, world
 from tests.unit.test_control_plane_service import ALICE, BOB, DAY_MS, World, add_delivery, counting_random, create
 from tests.unit.test_control_plane_service import w as w  # noqa: F401 -- the fixture
@@ -321,3 +324,34 @@ def test_the_delivery_page_shows_the_refusal_instead_of_the_replay_form_and_the_
 def test_the_delivery_page_keeps_the_replay_form_while_the_window_is_open() -> None:
     html = _page("")
     assert 'id="replay"' in html and 'id="replay-refused"' not in html
+
+
+# -- webhookctl ------------------------------------------------------------------------------------
+
+
+def test_webhookctl_sets_a_types_window_and_a_tenant_rule() -> None:
+    stub = RecordingStub()
+    catalog_cli.run(cli.parser().parse_args(["event-types", "update", "user.disabled", "--replay-window", "1h"]),
+                    stub)
+    catalog_cli.run(cli.parser().parse_args(["event-types", "--tenant", "acme", "replay-rule", "user.*", "never"]),
+                    stub)
+    [(_, update), (method, rule_request)] = stub.calls
+    assert list(update.update_fields) == ["replay_window"] and update.replay_window == "1h"
+    assert (method, rule_request.tenant_id, rule_request.pattern, rule_request.replay_window) == (
+        "SetReplayRule", "acme", "user.*", "never")
+    shown = catalog_cli.render(cpb.CatalogSettings(tenant_id="acme", unknown_types="reject", replay_rules=[
+        cpb.ReplayRule(pattern="user.*", replay_window="never", updated_by="key_1")]))
+    assert "replay window of user.*: never" in shown
+    assert "replay window: 1h" in catalog_cli.render(cpb.CatalogEventType(name="user.disabled", replay_window="1h"))
+
+
+def test_webhookctl_shows_the_refusal_and_a_recoverys_split(capsys: pytest.CaptureFixture[str]) -> None:
+    refusal = "replay not allowed: tenant rule user.*: replay window 1h (closed at 2027-01-15T07:00:00.000Z)"
+    shown = cli.delivery_detail(pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d"),
+                                                  replay_refusal=refusal))
+    assert refusal in shown
+    cli.ProgressBar().update(pb.RecoverProgress(total=2, replayed=2, done=True, not_allowed=3,
+                                                not_allowed_by_rule={"tenant rule user.*: replay window 1h": 3}))
+    err = capsys.readouterr().err
+    assert "2/2 replayed, 0 skipped, 3 past their replay window" in err
+    assert "3 by tenant rule user.*: replay window 1h" in err
