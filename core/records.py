@@ -25,7 +25,8 @@ Topics and their records (all JSON, UTF-8):
   an uncatalogued type or version gets) and :class:`SchemaPinsRecord` (key
   ``__schema_pins__/ENDPOINT``: the majors an endpoint accepts). Each carries a ``revision``, and
   fan-out keeps the highest per key whatever order they come in (core.schema_check.supersedes).
-* ``webhooks.replays`` (key: delivery_id) -- :class:`ReplayRequest`, a manual re-send.
+* ``webhooks.replays`` (key: delivery_id) -- :class:`ReplayRequest`, a manual re-send (with the
+  closing time of its replay window, if the delivery's type has one).
 * ``webhooks.events.dlq`` -- :class:`DeadLetter`, a record the job refused (value only: the job
   reads values, so the original key is not carried).
 * ``webhooks.endpoint-signals`` (key: endpoint_id) -- :class:`EndpointSignal`, what the dispatcher
@@ -390,7 +391,15 @@ def _replay_action(raw: object) -> str:
 @dataclass(frozen=True)
 class ReplayRequest:
     """A person's request about an existing delivery: ``replay`` (a manual re-send, a new attempt
-    on the same delivery_id) or ``skip`` (end an ordering key's head as failed, core.ordering)."""
+    on the same delivery_id) or ``skip`` (end an ordering key's head as failed, core.ordering)::
+
+        {"schema": "webhooks.replay/v1", "delivery_id": "dlv_..", "tenant_id": "acme",
+         "endpoint_id": "ep_..", "requested_by": "key_..", "requested_at_ms": 1767225600000,
+         "request_id": "rpl_..", "replay_closes_at_ms": 1767229200000,
+         "replay_rule": "catalog user.disabled: replay window 1h"}
+
+    ``action`` is present for a skip only; ``replay_closes_at_ms``/``replay_rule`` only when a
+    replay window governs the delivery (additive: a job that predates them ignores them)."""
 
     delivery_id: str
     tenant_id: str
