@@ -36,7 +36,7 @@ from control_plane.errors import Aborted, FailedPrecondition, InvalidArgument, N
 from control_plane.schema_pins import SchemaPins
 from control_plane.service import ADMIN_ACTOR, page_size
 from control_plane.store import HistoryStore
-from core import identifiers
+from core import identifiers, replay_policy
 from core.event_schemas import (
     SchemaDocumentError,
     SchemaVersion,
@@ -63,6 +63,7 @@ RECENT_WINDOW_MS = 7 * 24 * 3600 * 1000
 # report says it was cut short instead of scanning a busy endpoint's whole week.
 SCAN_LIMIT_PER_ENDPOINT = 20_000
 CONFLICT_RETRIES = 3
+UPDATABLE = ("description", "group", "enforcement", "replay_window")
 _CURSOR_KIND = "event-types"
 
 
@@ -103,6 +104,9 @@ class EventTypeEntry:
     updated_by: str
     revision: int
     versions: tuple[VersionEntry, ...] = ()  # oldest first
+    # How long its deliveries may be replayed by hand, from the event's occurrence: a duration
+    # or "never" (core/replay_policy.py); "" = the 30-day history.
+    replay_window: str = ""
 
     def version(self, v: SchemaVersion) -> VersionEntry | None:
         return next((e for e in self.versions if e.version == v), None)
@@ -112,10 +116,21 @@ class EventTypeEntry:
 
 
 @dataclass(frozen=True)
+class ReplayRuleEntry:
+    """A tenant's replay window for the types its pattern matches that have none of their own."""
+
+    pattern: str
+    window: str
+    updated_at_ms: int
+    updated_by: str
+
+
+@dataclass(frozen=True)
 class CatalogSettings:
     tenant_id: str
     unknown_types: str
     is_default: bool
+    replay_rules: tuple[ReplayRuleEntry, ...] = ()  # by pattern
 
 
 @dataclass(frozen=True)
@@ -175,6 +190,15 @@ class CatalogStore(Outbox, Protocol):
 
     def read_schema_pins(self, tenant_id: str, endpoint_id: str) -> tuple[tuple[int, ...], int] | None:
         """The endpoint's stored pins and their revision (the row's write time); None if never set."""
+        ...
+
+    def list_replay_rules(self, tenant_id: str) -> list[ReplayRuleEntry]: ...
+
+    def put_replay_rule(self, tenant_id: str, rule: ReplayRuleEntry) -> None: ...
+    def delete_replay_rule(self, tenant_id: str, pattern: str) -> None: ...
+
+    def occurred_at_of(self, event_ids: Sequence[str]) -> dict[str, int]:
+        """When each stored event occurred (the job's events table); missing ids are not known."""
         ...
 
 
@@ -261,6 +285,15 @@ def _policy(field: str, value: str, default: str | None = None) -> str:
     return value
 
 
+def _window(text: str) -> str:
+    """A replay window's canonical text; "" leaves it unset."""
+    try:
+        window = replay_policy.parse_window(text)
+    except replay_policy.WindowError as exc:
+        raise InvalidArgument(str(exc)) from None
+    return "" if window is None else window.text
+
+
 def _version(text: str) -> SchemaVersion:
     try:
         return SchemaVersion.parse(text)
@@ -303,7 +336,9 @@ class CatalogService:
         return self._d.catalog.list_types(caller.tenant_id, "", None), self.settings(caller.tenant_id)
 
     def settings(self, tenant_id: str) -> CatalogSettings:
-        return read_settings(self._d.catalog, self._d.tenants, tenant_id)[0]
+        settings = read_settings(self._d.catalog, self._d.tenants, tenant_id)[0]
+        rules = sorted(self._d.catalog.list_replay_rules(tenant_id), key=lambda r: r.pattern)
+        return replace(settings, replay_rules=tuple(rules))
 
     def export(self, caller: Caller, fmt: str) -> str:
         types = self._d.catalog.list_types(caller.tenant_id, "", None)
@@ -338,12 +373,17 @@ class CatalogService:
         return self._d.publication.change(caller.tenant_id, TYPE, name, insert)
 
     def update_type(self, caller: Caller, name: str, values: Mapping[str, str]) -> EventTypeEntry:
-        unknown = set(values) - {"description", "group", "enforcement"}
+        unknown = set(values) - set(UPDATABLE)
         if unknown or not values:
-            raise InvalidArgument("update_fields must name some of description, group, enforcement")
+            raise InvalidArgument(f"update_fields must name some of {', '.join(UPDATABLE)}")
         changes: dict[str, str] = {}
         for field, value in values.items():
-            changes[field] = _policy(field, value) if field == "enforcement" else _text(field, value)
+            if field == "enforcement":
+                changes[field] = _policy(field, value)
+            elif field == "replay_window":
+                changes[field] = _window(value)
+            else:
+                changes[field] = _text(field, value)
         return self._change(caller, name, lambda e: replace(e, **changes))  # type: ignore[arg-type]
 
     def add_version(self, caller: Caller, name: str, version_text: str, schema_json: str,
@@ -415,6 +455,25 @@ class CatalogService:
         policy = _policy("unknown_types", policy)
         self._d.publication.change(caller.tenant_id, SETTINGS, "", lambda: self._d.catalog.put_unknown_types(
             caller.tenant_id, policy, self._d.now_ms(), caller.actor))
+        return self.settings(caller.tenant_id)
+
+    def set_replay_rule(self, caller: Caller, pattern: str, window: str) -> CatalogSettings:
+        """Set (window "" removes) the tenant's replay window for types matching ``pattern`` that
+        have no window of their own. Applies to replays asked for from now on."""
+        if not caller.may_write:
+            raise PermissionDenied("this call needs catalog write permission")
+        try:
+            pattern = replay_policy.check_pattern(pattern)
+        except replay_policy.WindowError as exc:
+            raise InvalidArgument(str(exc)) from None
+        text = _window(window)
+        if text:
+            self._d.catalog.put_replay_rule(caller.tenant_id, ReplayRuleEntry(pattern, text, self._d.now_ms(),
+                                                                              caller.actor))
+        else:
+            self._d.catalog.delete_replay_rule(caller.tenant_id, pattern)
+        log.info("catalog %s: replay rule %s set to %s by %s", caller.tenant_id, pattern, text or "(removed)",
+                 caller.actor)
         return self.settings(caller.tenant_id)
 
     def set_schema_majors(self, principal: Principal, endpoint_id: str, majors: Sequence[int]) -> tuple[int, ...]:

@@ -30,11 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--group", dest="type_group", default="")
     c.add_argument("--enforcement", choices=("reject", "warn"), default="reject",
                    help="a payload failing its schema at fan-out: dead-lettered (reject) or delivered and counted")
-    u = cmds.add_parser("update", help="change description, group or enforcement (only those given)")
+    u = cmds.add_parser("update", help="change description, group, enforcement or replay window (only those given)")
     u.add_argument("name")
     u.add_argument("--description")
     u.add_argument("--group", dest="type_group")
     u.add_argument("--enforcement", choices=("reject", "warn"))
+    u.add_argument("--replay-window", help="how long after the event its deliveries may be replayed by hand: "
+                                           "never, or a duration such as 15m, 1h, 7d; '' for the 30-day history")
     a = cmds.add_parser("add-version", help="add a schema version (refused if it breaks its major)")
     a.add_argument("name")
     a.add_argument("version", help="MAJOR or MAJOR.MINOR")
@@ -53,6 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ls.add_argument("--cursor")
     s = cmds.add_parser("settings", help="what happens to events whose type or version is not catalogued")
     s.add_argument("--unknown-types", choices=("reject", "warn"))
+    r = cmds.add_parser("replay-rule", help="the tenant's replay window for types matching a pattern that have "
+                                            "none of their own")
+    r.add_argument("pattern", help="an event type, a prefix such as user.*, or *")
+    r.add_argument("window", help="never, or a duration such as 15m, 1h, 7d; '' removes the rule")
     e = cmds.add_parser("export", help="documentation for receivers")
     e.add_argument("--format", choices=("openapi", "asyncapi"), required=True)
     e.add_argument("--out", type=Path, help="write to this file (default: stdout)")
@@ -79,6 +85,7 @@ def _type_text(t: Any) -> str:
 
     head = [f"{t.name} ({t.status}" + (f", sunset {_when(t.sunset_at)}" if t.HasField("sunset_at") else "") + ")",
             f"description: {t.description or '-'}", f"group: {t.group or '-'}", f"enforcement: {t.enforcement}",
+            f"replay window: {t.replay_window or '30 days (the history)'}",
             f"updated: {_when(t.updated_at)} by {t.updated_by}"]
     rows = [(v.version, v.status + (f" until {_when(v.sunset_at)}" if v.HasField("sunset_at") else ""),
              _when(v.created_at), v.created_by) for v in t.versions]
@@ -94,7 +101,8 @@ def run(args: argparse.Namespace, stub: Any) -> str | Any:
             enforcement=args.enforcement))
     if cmd == "update":
         given = {f: getattr(args, a) for f, a in (("description", "description"), ("group", "type_group"),
-                                                  ("enforcement", "enforcement")) if getattr(args, a) is not None}
+                                                  ("enforcement", "enforcement"), ("replay_window", "replay_window"))
+                 if getattr(args, a) is not None}
         return stub.UpdateEventType(cpb.UpdateEventTypeRequest(tenant_id=tenant, name=args.name,
                                                                update_fields=list(given), **given))
     if cmd == "add-version":
@@ -126,6 +134,9 @@ def run(args: argparse.Namespace, stub: Any) -> str | Any:
             return stub.SetCatalogSettings(cpb.SetCatalogSettingsRequest(tenant_id=tenant,
                                                                          unknown_types=args.unknown_types))
         return stub.GetCatalog(cpb.GetCatalogRequest(tenant_id=tenant)).settings
+    if cmd == "replay-rule":
+        return stub.SetReplayRule(cpb.SetReplayRuleRequest(tenant_id=tenant, pattern=args.pattern,
+                                                           replay_window=args.window))
     if cmd == "export":
         doc = stub.ExportCatalog(cpb.ExportCatalogRequest(tenant_id=tenant, format=args.format)).document_json
         if args.out:
@@ -161,8 +172,10 @@ def render(message: Any) -> str:
         return (f"endpoint {message.endpoint_id} accepts schema majors "
                 + (", ".join(map(str, message.schema_majors)) or "(all)"))
     if isinstance(message, cpb.CatalogSettings):
+        rules = "".join(f"\nreplay window of {r.pattern}: {r.replay_window} (set {_when(r.updated_at)} by "
+                        f"{r.updated_by})" for r in message.replay_rules)
         return (f"tenant {message.tenant_id}: uncatalogued types or versions -> {message.unknown_types}"
-                + (" (default)" if message.is_default else ""))
+                + (" (default)" if message.is_default else "") + rules)
     return str(message)
 
 

@@ -10,6 +10,7 @@ import grpc
 
 from control_plane.auth import Authenticator
 from control_plane.catalog import (
+    UPDATABLE,
     Caller,
     CatalogDeps,
     CatalogService,
@@ -43,11 +44,14 @@ def type_pb(e: EventTypeEntry, with_schemas: bool = True) -> Any:
         tenant_id=e.tenant_id, name=e.name, description=e.description, group=e.group, status=e.status,
         sunset_at=ts(e.sunset_at_ms), enforcement=e.enforcement, created_at=ts(e.created_at_ms),
         updated_at=ts(e.updated_at_ms), updated_by=e.updated_by,
-        versions=[version_pb(v, with_schemas) for v in e.versions])
+        versions=[version_pb(v, with_schemas) for v in e.versions], replay_window=e.replay_window)
 
 
 def settings_pb(s: CatalogSettings) -> Any:
-    return cpb.CatalogSettings(tenant_id=s.tenant_id, unknown_types=s.unknown_types, is_default=s.is_default)
+    return cpb.CatalogSettings(
+        tenant_id=s.tenant_id, unknown_types=s.unknown_types, is_default=s.is_default,
+        replay_rules=[cpb.ReplayRule(pattern=r.pattern, replay_window=r.window, updated_at=ts(r.updated_at_ms),
+                                     updated_by=r.updated_by) for r in s.replay_rules])
 
 
 class CatalogServicer(crpc.EventCatalogServicer):  # type: ignore[misc]
@@ -76,7 +80,7 @@ class CatalogServicer(crpc.EventCatalogServicer):  # type: ignore[misc]
     @mapped
     def UpdateEventType(self, request: Any, context: grpc.ServicerContext) -> Any:
         caller = self._caller(context, request.tenant_id, write=True)
-        values = {f: getattr(request, f) for f in request.update_fields if f in ("description", "group", "enforcement")}
+        values = {f: getattr(request, f) for f in request.update_fields if f in UPDATABLE}
         if len(values) != len(request.update_fields):
             values["?"] = ""  # let the service name the accepted fields
         return type_pb(self._service.update_type(caller, request.name, values))
@@ -115,6 +119,11 @@ class CatalogServicer(crpc.EventCatalogServicer):  # type: ignore[misc]
     def SetCatalogSettings(self, request: Any, context: grpc.ServicerContext) -> Any:
         caller = self._caller(context, request.tenant_id, write=True)
         return settings_pb(self._service.set_unknown_types(caller, request.unknown_types))
+
+    @mapped
+    def SetReplayRule(self, request: Any, context: grpc.ServicerContext) -> Any:
+        caller = self._caller(context, request.tenant_id, write=True)
+        return settings_pb(self._service.set_replay_rule(caller, request.pattern, request.replay_window))
 
     @mapped
     def ExportCatalog(self, request: Any, context: grpc.ServicerContext) -> Any:

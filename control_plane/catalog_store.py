@@ -1,5 +1,5 @@
-"""The catalog's Cassandra tables (cassandra/schema/014_event_catalog.cql, 017_catalog_unpublished.cql);
-statements prepared once."""
+"""The catalog's Cassandra tables (cassandra/schema/014_event_catalog.cql, 017_catalog_unpublished.cql,
+019_replay_windows.cql); statements prepared once."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
-from control_plane.catalog import EventTypeEntry, VersionEntry
+from control_plane.catalog import EventTypeEntry, ReplayRuleEntry, VersionEntry
 from control_plane.catalog_publication import Unpublished
 from control_plane.store import _dt, _ms, _rows, _unavailable_on_driver_error
 
 _TYPE_COLUMNS = ("tenant_id, name, description, type_group, status, sunset_at, enforcement, created_at, updated_at, "
-                 "updated_by, revision, versions")
+                 "updated_by, revision, versions, replay_window")
 _READS_AT_ONCE = 128
 
 
@@ -27,10 +27,11 @@ class CassandraCatalogStore:
             "type_get": f"SELECT {_TYPE_COLUMNS} FROM event_types WHERE tenant_id = ? AND name = ?",
             "type_list": f"SELECT {_TYPE_COLUMNS} FROM event_types WHERE tenant_id = ? AND name > ?",
             "type_list_limit": f"SELECT {_TYPE_COLUMNS} FROM event_types WHERE tenant_id = ? AND name > ? LIMIT ?",
-            "type_insert": f"INSERT INTO event_types ({_TYPE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "type_insert": f"INSERT INTO event_types ({_TYPE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                            "IF NOT EXISTS",
             "type_replace": "UPDATE event_types SET description = ?, type_group = ?, status = ?, sunset_at = ?, "
-                            "enforcement = ?, updated_at = ?, updated_by = ?, revision = ?, versions = ? "
+                            "enforcement = ?, updated_at = ?, updated_by = ?, revision = ?, versions = ?, "
+                            "replay_window = ? "
                             "WHERE tenant_id = ? AND name = ? IF revision = ?",
             # The write time orders a plain row's writes in Cassandra: it is the record's revision.
             "settings_get": "SELECT unknown_types, WRITETIME(unknown_types) AS revision FROM event_catalog_settings "
@@ -42,6 +43,11 @@ class CassandraCatalogStore:
             "writer_put": "INSERT INTO event_catalog_writers (tenant_id, key_id, granted_at) VALUES (?, ?, ?)",
             "writer_delete": "DELETE FROM event_catalog_writers WHERE tenant_id = ? AND key_id = ?",
             "event_version": "SELECT schema_version FROM events WHERE event_id = ?",
+            "event_occurred": "SELECT occurred_at FROM events WHERE event_id = ?",
+            "rules_list": "SELECT pattern, replay_window, updated_at, updated_by FROM replay_rules WHERE tenant_id = ?",
+            "rule_put": "INSERT INTO replay_rules (tenant_id, pattern, replay_window, updated_at, updated_by) "
+                        "VALUES (?, ?, ?, ?, ?)",
+            "rule_delete": "DELETE FROM replay_rules WHERE tenant_id = ? AND pattern = ?",
             "pins_put": "INSERT INTO endpoint_schema_pins (tenant_id, endpoint_id, schema_majors, updated_at, "
                         "updated_by) VALUES (?, ?, ?, ?, ?)",
             "pins_get": "SELECT endpoint_id, schema_majors FROM endpoint_schema_pins "
@@ -81,14 +87,14 @@ class CassandraCatalogStore:
         rows = self._rows("type_insert", (
             entry.tenant_id, entry.name, entry.description, entry.group, entry.status, _dt(entry.sunset_at_ms),
             entry.enforcement, _dt(entry.created_at_ms), _dt(entry.updated_at_ms), entry.updated_by, entry.revision,
-            _versions(entry)))
+            _versions(entry), entry.replay_window))
         return bool(rows and rows[0]["[applied]"])
 
     @_unavailable_on_driver_error
     def replace_type(self, entry: EventTypeEntry, expected_revision: int) -> bool:
         rows = self._rows("type_replace", (
             entry.description, entry.group, entry.status, _dt(entry.sunset_at_ms), entry.enforcement,
-            _dt(entry.updated_at_ms), entry.updated_by, entry.revision, _versions(entry),
+            _dt(entry.updated_at_ms), entry.updated_by, entry.revision, _versions(entry), entry.replay_window,
             entry.tenant_id, entry.name, expected_revision))
         return bool(rows and rows[0]["[applied]"])
 
@@ -119,17 +125,37 @@ class CassandraCatalogStore:
 
     @_unavailable_on_driver_error
     def schema_versions_of(self, event_ids: Sequence[str]) -> dict[str, str]:
-        found: dict[str, str] = {}
+        return self._event_cells("event_version", "schema_version", event_ids)
+
+    @_unavailable_on_driver_error
+    def occurred_at_of(self, event_ids: Sequence[str]) -> dict[str, int]:
+        return {eid: _ms(v) or 0 for eid, v in self._event_cells("event_occurred", "occurred_at", event_ids).items()}
+
+    def _event_cells(self, statement: str, column: str, event_ids: Sequence[str]) -> dict[str, Any]:
+        """One column of each stored event (None cells left out), a bounded number of reads at once."""
+        found: dict[str, Any] = {}
         unique = list(dict.fromkeys(event_ids))
         for i in range(0, len(unique), _READS_AT_ONCE):
             chunk = unique[i:i + _READS_AT_ONCE]
-            futures = [self._session.execute_async(self._p["event_version"].bind((eid,))) for eid in chunk]
+            futures = [self._session.execute_async(self._p[statement].bind((eid,))) for eid in chunk]
             for eid, future in zip(chunk, futures, strict=True):
                 for row in _rows(future.result()):
-                    if row["schema_version"] is not None:
-                        found[eid] = row["schema_version"]
+                    if row[column] is not None:
+                        found[eid] = row[column]
         return found
 
+    @_unavailable_on_driver_error
+    def list_replay_rules(self, tenant_id: str) -> list[ReplayRuleEntry]:
+        return [ReplayRuleEntry(r["pattern"], r["replay_window"] or "", _ms(r["updated_at"]) or 0,
+                                r["updated_by"] or "") for r in self._rows("rules_list", (tenant_id,))]
+
+    @_unavailable_on_driver_error
+    def put_replay_rule(self, tenant_id: str, rule: ReplayRuleEntry) -> None:
+        self._rows("rule_put", (tenant_id, rule.pattern, rule.window, _dt(rule.updated_at_ms), rule.updated_by))
+
+    @_unavailable_on_driver_error
+    def delete_replay_rule(self, tenant_id: str, pattern: str) -> None:
+        self._rows("rule_delete", (tenant_id, pattern))
 
     @_unavailable_on_driver_error
     def put_schema_pins(self, tenant_id: str, endpoint_id: str, majors: tuple[int, ...], at_ms: int,
@@ -174,4 +200,4 @@ def _entry(row: dict[str, Any]) -> EventTypeEntry:
         group=row["type_group"] or "", status=row["status"] or "active", sunset_at_ms=_ms(row["sunset_at"]),
         enforcement=row["enforcement"] or "reject", created_at_ms=_ms(row["created_at"]) or 0,
         updated_at_ms=_ms(row["updated_at"]) or 0, updated_by=row["updated_by"] or "",
-        revision=row["revision"] or 0, versions=tuple(versions))
+        revision=row["revision"] or 0, versions=tuple(versions), replay_window=row.get("replay_window") or "")

@@ -135,6 +135,8 @@ def delivery_detail(d: Any) -> str:
             for a in d.attempts
         ],
     )
+    if d.replay_refusal:
+        facts += f"\n{d.replay_refusal}"
     out = f"{head}\n\n{facts}\n\n{attempts}"
     if d.replays:
         out += "\n\nreplays\n" + table(["requested", "by (API key)", "action", "request id", "reason"], [
@@ -166,7 +168,10 @@ class ProgressBar:
         filled = int(self._width * min(p.replayed, total) / total)
         bar = "#" * filled + "-" * (self._width - filled)
         end = "\n" if p.done else ""
-        sys.stderr.write(f"\r[{bar}] {p.replayed}/{p.total} replayed, {p.skipped} skipped{end}")
+        refused = f", {p.not_allowed} past their replay window" if p.not_allowed else ""
+        why = "".join(f"\n  {n} by {rule}" for rule, n in sorted(p.not_allowed_by_rule.items())) if p.done else ""
+        sys.stderr.write(f"\r[{bar}] {p.replayed}/{p.total} replayed, {p.skipped} skipped{refused}{end}{why}"
+                         + ("\n" if why else ""))
         sys.stderr.flush()
 
 

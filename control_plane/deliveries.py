@@ -5,15 +5,22 @@ delivery_id) for one more attempt on the existing delivery, flagged manual. It d
 restart the automatic schedule or its 24 h deadline; the job owns both. Authorization and the
 endpoint's state are checked again at replay time, because both may have changed since the
 delivery was created.
+
+A replay window (core/replay_policy.py: the catalogued type's, or the tenant's rule by type
+pattern) may close replays earlier than the 30-day history: a single replay past it is
+FAILED_PRECONDITION naming the rule and when it closed, a bulk recovery skips such deliveries and
+counts them by rule, and the request carries the closing time so the job refuses one it reads
+too late. The history itself stays visible.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from control_plane import validation
 from control_plane.cursor import Cursors, not_valid
@@ -33,7 +40,9 @@ from control_plane.errors import FailedPrecondition, InvalidArgument, NotFound, 
 from control_plane.publisher import Publisher, PublishError
 from control_plane.service import load_endpoint, page_size, require_write
 from control_plane.store import EndpointStore, HistoryStore
+from core import replay_policy
 from core.records import EndpointStatus, ReplayRequest
+from core.replay_policy import ReplayDecision, ReplayRule
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +51,18 @@ ARCHIVE_TIER = "archive"
 # Rows one ListDeliveries call reads at most; with a rare status filter the page comes back
 # short with a cursor rather than scanning 30 days of partitions in one call.
 MAX_SCANNED_ROWS = 5_000
+
+
+# Deliveries a bulk recovery decides on at once: one read of their events' occurrence.
+DECISION_CHUNK = 128
+_NO_RULE = ReplayDecision(True, None, None)
+
+
+class Windows(Protocol):
+    """One tenant's replay windows (control_plane/replay_windows.py)."""
+
+    def rule(self, event_type: str) -> ReplayRule | None: ...
+    def occurred_at(self, event_ids: Sequence[str]) -> dict[str, int]: ...
 
 
 @dataclass(frozen=True)
@@ -63,6 +84,8 @@ class DeliveryDeps:
     # queued, the job reads the delivery and its payload there; False: the archive does not hold
     # it. control_plane/tiered_history.py. None: no archive.
     rehydrate: Callable[[str, int], bool] | None = None
+    # A tenant's replay windows; None: every delivery replayable for the whole history.
+    replay_windows: Callable[[str], Windows] | None = None
 
 
 class DeliveryService:
@@ -127,7 +150,7 @@ class DeliveryService:
             validation.identifier("request_id", request_id)
         reason = validation.reason(reason)
         detail = self.get(principal, delivery_id)
-        self._check_replayable(principal, detail.summary)
+        decision = self._check_replayable(principal, detail.summary)
         # Rehydrated whenever the archive holds it, not only when the read came from there: a
         # released delivery still reads whole from its short-TTL rows, which may expire before
         # the job reads them (it would skip the replay, or number attempts from a partial
@@ -140,10 +163,29 @@ class DeliveryService:
         # client's retry (same request id) keeps the first row and is queued again -- the job
         # dedupes by request id, and the first publish may be the one that failed.
         first = self._audit(principal, detail.summary, request_id, reason, if_new=given)
-        self._publish_replay(principal, detail.summary, request_id)
+        self._publish_replay(principal, detail.summary, request_id, decision)
         log.info("replay %s of delivery %s requested by %s%s", request_id, delivery_id, principal.key_id,
                  "" if first else " (a retry of the same request)")
         return Replayed(delivery_id, request_id)
+
+    def replay_refusal(self, principal: Principal, detail: DeliveryDetail) -> str:
+        """Why the delivery's replay window no longer allows a replay ("" if it does): what the
+        console shows instead of the replay form, and GetDelivery returns."""
+        return self._decisions(principal.tenant_id, [detail.summary])[0].refusal
+
+    def _decisions(self, tenant_id: str, summaries: Sequence[DeliverySummary],
+                   windows: Windows | None = None) -> Sequence[ReplayDecision]:
+        """The replay decision of each delivery at this moment; the events' occurrence is read
+        (in one go) only for deliveries whose type has a window."""
+        if windows is None:
+            if self._d.replay_windows is None:
+                return [_NO_RULE] * len(summaries)
+            windows = self._d.replay_windows(tenant_id)
+        rules = [windows.rule(s.event_type) for s in summaries]
+        occurred = windows.occurred_at([s.event_id for s, r in zip(summaries, rules, strict=True) if r is not None])
+        now = self._d.now_ms()
+        return [replay_policy.decide(r, replay_policy.window_start_ms(occurred.get(s.event_id), s.created_at_ms), now)
+                for s, r in zip(summaries, rules, strict=True)]
 
     def _audit(self, principal: Principal, summary: DeliverySummary, request_id: str, reason: str,
                if_new: bool) -> bool:
@@ -176,31 +218,50 @@ class DeliveryService:
     def _recover(
         self, principal: Principal, endpoint_id: str, start: int, end: int, reason: str
     ) -> Iterator[RecoverProgress]:
-        def failed() -> Iterator[DeliverySummary]:
-            for d in self._d.history.iter_endpoint_deliveries(
-                principal.tenant_id, endpoint_id, start, end, None
-            ):
-                if d.status in RECOVERABLE_STATUSES:
-                    yield d
+        # One lookup object for both passes: each type's window and the tenant's rules read once.
+        windows = None if self._d.replay_windows is None else self._d.replay_windows(principal.tenant_id)
 
-        total = sum(1 for _ in failed())
-        yield RecoverProgress(total, 0, 0, done=total == 0, last_delivery_id="")
+        def failed() -> Iterator[tuple[DeliverySummary, ReplayDecision]]:
+            rows = (d for d in self._d.history.iter_endpoint_deliveries(principal.tenant_id, endpoint_id, start, end,
+                                                                        None) if d.status in RECOVERABLE_STATUSES)
+            for chunk in _chunks(rows, DECISION_CHUNK):
+                yield from zip(chunk, self._decisions(principal.tenant_id, chunk, windows), strict=True)
+
+        # The counting pass: what the policy allows is the total, what it refuses is reported by rule.
+        total, refused = 0, Counter[str]()
+        for _, decision in failed():
+            if decision.allowed:
+                total += 1
+            else:
+                refused[_rule_name(decision)] += 1
+        counted_refused = sum(refused.values())
+        yield _progress(total, 0, 0, total == 0, "", refused)
         if total == 0:
+            if refused:
+                log.info("bulk recovery of endpoint %s: nothing replayed, %d past their replay window", endpoint_id,
+                         counted_refused)
             return
         batch = "rcv_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         replayed, last_id = 0, ""
-        for summary in failed():
+        refused = Counter()
+        for summary, decision in failed():
+            if not decision.allowed:  # counted again: a window may have closed since the counting pass
+                refused[_rule_name(decision)] += 1
+                continue
             request_id = f"{batch}-{summary.delivery_id}"
             self._rehydrate(summary.delivery_id)  # as for one replay: the list is the hot index, never the archive
             self._audit(principal, summary, request_id, reason, if_new=False)  # fresh id: no dedupe read
-            self._publish_replay(principal, summary, request_id)
+            self._publish_replay(principal, summary, request_id, decision)
             replayed, last_id = replayed + 1, summary.delivery_id
             total = max(total, replayed)  # new failures since the counting pass
             if replayed % self._d.progress_every == 0:
-                yield RecoverProgress(total, replayed, 0, done=False, last_delivery_id=last_id)
-        log.info("bulk recovery %s of endpoint %s: %d replayed", batch, endpoint_id, replayed)
-        # Counted but no longer failed (e.g. a retry succeeded meanwhile): skipped, not replayed.
-        yield RecoverProgress(total, replayed, total - replayed, done=True, last_delivery_id=last_id)
+                yield _progress(total, replayed, 0, False, last_id, refused)
+        log.info("bulk recovery %s of endpoint %s: %d replayed, %d past their replay window", batch, endpoint_id,
+                 replayed, sum(refused.values()))
+        # Counted but no longer failed (e.g. a retry succeeded meanwhile), or whose window closed
+        # since: skipped, not replayed; the latter are in the refusals by rule.
+        closed_since = max(0, sum(refused.values()) - counted_refused)
+        yield _progress(total, replayed, max(0, total - replayed - closed_since), True, last_id, refused)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -222,7 +283,7 @@ class DeliveryService:
         # Older rows have expired (30-day TTL): do not walk partitions that cannot hold any.
         return max(start, now - HISTORY_WINDOW_MS), end
 
-    def _check_replayable(self, principal: Principal, summary: DeliverySummary) -> None:
+    def _check_replayable(self, principal: Principal, summary: DeliverySummary) -> ReplayDecision:
         if summary.status is DeliveryStatus.SKIPPED:
             # Sending it now would hand the endpoint a major it said it does not read; a new pin
             # does not make old events its own either.
@@ -230,13 +291,18 @@ class DeliveryService:
                                      "is pinned to, so it was never meant for this endpoint and cannot be replayed")
         if summary.created_at_ms < self._d.now_ms() - HISTORY_WINDOW_MS:
             raise FailedPrecondition("the delivery is older than the 30-day replay window")
+        decision = self._decisions(principal.tenant_id, [summary])[0]
+        if not decision.allowed:
+            raise FailedPrecondition(decision.refusal)
         endpoint = self._d.endpoints.get_endpoint(principal.tenant_id, summary.endpoint_id)
         if endpoint is None or endpoint.status is EndpointStatus.DELETED:
             raise FailedPrecondition("the delivery's endpoint was deleted; it cannot be replayed")
         if endpoint.status is not EndpointStatus.ACTIVE:
             raise FailedPrecondition("the delivery's endpoint is disabled; enable it to replay")
+        return decision
 
-    def _publish_replay(self, principal: Principal, summary: DeliverySummary, request_id: str) -> None:
+    def _publish_replay(self, principal: Principal, summary: DeliverySummary, request_id: str,
+                        decision: ReplayDecision) -> None:
         queue_request(self._d.publisher, ReplayRequest(
             delivery_id=summary.delivery_id,
             tenant_id=principal.tenant_id,
@@ -244,6 +310,9 @@ class DeliveryService:
             requested_by=principal.key_id,
             requested_at_ms=self._d.now_ms(),
             request_id=request_id,
+            # The job refuses the request if it reads it once the window has closed.
+            replay_closes_at_ms=decision.closes_at_ms,
+            replay_rule=_rule_name(decision),
         ))
 
 
@@ -258,3 +327,24 @@ def queue_request(publisher: Publisher, request: ReplayRequest) -> None:
 
 def _exhausted(rows: Iterator[DeliverySummary]) -> bool:
     return next(rows, None) is None
+
+
+def _rule_name(decision: ReplayDecision) -> str:
+    return "" if decision.rule is None else decision.rule.name
+
+
+def _progress(total: int, replayed: int, skipped: int, done: bool, last_id: str,
+              refused: Counter[str]) -> RecoverProgress:
+    return RecoverProgress(total, replayed, skipped, done=done, last_delivery_id=last_id,
+                           not_allowed=sum(refused.values()), not_allowed_by_rule=tuple(sorted(refused.items())))
+
+
+def _chunks(items: Iterable[DeliverySummary], size: int) -> Iterator[list[DeliverySummary]]:
+    chunk: list[DeliverySummary] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -321,3 +321,7 @@ class RecoverProgress:
     skipped: int
     done: bool
     last_delivery_id: str
+    # Failed deliveries past their replay window (core/replay_policy.py), not replayed: how many,
+    # and how many under each rule (by the rule's name).
+    not_allowed: int = 0
+    not_allowed_by_rule: tuple[tuple[str, int], ...] = ()

@@ -41,6 +41,7 @@ from control_plane.ordering import OrderingDeps, OrderingService
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import KafkaPublisher, Publisher, PublishError
 from control_plane.reconcile import Reconciler
+from control_plane.replay_windows import CatalogReplayWindows
 from control_plane.schema_pins import SchemaPins
 from control_plane.service import Deps, EndpointService
 from control_plane.servicer import AdminServicer, ControlPlaneServicer
@@ -177,7 +178,8 @@ def build(
                             settings.cassandra.history_ttl_s)
     deliveries = DeliveryService(
         DeliveryDeps(endpoints=store, history=history, publisher=publisher, now_ms=now_ms,
-                     random_bytes=os.urandom, cursors=cursors, rehydrate=history.rehydrate)
+                     random_bytes=os.urandom, cursors=cursors, rehydrate=history.rehydrate,
+                     replay_windows=CatalogReplayWindows(catalog_store).for_tenant)
     )
     ordering = OrderingService(
         OrderingDeps(endpoints=store, history=store, keys=store, publisher=publisher, now_ms=now_ms,

@@ -219,7 +219,7 @@ def attempt_pb(a: Attempt) -> Any:
     )
 
 
-def detail_pb(d: DeliveryDetail) -> Any:
+def detail_pb(d: DeliveryDetail, replay_refusal: str = "") -> Any:
     return pb.DeliveryDetail(
         delivery=summary_pb(d.summary),
         endpoint_config_version=d.endpoint_config_version or 0,
@@ -232,6 +232,7 @@ def detail_pb(d: DeliveryDetail) -> Any:
                                 requested_at=ts(r.requested_at_ms), reason=r.reason, action=r.action)
                  for r in d.replays],
         tier=d.tier,
+        replay_refusal=replay_refusal,
     )
 
 
@@ -386,7 +387,9 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
 
     @mapped
     def GetDelivery(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return detail_pb(self._deliveries.get(self._principal(context), request.delivery_id))
+        principal = self._principal(context)
+        detail = self._deliveries.get(principal, request.delivery_id)
+        return detail_pb(detail, self._deliveries.replay_refusal(principal, detail))
 
     @mapped
     def ReplayDelivery(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -426,6 +429,8 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
                 skipped=p.skipped,
                 done=p.done,
                 last_delivery_id=p.last_delivery_id,
+                not_allowed=p.not_allowed,
+                not_allowed_by_rule=dict(p.not_allowed_by_rule),
             )
 
 

@@ -25,7 +25,8 @@ Topics and their records (all JSON, UTF-8):
   an uncatalogued type or version gets) and :class:`SchemaPinsRecord` (key
   ``__schema_pins__/ENDPOINT``: the majors an endpoint accepts). Each carries a ``revision``, and
   fan-out keeps the highest per key whatever order they come in (core.schema_check.supersedes).
-* ``webhooks.replays`` (key: delivery_id) -- :class:`ReplayRequest`, a manual re-send.
+* ``webhooks.replays`` (key: delivery_id) -- :class:`ReplayRequest`, a manual re-send (with the
+  closing time of its replay window, if the delivery's type has one).
 * ``webhooks.events.dlq`` -- :class:`DeadLetter`, a record the job refused (value only: the job
   reads values, so the original key is not carried).
 * ``webhooks.endpoint-signals`` (key: endpoint_id) -- :class:`EndpointSignal`, what the dispatcher
@@ -390,7 +391,15 @@ def _replay_action(raw: object) -> str:
 @dataclass(frozen=True)
 class ReplayRequest:
     """A person's request about an existing delivery: ``replay`` (a manual re-send, a new attempt
-    on the same delivery_id) or ``skip`` (end an ordering key's head as failed, core.ordering)."""
+    on the same delivery_id) or ``skip`` (end an ordering key's head as failed, core.ordering)::
+
+        {"schema": "webhooks.replay/v1", "delivery_id": "dlv_..", "tenant_id": "acme",
+         "endpoint_id": "ep_..", "requested_by": "key_..", "requested_at_ms": 1767225600000,
+         "request_id": "rpl_..", "replay_closes_at_ms": 1767229200000,
+         "replay_rule": "catalog user.disabled: replay window 1h"}
+
+    ``action`` is present for a skip only; ``replay_closes_at_ms``/``replay_rule`` only when a
+    replay window governs the delivery (additive: a job that predates them ignores them)."""
 
     delivery_id: str
     tenant_id: str
@@ -399,11 +408,18 @@ class ReplayRequest:
     requested_at_ms: int
     request_id: str = ""
     action: str = "replay"
+    # The replay window the control plane found for the delivery when it queued the request
+    # (core/replay_policy.py): the job refuses the request if it reads it at or after this
+    # time. None: no window but the 30-day history.
+    replay_closes_at_ms: int | None = None
+    replay_rule: str = ""
 
     def to_json(self) -> bytes:
         d = asdict(self)
         if self.action == REPLAY:
             del d["action"]  # replays stay as they were: an older job reads them
+        if self.replay_closes_at_ms is None:
+            del d["replay_closes_at_ms"], d["replay_rule"]  # as above; an older job ignores them
         d["schema"] = REPLAY_SCHEMA_V1
         return json.dumps(d, separators=(",", ":")).encode()
 
@@ -420,6 +436,8 @@ class ReplayRequest:
             requested_at_ms=int(d["requested_at_ms"]),
             request_id=str(d.get("request_id", "")),
             action=_replay_action(d.get("action", REPLAY)),
+            replay_closes_at_ms=None if d.get("replay_closes_at_ms") is None else int(d["replay_closes_at_ms"]),
+            replay_rule=str(d.get("replay_rule", "")),
         )
 
 

@@ -35,7 +35,7 @@ from pyflink.common import Row
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
 from core import breaker as brk
-from core import dispatch, telemetry
+from core import dispatch, replay_policy, telemetry
 from core import endpoint_health as health
 from core.catch_up import CatchUp
 from core.egress import EgressPolicy
@@ -55,10 +55,12 @@ from core.endpoint_driver import (
 )
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
+from core.records import REPLAY as REPLAY_ACTION
 from core.records import EndpointConfig, RedriveRequest, ReplayRequest, UnreadableConfig
 from core.retry import RetrySchedule
 from core.secrets import redact
 from core.settings import Settings
+from core.timeutil import ms_to_iso
 from core.write_shares import WriteShares
 from operators import history_errors, task_resources
 from operators.async_runtime import AsyncRuntime
@@ -102,6 +104,8 @@ METRICS = (
     "endpoint_internal_errors", "signing_key_errors", "spilled", "paged_in", "retries_queued", "retries_paged_in",
     "redrives", "redrives_known", "throttled_rate_limit", "throttled_slots", "skips", "skips_not_held",
     "skips_not_head", "writes_rejected", "rejected_unrecorded", "failed_before_sending",
+    # Replay requests read after the replay window they were queued with had closed (refused here).
+    "replays_past_window",
     # The operator's own: passes made (for elements and timers), and timers that found nothing
     # finished and no driver wake due, so made none.
     "passes", "empty_polls",
@@ -254,10 +258,13 @@ class Dispatcher(KeyedProcessFunction):
                 log.info("redrive of %s (%s) by %s", rd.delivery_id, rd.reason, rd.requested_by)
             elif kind == REPLAY:
                 r: ReplayRequest = item
-                outcome = drv.add_replay(r, now)
-                if outcome in ("refused", "duplicate", "not a head", "not held"):
-                    log.warning("%s %s of %s by %s: %s", r.action, r.request_id or "-", r.delivery_id,
-                                r.requested_by, outcome)
+                if r.action == REPLAY_ACTION and not replay_policy.is_open(r.replay_closes_at_ms, now):
+                    self._refuse_replay(r, now)
+                else:
+                    outcome = drv.add_replay(r, now)
+                    if outcome in ("refused", "duplicate", "not a head", "not held"):
+                        log.warning("%s %s of %s by %s: %s", r.action, r.request_id or "-", r.delivery_id,
+                                    r.requested_by, outcome)
             elif kind == CONFIG:
                 if isinstance(item, UnreadableConfig):
                     drv.refuse_config(item.reason)
@@ -266,6 +273,17 @@ class Dispatcher(KeyedProcessFunction):
             yield from self._pass(endpoint_id, drv, ctx, now)
         except Exception as exc:  # noqa: BLE001 -- one endpoint's failure must not stop the task
             self._contain(endpoint_id, ctx, now, exc)
+
+    def _refuse_replay(self, r: ReplayRequest, now: int) -> None:
+        """A replay read once the window it was queued with had closed (queued in time, read
+        late: a backlog, a restart): never loaded nor sent, and said so in the delivery's history
+        beside the request's audit row. The driver is not involved: it never held the request."""
+        assert r.replay_closes_at_ms is not None
+        reason = (f"{replay_policy.refusal_text(r.replay_rule, r.replay_closes_at_ms)}; "
+                  f"the delivery job read the request at {ms_to_iso(now)}")
+        self._counts["replays_past_window"] += 1
+        self._history.refuse_replay(r, reason, now)
+        log.warning("replay %s of %s by %s refused: %s", r.request_id or "-", r.delivery_id, r.requested_by, reason)
 
     def _add_new(self, drv: EndpointDriver, d: NewDelivery, now: int, recheck: bool = False) -> bool:
         """A delivery the driver does not hold yet joins it; False when it already does."""

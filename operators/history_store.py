@@ -46,7 +46,7 @@ from core.endpoint_health import EndpointReport
 from core.fanout import FanoutSnapshot, NewDelivery
 from core.history_buckets import bucket_of
 from core.ordering import KeyRowChange
-from core.records import EventRecord
+from core.records import EventRecord, ReplayRequest
 from core.settings import CassandraSettings
 from operators.write_batcher import AllOf, BatchCompletion, Completion, Statement, WriteBatcher
 
@@ -202,6 +202,12 @@ class CassandraHistory:
         self._select_archived = p(
             "SELECT status, attempt_count, next_attempt_at, auto_retry_active, last_attempt_number"
             " FROM archived_deliveries WHERE delivery_id=?")
+        # A replay the job refused (its window closed before the job read it): a row of the
+        # request audit beside the request's own, action 'refused' (cassandra/schema/006, 010).
+        self._insert_refusal = p(
+            "INSERT INTO replay_requests (delivery_id, request_id, tenant_id, requested_by, requested_at, reason,"
+            " action) VALUES (?,?,?,?,?,?,'refused') USING TIMESTAMP ?"
+        )
         self._select_payload = p("SELECT payload FROM events WHERE event_id=?")
         self._select_event = p(
             "SELECT event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
@@ -262,6 +268,14 @@ class CassandraHistory:
         return self._batcher.add([(self._report_backlog, (
             r.endpoint_id, r.tenant_id, r.pending, r.reported_at_ms, r.breaker.value if r.breaker else None,
             r.open_until_ms, r.oldest_new_ms, r.oldest_retry_ms, r.throttled, r.reported_at_ms * 1000))])
+
+    def refuse_replay(self, r: ReplayRequest, reason: str, at_ms: int) -> Completion:
+        """The job's refusal of a replay request, in the delivery's request audit: its own row
+        (request id + ``/refused``), so the request's row -- who asked and why -- stays as the
+        control plane wrote it. Redone after a restore, it rewrites the same row."""
+        return self._batcher.add([(self._insert_refusal, (
+            r.delivery_id, f"{r.request_id or 'rpl'}/refused", r.tenant_id, r.requested_by, at_ms, reason,
+            at_ms * 1000))])
 
     def reserve(self, d: NewDelivery, intent: Intent, at_ms: int) -> Completion:
         """The attempt row of the next request, durable before that request leaves."""

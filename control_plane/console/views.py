@@ -209,7 +209,8 @@ async def _delivery(request: web.Request) -> web.StreamResponse:
     c = request.app[CONSOLE]
     principal = c.principal(request)
     detail = await blocking(c.services.deliveries.get, principal, request.match_info["delivery_id"])
-    return c.render(request, "delivery.html", d=detail, request_id=_request_id(),
+    refusal = await blocking(c.services.deliveries.replay_refusal, principal, detail)
+    return c.render(request, "delivery.html", d=detail, request_id=_request_id(), replay_refusal=refusal,
                     replayed=request.query.get("replayed", ""), status_class=health.attempt_class)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from control_plane import errors
-from control_plane.catalog import Caller, CatalogDeps, CatalogService, EventTypeEntry, stored_records
+from control_plane.catalog import Caller, CatalogDeps, CatalogService, EventTypeEntry, ReplayRuleEntry, stored_records
 from control_plane.catalog_publication import CatalogPublication, Unpublished
 from control_plane.cursor import Cursors
 from control_plane.domain import Tenant
@@ -44,12 +44,14 @@ class Clock:
 
 @dataclass
 class MemoryCatalog:
-    """event_types, event_catalog_settings and endpoint_schema_pins in memory. Plain rows are
+    """event_types, event_catalog_settings, endpoint_schema_pins and replay_rules in memory. Plain rows are
     last-write-wins by write time, as in Cassandra: ``writes`` stands in for the write clock."""
 
     types: dict[tuple[str, str], EventTypeEntry] = field(default_factory=dict)
     settings: dict[str, tuple[str, int]] = field(default_factory=dict)
     pins: dict[tuple[str, str], tuple[tuple[int, ...], int]] = field(default_factory=dict)
+    replay_rules: dict[tuple[str, str], ReplayRuleEntry] = field(default_factory=dict)
+    occurred: dict[str, int] = field(default_factory=dict)
     unpublished: list[Unpublished] = field(default_factory=list)
     writes: int = 0
     failing: bool = False
@@ -107,6 +109,20 @@ class MemoryCatalog:
 
     def read_schema_pins(self, tenant_id: str, endpoint_id: str) -> tuple[tuple[int, ...], int] | None:
         return self.pins.get((tenant_id, endpoint_id))
+
+    def list_replay_rules(self, tenant_id: str) -> list[ReplayRuleEntry]:
+        return [r for (t, _), r in sorted(self.replay_rules.items()) if t == tenant_id]
+
+    def put_replay_rule(self, tenant_id: str, rule: ReplayRuleEntry) -> None:
+        self._write_time()
+        self.replay_rules[(tenant_id, rule.pattern)] = rule
+
+    def delete_replay_rule(self, tenant_id: str, pattern: str) -> None:
+        self._write_time()
+        self.replay_rules.pop((tenant_id, pattern), None)
+
+    def occurred_at_of(self, event_ids: Sequence[str]) -> dict[str, int]:
+        return {e: self.occurred[e] for e in event_ids if e in self.occurred}
 
     def put_unpublished(self, item: Unpublished) -> None:
         self._write_time()

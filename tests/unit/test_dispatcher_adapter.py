@@ -136,6 +136,7 @@ class FakeHistory:
         self.in_flight: list[BatchCompletion] = []
         self.persisted: list[str] = []  # delivery ids, in the order their creation writes started
         self.catch_up: list[bool] = []  # each change of pace, in order
+        self.refused_replays: list[tuple[Any, ...]] = []  # (request, reason, at)
 
     def _done(self, *_: Any) -> BatchCompletion:
         c = BatchCompletion()
@@ -170,11 +171,18 @@ class FakeHistory:
     async def check(self, delivery_id: str) -> dispatch.DurableRecord:
         return dispatch.DurableRecord(status=None)
 
+    async def load_for_replay(self, delivery_id: str) -> None:
+        return None  # not in Cassandra: the driver counts the replay unknown
+
     async def load_payload(self, event_id: str) -> bytes:
         self.payload_reads += 1
         if self.fail_payload_reads is not None:
             raise self.fail_payload_reads
         return b"{}"
+
+    def refuse_replay(self, r: Any, reason: str, at_ms: int) -> BatchCompletion:
+        self.refused_replays.append((r, reason, at_ms))
+        return self._done()
 
     def catching_up(self, behind: bool) -> None:
         self.catch_up.append(behind)
