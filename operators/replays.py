@@ -8,7 +8,7 @@ import logging
 from pyflink.datastream.functions import FlatMapFunction
 
 from core.records import REDRIVE_SCHEMA_V1, RedriveRequest, ReplayRequest, record_schema
-from operators.dispatcher import REDRIVE, REPLAY, for_dispatch
+from operators.dispatch_input import REDRIVE, REPLAY, for_dispatch
 
 log = logging.getLogger(__name__)
 
