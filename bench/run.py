@@ -81,13 +81,14 @@ import grpc
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from bench import cassandra_writes, cpu, raw_http, report_md, schema_validation
+from bench import cassandra_writes, raw_http, report_md, schema_validation
 from bench import catalog as bench_catalog
 from bench.raw_http import percentile
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from outbox.producer import write_event
+from stack import cpu
 from stack.flink_jobs import cancel, extra_taskmanagers, job_sh, wait_all_running
 from stack.isolation import harness_cluster, isolated_env, keyspace_session, settings_with
 from stack.outbox_relay import OutboxRelay, free_port

@@ -1,4 +1,4 @@
-"""CPU and memory of the stack's processes, read from /proc while a benchmark phase runs.
+"""CPU and memory of the stack's processes, read from /proc: a benchmark phase's (bench/) and the idle stack's (stack.cluster_cost).
 
 A *group* is a named set of root pids (a TaskManager, Kafka, Cassandra, ...); each sample sums
 utime + stime of the roots and every live descendant (PyFlink may start Python workers, the
