@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 from bench import report_md
 from bench.raw_http import Result as RawResult
-from bench.run import Costs, PhaseResult, Sent, measure, summary_line
+from bench.results import Costs, PhaseResult
+from bench.run import Sent, measure, summary_line
 from stack import cpu
 
 
