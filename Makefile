@@ -60,8 +60,8 @@ lint: ## ruff and mypy over the whole tree (make test runs it first)
 	@$(PY) -m ruff check .
 	@$(PY) -m mypy
 
-proto:
-	@$(PY) -m control_plane.codegen
+proto: ## regenerate the gRPC and protobuf code of proto/ into protogen/ (only what is stale; make setup runs it)
+	@$(PY) -m protogen
 
 clean: down ## remove all local data, logs and checkpoints
 	@bash stack/postgres.sh destroy  # its cluster may live outside .run (stack/postgres.sh: home)
