@@ -56,9 +56,10 @@ bench-archive: setup up ## archive tier: bytes per delivery in Cassandra and in 
 archive: setup up ## move every closed hour older than archive.archive_after_s to Parquet, verified, then released, once (make run keeps one doing it each hour: stack/archiver.sh)
 	@$(PY) -m control_plane.archiver
 
-lint: ## ruff and mypy over the whole tree (make test runs it first)
+lint: ## ruff, mypy and the import contracts (pyproject.toml, [tool.importlinter]) over the whole tree (make test runs it first)
 	@$(PY) -m ruff check .
 	@$(PY) -m mypy
+	@.venv/bin/lint-imports --no-cache
 
 proto: ## regenerate the gRPC and protobuf code of proto/ into protogen/ (only what is stale; make setup runs it)
 	@$(PY) -m protogen
