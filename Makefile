@@ -56,13 +56,14 @@ bench-archive: setup up ## archive tier: bytes per delivery in Cassandra and in 
 archive: setup up ## move every closed hour older than archive.archive_after_s to Parquet, verified, then released, once (make run keeps one doing it each hour: stack/archiver.sh)
 	@$(PY) -m control_plane.archiver
 
-lint: ## ruff and mypy over the whole tree, and every relative link and anchor in README.md and docs/ (make test runs it first)
+lint: ## ruff, mypy, the import contracts (pyproject.toml, [tool.importlinter]) and every relative link and anchor in README.md and docs/ (make test runs it first)
 	@$(PY) -m ruff check .
 	@$(PY) -m mypy
+	@.venv/bin/lint-imports --no-cache
 	@$(PY) -m stack.doc_links
 
-proto:
-	@$(PY) -m control_plane.codegen
+proto: ## regenerate the gRPC and protobuf code of proto/ into protogen/ (only what is stale; make setup runs it)
+	@$(PY) -m protogen
 
 clean: down ## remove all local data, logs and checkpoints
 	@bash stack/postgres.sh destroy  # its cluster may live outside .run (stack/postgres.sh: home)

@@ -64,7 +64,7 @@ from cassandra.cluster import Session
 from cassandra.query import SimpleStatement
 from confluent_kafka import Producer
 
-from bench import cpu, raw_http
+from bench import raw_http
 from bench.raw_http import percentile
 from bench.run import (
     CERTS,
@@ -81,6 +81,7 @@ from bench.run import (
 from core.history_buckets import HISTORY_BUCKETS
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
+from stack import cpu
 from stack.cassandra_schema import apply
 from stack.flink_jobs import rest
 from stack.isolation import harness_cluster, isolated_env, settings_with

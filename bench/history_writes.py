@@ -23,12 +23,12 @@ import time
 import uuid
 from pathlib import Path
 
-from bench import cpu
 from core.dispatch import AttemptRecord, Intent
 from core.fanout import NewDelivery
 from core.records import EventRecord, delivery_id_for
 from operators.history_store import CassandraHistory
 from operators.write_batcher import Completion
+from stack import cpu
 from stack.isolation import isolated_env, keyspace_session, settings_with
 
 RUN = Path(__file__).resolve().parents[1] / ".run"

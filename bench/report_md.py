@@ -16,12 +16,10 @@ import platform
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.raw_http import Result as RawResult
-
-if TYPE_CHECKING:
-    from bench.run import Costs, PhaseResult
+from bench.results import Costs, PhaseResult
 
 
 def _git_rev() -> str:

@@ -1,5 +1,5 @@
 """End-to-end delivery benchmark on the local stack: rates, first-attempt latency and the CPU per
-delivery of every process on the delivery path (bench/cpu.py), with a report (bench/report_md.py).
+delivery of every process on the delivery path (stack/cpu.py), with a report (bench/report_md.py).
 
     python -m bench.run [--events 2000 --endpoints 10 --tenants 1 --raw-duration 5 --catalog ...]
 
@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import signal
 import ssl
@@ -81,13 +80,14 @@ import grpc
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from bench import cassandra_writes, cpu, raw_http, report_md, schema_validation
+from bench import cassandra_writes, raw_http, report_md, schema_validation
 from bench import catalog as bench_catalog
-from bench.raw_http import percentile
+from bench.results import Costs, PhaseResult
 from control_plane.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from outbox.producer import write_event
+from stack import cpu
 from stack.flink_jobs import cancel, extra_taskmanagers, job_sh, wait_all_running
 from stack.isolation import harness_cluster, isolated_env, keyspace_session, settings_with
 from stack.outbox_relay import OutboxRelay, free_port
@@ -376,41 +376,6 @@ def produce_outbox(relay: OutboxRelay, tenants: list[Tenant], n_events: int, bod
     return sent
 
 
-@dataclass
-class PhaseResult:
-    expected: int
-    delivered: int  # distinct expected webhook-ids seen
-    duplicates: int  # requests beyond the first per webhook-id (retries, re-sends)
-    latencies_s: list[float]  # first attempt, sorted
-    arrivals: list[float]  # first attempt times, sorted
-    produce_s: float
-    latencies_by_tenant: dict[str, list[float]]
-    pairs: list[tuple[float, float, str]] = field(default_factory=list)  # (produced, arrived, tenant)
-    usage: cpu.Usage = field(default_factory=cpu.Usage)  # what the stack's processes spent meanwhile
-
-    def p(self, q: float, tenant: str | None = None) -> float:
-        lat = self.latencies_s if tenant is None else sorted(self.latencies_by_tenant.get(tenant, []))
-        return percentile(lat, q) * 1000
-
-    @property
-    def end_to_end_per_s(self) -> float:
-        """Deliveries over first produce -> last arrival."""
-        if not self.arrivals or not self.latencies_s:
-            return 0.0
-        span = self.arrivals[-1] - (self.arrivals[0] - self.latencies_s[0])
-        return self.delivered / span if span > 0 else 0.0
-
-    @property
-    def sustained_per_s(self) -> float:
-        """Rate over the middle 80% of arrivals: leaves out ramp-up and the tail."""
-        n = len(self.arrivals)
-        if n < 10:
-            return 0.0
-        lo, hi = int(n * 0.1), int(n * 0.9) - 1
-        span = self.arrivals[hi] - self.arrivals[lo]
-        return (hi - lo) / span if span > 0 else 0.0
-
-
 def wait_and_measure(rx: ReceiverControl, sent: Sent, timeout_s: float, wait_paths: list[str] | None = None,
                      stall_s: float = STALL_S, clock: Callable[[], float] = time.monotonic,
                      sleep: Callable[[float], None] = time.sleep,
@@ -641,45 +606,6 @@ def idle_line(usage: cpu.Usage) -> str:
     """The idle stack's cores busy, in all and by process, largest first."""
     return (f"bench-idle: cores={usage.cores:.3f} seconds={usage.wall_s:.1f} "
             + " ".join(f"{g}={c:.3f}" for g, c in usage.cores_by_group().items()))
-
-
-@dataclass(frozen=True)
-class Costs:
-    """What the full-speed phase cost per delivery beyond its rate and latency, against what one
-    raw aiohttp request costs, and what the stack costs with no traffic."""
-    deliveries: int
-    cpu_s: float  # the delivery path's processes over the full-speed phase
-    client_cpu_ms_per_request: float  # the raw phase's aiohttp client
-    writes_by_table: dict[str, int] | None  # Cassandra's count over the phase; None: not read
-    idle: cpu.Usage | None  # None: --idle-seconds 0
-
-    @classmethod
-    def of(cls, full: PhaseResult, raw: raw_http.Result, writes_by_table: dict[str, int] | None,
-           idle: cpu.Usage | None) -> Costs:
-        return cls(full.delivered, full.usage.total_cpu_s, raw.client_cpu_ms_per_request, writes_by_table, idle)
-
-    @property
-    def cpu_ms_per_delivery(self) -> float:
-        return self.cpu_s * 1000 / self.deliveries if self.deliveries else 0.0
-
-    @property
-    def cpu_per_client_request(self) -> float:
-        if not self.client_cpu_ms_per_request:
-            return math.nan
-        return self.cpu_ms_per_delivery / self.client_cpu_ms_per_request
-
-    @property
-    def cassandra_writes(self) -> int | None:
-        return None if self.writes_by_table is None else sum(self.writes_by_table.values())
-
-    @property
-    def cassandra_writes_per_delivery(self) -> float:
-        writes = self.cassandra_writes
-        return writes / self.deliveries if writes is not None and self.deliveries else math.nan
-
-    @property
-    def idle_cores(self) -> float:
-        return self.idle.cores if self.idle is not None else math.nan
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from control_plane.catalog_export import asyncapi, openapi
+from control_plane.catalog_model import ACTIVE, DEPRECATED, EventTypeEntry, ReplayRuleEntry, VersionEntry
 from control_plane.catalog_publication import PINS, SETTINGS, TYPE, CatalogPublication, Outbox, Reader
 from control_plane.cursor import Cursors
 from control_plane.domain import Endpoint, Page, Principal, Tenant
@@ -50,7 +51,6 @@ from core.records import CatalogRecord, CatalogSettingsRecord, CatalogTypeRecord
 
 log = logging.getLogger(__name__)
 
-ACTIVE, DEPRECATED = "active", "deprecated"
 REJECT, WARN = "reject", "warn"
 POLICIES = (REJECT, WARN)
 PLATFORM_PREFIX = "webhook."
@@ -65,64 +65,6 @@ SCAN_LIMIT_PER_ENDPOINT = 20_000
 CONFLICT_RETRIES = 3
 UPDATABLE = ("description", "group", "enforcement", "replay_window")
 _CURSOR_KIND = "event-types"
-
-
-@dataclass(frozen=True)
-class VersionEntry:
-    version: SchemaVersion
-    schema: Mapping[str, Any]
-    examples: tuple[Any, ...]
-    created_at_ms: int
-    created_by: str
-    status: str = ACTIVE
-    sunset_at_ms: int | None = None
-
-    def stored(self) -> str:
-        """The row's map value (the key is str(version))."""
-        return json.dumps({"schema": self.schema, "examples": list(self.examples), "created_at": self.created_at_ms,
-                           "created_by": self.created_by, "status": self.status, "sunset_at": self.sunset_at_ms},
-                          sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_stored(cls, key: str, text: str) -> VersionEntry:
-        doc = json.loads(text)
-        return cls(SchemaVersion.parse(key), doc["schema"], tuple(doc["examples"]), doc["created_at"],
-                   doc["created_by"], doc.get("status", ACTIVE), doc.get("sunset_at"))
-
-
-@dataclass(frozen=True)
-class EventTypeEntry:
-    tenant_id: str
-    name: str
-    description: str
-    group: str
-    status: str
-    sunset_at_ms: int | None
-    enforcement: str
-    created_at_ms: int
-    updated_at_ms: int
-    updated_by: str
-    revision: int
-    versions: tuple[VersionEntry, ...] = ()  # oldest first
-    # How long its deliveries may be replayed by hand, from the event's occurrence: a duration
-    # or "never" (core/replay_policy.py); "" = the 30-day history.
-    replay_window: str = ""
-
-    def version(self, v: SchemaVersion) -> VersionEntry | None:
-        return next((e for e in self.versions if e.version == v), None)
-
-    def newest_in_major(self, major: int) -> VersionEntry | None:
-        return max((e for e in self.versions if e.version.major == major), key=lambda e: e.version, default=None)
-
-
-@dataclass(frozen=True)
-class ReplayRuleEntry:
-    """A tenant's replay window for the types its pattern matches that have none of their own."""
-
-    pattern: str
-    window: str
-    updated_at_ms: int
-    updated_by: str
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from control_plane.catalog_api import cpb, crpc
+from control_plane.cli_common import Auth, Timeout, open_channel, table, ts, when
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,14 +82,12 @@ def _load_json(path: Path, what: str) -> Any:
 
 
 def _type_text(t: Any) -> str:
-    from control_plane.cli import _when, table
-
-    head = [f"{t.name} ({t.status}" + (f", sunset {_when(t.sunset_at)}" if t.HasField("sunset_at") else "") + ")",
+    head = [f"{t.name} ({t.status}" + (f", sunset {when(t.sunset_at)}" if t.HasField("sunset_at") else "") + ")",
             f"description: {t.description or '-'}", f"group: {t.group or '-'}", f"enforcement: {t.enforcement}",
             f"replay window: {t.replay_window or '30 days (the history)'}",
-            f"updated: {_when(t.updated_at)} by {t.updated_by}"]
-    rows = [(v.version, v.status + (f" until {_when(v.sunset_at)}" if v.HasField("sunset_at") else ""),
-             _when(v.created_at), v.created_by) for v in t.versions]
+            f"updated: {when(t.updated_at)} by {t.updated_by}"]
+    rows = [(v.version, v.status + (f" until {when(v.sunset_at)}" if v.HasField("sunset_at") else ""),
+             when(v.created_at), v.created_by) for v in t.versions]
     return "\n".join(head) + "\n\n" + (table(["version", "status", "created", "by"], rows) if rows else "no versions")
 
 
@@ -114,10 +113,8 @@ def run(args: argparse.Namespace, stub: Any) -> str | Any:
             tenant_id=tenant, name=args.name, version=args.version, schema_json=json.dumps(schema),
             examples_json=[json.dumps(x) for x in examples]))
     if cmd == "deprecate":
-        from control_plane.cli import _ts
-
         return stub.DeprecateEventType(cpb.DeprecateEventTypeRequest(
-            tenant_id=tenant, name=args.name, version=args.version, sunset_at=_ts(args.sunset)))
+            tenant_id=tenant, name=args.name, version=args.version, sunset_at=ts(args.sunset)))
     if cmd == "get":
         t = stub.GetEventType(cpb.GetEventTypeRequest(tenant_id=tenant, name=args.name))
         if args.schema:
@@ -153,8 +150,6 @@ def run(args: argparse.Namespace, stub: Any) -> str | Any:
 
 
 def render(message: Any) -> str:
-    from control_plane.cli import _when, table
-
     if isinstance(message, cpb.CatalogEventType):
         return _type_text(message)
     if isinstance(message, cpb.ListEventTypesResponse):
@@ -163,7 +158,7 @@ def render(message: Any) -> str:
         return table(["type", "status", "group", "enforcement", "versions"], rows) + (
             f"\nnext cursor: {message.next_cursor}" if message.next_cursor else "")
     if isinstance(message, cpb.DeprecateEventTypeResponse):
-        who = (table(["endpoint", "last delivery"], [(r.endpoint_id, _when(r.last_delivery_at))
+        who = (table(["endpoint", "last delivery"], [(r.endpoint_id, when(r.last_delivery_at))
                                                      for r in message.recent_receivers])
                if message.recent_receivers else "no endpoint received it in the last 7 days")
         return (_type_text(message.event_type) + "\n\nendpoints that received it in the last 7 days:\n" + who
@@ -172,7 +167,7 @@ def render(message: Any) -> str:
         return (f"endpoint {message.endpoint_id} accepts schema majors "
                 + (", ".join(map(str, message.schema_majors)) or "(all)"))
     if isinstance(message, cpb.CatalogSettings):
-        rules = "".join(f"\nreplay window of {r.pattern}: {r.replay_window} (set {_when(r.updated_at)} by "
+        rules = "".join(f"\nreplay window of {r.pattern}: {r.replay_window} (set {when(r.updated_at)} by "
                         f"{r.updated_by})" for r in message.replay_rules)
         return (f"tenant {message.tenant_id}: uncatalogued types or versions -> {message.unknown_types}"
                 + (" (default)" if message.is_default else "") + rules)
@@ -180,16 +175,14 @@ def render(message: Any) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from control_plane.cli import _Auth, _Timeout, open_channel
-
     key, admin = os.environ.get("WEBHOOKCTL_API_KEY", ""), os.environ.get("WEBHOOKCTL_ADMIN_TOKEN", "")
     # --tenant names a tenant for the admin token; without it the tenant's own key speaks.
     token = admin if args.command == "grant-writer" or (args.tenant and admin) else (key or admin)
     if not token:
         print("webhookctl: set WEBHOOKCTL_API_KEY (or WEBHOOKCTL_ADMIN_TOKEN with --tenant)", file=sys.stderr)
         return 2
-    channel = grpc.intercept_channel(open_channel(args.target, args.ca, args.insecure), _Auth(token),
-                                     _Timeout(args.timeout))
+    channel = grpc.intercept_channel(open_channel(args.target, args.ca, args.insecure), Auth(token),
+                                     Timeout(args.timeout))
     try:
         result = run(args, crpc.EventCatalogStub(channel))
     except grpc.RpcError as err:

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from control_plane.catalog_model import EventTypeEntry, VersionEntry
 from core.event_schemas import DRAFT_2020_12
-
-if TYPE_CHECKING:
-    from control_plane.catalog import EventTypeEntry, VersionEntry
 
 SIGNATURE_SCHEME = (
     "Standard Webhooks. The signature covers `{webhook-id}.{webhook-timestamp}.{raw body}`. "

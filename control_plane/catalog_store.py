@@ -10,7 +10,7 @@ from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
-from control_plane.catalog import EventTypeEntry, ReplayRuleEntry, VersionEntry
+from control_plane.catalog_model import EventTypeEntry, ReplayRuleEntry, VersionEntry
 from control_plane.catalog_publication import Unpublished
 from control_plane.store import _dt, _ms, _rows, _unavailable_on_driver_error
 

@@ -17,22 +17,20 @@ Output is a readable table, or the API's JSON with --json. Exit status: 0 ok, 1 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 import psycopg
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.json_format import MessageToDict
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from control_plane import catalog_cli, history_query, listen, stats
 from control_plane.api import pb, rpc
+from control_plane.cli_common import Auth, Timeout, open_channel, plaintext, table, ts, when
 from control_plane.console import portal_cli
 from core.settings import load_settings
 from outbox.catalog_client import GrpcCatalog
@@ -43,20 +41,6 @@ Out = Callable[[Any], None]
 
 
 # -- output -----------------------------------------------------------------------------------
-
-
-def _when(stamp: Timestamp) -> str:
-    if not stamp.seconds and not stamp.nanos:
-        return "-"
-    return stamp.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-    line = "  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))
-    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join([line.rstrip(), *(b.rstrip() for b in body)])
 
 
 def _delivery_settings(v: Any) -> tuple[str, str]:
@@ -85,7 +69,7 @@ def endpoint_rows(endpoints: Iterable[Any]) -> str:
 def endpoint_detail(e: Any) -> str:
     keys = ", ".join(
         f"v{k.version}" + (f" ed25519 {k.public_key}" if k.public_key else "")
-        + (f" (until {_when(k.not_after)})" if k.HasField("not_after") else "")
+        + (f" (until {when(k.not_after)})" if k.HasField("not_after") else "")
         for k in e.signing_keys
     )
     pairs = [
@@ -99,9 +83,9 @@ def endpoint_detail(e: Any) -> str:
         ("payload", (e.payload_mode or "full") + (f" {', '.join(e.payload_fields)}" if e.payload_fields else "")),
         ("ordering key", e.ordering_key or "none"),
         ("schema majors", ", ".join(map(str, e.schema_majors)) or "all"),
-        *([("challenge", f"{e.challenge_event_id}, answer by {_when(e.challenge_expires_at)} "
+        *([("challenge", f"{e.challenge_event_id}, answer by {when(e.challenge_expires_at)} "
                          "(then: endpoints verify)")] if e.challenge_event_id else []),
-        ("updated", _when(e.updated_at)),
+        ("updated", when(e.updated_at)),
     ]
     return "\n".join(f"{k + ':':<16}{v}" for k, v in pairs)
 
@@ -110,7 +94,7 @@ def delivery_rows(deliveries: Iterable[Any]) -> str:
     return table(
         ["delivery", "created", "event type", "status", "attempts", "last http"],
         [
-            (d.delivery_id, _when(d.created_at), d.event_type,
+            (d.delivery_id, when(d.created_at), d.event_type,
              _status(pb.DeliveryStatus, d.status), d.attempt_count, d.last_http_status or "-")
             for d in deliveries
         ],
@@ -129,7 +113,7 @@ def delivery_detail(d: Any) -> str:
         ["#", "started", "outcome", "http", "latency ms", "error", "manual", "config v"],
         [
             # A reserved row (no outcome yet, or none ever recorded) has no latency.
-            (a.attempt_number, _when(a.started_at), a.outcome, a.http_status or "-",
+            (a.attempt_number, when(a.started_at), a.outcome, a.http_status or "-",
              a.latency_ms if a.finished_at.seconds else "-", a.error_class or "-",
              "yes" if a.manual else "", a.endpoint_config_version)
             for a in d.attempts
@@ -140,7 +124,7 @@ def delivery_detail(d: Any) -> str:
     out = f"{head}\n\n{facts}\n\n{attempts}"
     if d.replays:
         out += "\n\nreplays\n" + table(["requested", "by (API key)", "action", "request id", "reason"], [
-            (_when(r.requested_at), r.requested_by, r.action or "replay", r.request_id, r.reason or "-")
+            (when(r.requested_at), r.requested_by, r.action or "replay", r.request_id, r.reason or "-")
             for r in d.replays])
     return out
 
@@ -150,8 +134,8 @@ def blocked_key_rows(keys: Iterable[Any]) -> str:
         ["ordering key", "head delivery", "version", "attempts", "last", "next attempt", "waiting", "blocked since"],
         [
             (k.ordering_key, k.head_delivery_id, k.head_object_version, k.attempts,
-             k.last_http_status or k.last_error_class or "-", _when(k.next_attempt_at), k.waiting,
-             _when(k.blocked_since))
+             k.last_http_status or k.last_error_class or "-", when(k.next_attempt_at), k.waiting,
+             when(k.blocked_since))
             for k in keys
         ],
     )
@@ -190,7 +174,7 @@ def reconcile_report(r: Any) -> str:
     counts = dict(r.counts)
     rows = [(boundary, name, counts.get(name, 0)) for boundary, names in REPORT_ROWS for name in names]
     rows += [("gaps", name[4:], n) for name, n in sorted(counts.items()) if name.startswith("gap_")]
-    parts = [f"window {_when(r.start_time)} .. {_when(r.end_time)} UTC, tenant {r.tenant_id or 'all'}: "
+    parts = [f"window {when(r.start_time)} .. {when(r.end_time)} UTC, tenant {r.tenant_id or 'all'}: "
              + ("clean" if r.clean else f"{len(r.gaps)} gap(s)"),
              table(["boundary", "count", "value"], rows)]
     if r.gaps:
@@ -204,18 +188,7 @@ def reconcile_report(r: Any) -> str:
 # -- commands ---------------------------------------------------------------------------------
 
 
-def _ts(text: str | None) -> Timestamp | None:
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise SystemExit(f"webhookctl: not an ISO 8601 time: {text!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    stamp = Timestamp()
-    stamp.FromDatetime(moment)
-    return stamp
+
 
 
 def _more(next_cursor: str) -> str:
@@ -272,7 +245,7 @@ def run(args: argparse.Namespace, tenant: Any, admin: Any, emit: Out, show: Call
         out(pb.RevokeApiKeyResponse(), lambda _: f"key {args.key_id} revoked")
     elif group == "reconcile":
         r = admin.Reconcile(pb.ReconcileRequest(
-            start_time=_ts(args.since), end_time=_ts(args.until), tenant_id=args.tenant or "",
+            start_time=ts(args.since), end_time=ts(args.until), tenant_id=args.tenant or "",
             repair=args.repair, overdue_after_seconds=args.overdue_after), timeout=max(args.timeout, 600))
         out(r, reconcile_report)
     elif group == "master-key":
@@ -340,7 +313,7 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
     elif cmd == "versions":
         out(tenant.ListEndpointVersions(ref), lambda r: table(
             ["version", "changed", "by", "change", "url", "keys", "payload", "ordering"],
-            [(v.config_version, _when(v.changed_at), v.changed_by, v.change, v.url,
+            [(v.config_version, when(v.changed_at), v.changed_by, v.change, v.url,
               ",".join(map(str, v.signing_key_versions)), *_delivery_settings(v)) for v in r.versions]))
     elif cmd == "rotate-secret":
         mode = (pb.RotateSecretRequest.MODE_REVOKE_IMMEDIATELY if args.revoke_now
@@ -351,7 +324,7 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
         out(r, lambda r: "\n".join([
             f"new key v{r.new_key_version}; live keys:",
             *(f"  v{k.version} {k.signature_scheme}"
-              + (f" until {_when(k.not_after)}" if k.HasField("not_after") else "") for k in r.live_keys),
+              + (f" until {when(k.not_after)}" if k.HasField("not_after") else "") for k in r.live_keys),
             _key_shown(r)]))
     elif cmd == "verify":
         out(tenant.VerifyEndpoint(ref), endpoint_detail)
@@ -377,8 +350,8 @@ def run_deliveries(args: argparse.Namespace, tenant: Any, out: Callable[..., Non
     if cmd == "list":
         statuses = [pb.DeliveryStatus.Value(f"DELIVERY_STATUS_{s.upper()}") for s in args.status or []]
         r = tenant.ListDeliveries(pb.ListDeliveriesRequest(
-            endpoint_id=args.endpoint_id, statuses=statuses, start_time=_ts(args.since),
-            end_time=_ts(args.until), page_size=args.page_size, cursor=args.cursor or ""))
+            endpoint_id=args.endpoint_id, statuses=statuses, start_time=ts(args.since),
+            end_time=ts(args.until), page_size=args.page_size, cursor=args.cursor or ""))
         out(r, lambda r: delivery_rows(r.deliveries) + _more(r.next_cursor))
     elif cmd == "get":
         out(tenant.GetDelivery(pb.GetDeliveryRequest(delivery_id=args.delivery_id)), delivery_detail)
@@ -388,7 +361,7 @@ def run_deliveries(args: argparse.Namespace, tenant: Any, out: Callable[..., Non
         out(r, lambda r: f"replay {r.request_id} of {r.delivery_id} queued (manual attempt)")
     else:  # recover
         stream = tenant.RecoverFailedDeliveries(pb.RecoverFailedDeliveriesRequest(
-            endpoint_id=args.endpoint_id, start_time=_ts(args.since), end_time=_ts(args.until),
+            endpoint_id=args.endpoint_id, start_time=ts(args.since), end_time=ts(args.until),
             reason=args.reason or ""))
         bar = ProgressBar()
         for progress in stream:
@@ -613,59 +586,8 @@ def _catalog(args: argparse.Namespace) -> GrpcCatalog | None:
     token = os.environ.get("WEBHOOKCTL_ADMIN_TOKEN", "") or os.environ.get("WEBHOOKCTL_API_KEY", "")
     if not token:
         return None
-    return GrpcCatalog(args.target, token, ca_file=args.ca, insecure=_plaintext(args.target, args.ca, args.insecure),
+    return GrpcCatalog(args.target, token, ca_file=args.ca, insecure=plaintext(args.target, args.ca, args.insecure),
                        timeout_s=args.timeout)
-
-
-class _Auth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    """Adds the bearer credential to every call."""
-
-    def __init__(self, token: str) -> None:
-        self._md = (("authorization", f"Bearer {token}"),)
-
-    def _details(self, details: Any) -> Any:
-        return details._replace(metadata=tuple(details.metadata or ()) + self._md)
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-
-class _Timeout(grpc.UnaryUnaryClientInterceptor):
-    def __init__(self, seconds: float) -> None:
-        self._seconds = seconds
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(details._replace(timeout=details.timeout or self._seconds), request)
-
-
-def open_channel(target: str, ca: str | None, insecure: bool) -> grpc.Channel:
-    """TLS unless asked for plaintext or talking to this machine's loopback (the dev stack)."""
-    if _plaintext(target, ca, insecure):
-        return grpc.insecure_channel(target)
-    roots = None
-    if ca is not None:
-        with open(ca, "rb") as f:
-            roots = f.read()
-    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
-
-
-def _plaintext(target: str, ca: str | None, insecure: bool) -> bool:
-    """Whether webhookctl talks to ``target`` without TLS: asked to, or this machine's loopback
-    with no CA named (the dev stack)."""
-    return insecure or (ca is None and _is_loopback(target))
-
-
-def _is_loopback(target: str) -> bool:
-    host = target.rsplit(":", 1)[0].strip("[]") if ":" in target else target
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -695,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"webhookctl: --ca {args.ca}: {exc.strerror}", file=sys.stderr)
         return 2
-    channel = grpc.intercept_channel(raw_channel, _Auth(token), _Timeout(args.timeout))
+    channel = grpc.intercept_channel(raw_channel, Auth(token), Timeout(args.timeout))
     try:
         if args.group == "portal":
             return portal_cli.run(args, channel)

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from control_plane.catalog import EventTypeEntry, ReplayRuleEntry
+from control_plane.catalog_model import EventTypeEntry, ReplayRuleEntry
 from core import replay_policy
 from core.replay_policy import ReplayRule, ReplayWindow, TypeRule
 

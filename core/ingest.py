@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from core import strict_json, target_proof
-from core.records import EVENT_SCHEMA_V1, EventRecord
+from core.records import EVENT_SCHEMA_V1, REDRIVE_SCHEMA_V1, EventRecord, RedriveRequest, json_object
 from core.timeutil import iso_to_ms
 
 SUPPORTED_OUTBOX_VERSIONS = {1, 2}
@@ -67,6 +68,29 @@ def parse_event(raw: bytes, max_payload_bytes: int, *, check_payload: bool = Tru
     if check_payload:
         _check_json(event.payload)  # last: the costliest check, and a payload too large is never parsed
     return event
+
+
+def parse_redrive(raw: bytes | str) -> RedriveRequest:
+    """A redrive request (schema ``webhooks.redrive/v1``, :class:`core.records.RedriveRequest`), its
+    event read as :func:`parse_event` reads an event admitted before; ValueError if unreadable."""
+    d = json_object(raw)
+    if d.get("schema") != REDRIVE_SCHEMA_V1:
+        raise ValueError(f"unknown redrive schema {d.get('schema')!r}")
+    try:
+        event = parse_event(json.dumps(d["event"]).encode(), max_payload_bytes=1 << 30, check_payload=False)
+    except IngestError as exc:
+        raise ValueError(f"redrive of {d.get('delivery_id')!r}: unreadable event: {exc}") from exc
+    return RedriveRequest(
+        delivery_id=str(d["delivery_id"]),
+        tenant_id=str(d["tenant_id"]),
+        endpoint_id=str(d["endpoint_id"]),
+        endpoint_config_version=int(d["endpoint_config_version"]),
+        created_at_ms=int(d["created_at_ms"]),
+        expires_at_ms=int(d["expires_at_ms"]),
+        event=event,
+        reason=str(d["reason"]),
+        requested_by=str(d["requested_by"]),
+    )
 
 
 def _record(raw: bytes) -> dict[str, Any]:

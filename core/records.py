@@ -246,7 +246,8 @@ class UnreadableConfig:
     reason: str
 
 
-def _json_object(raw: bytes | str) -> dict[str, Any]:
+def json_object(raw: bytes | str) -> dict[str, Any]:
+    """The JSON object ``raw`` holds, or ValueError (also for an array or a scalar)."""
     # A JSON array or scalar would fail later with AttributeError, which the operators do not
     # expect: refuse it here with the ValueError they skip.
     d = json.loads(raw)
@@ -363,7 +364,7 @@ def schema_pins_key(endpoint_id: str) -> str:
 
 def parse_endpoint_topic_value(raw: bytes | str) -> EndpointConfig | ConfigClock | CatalogRecord:
     """Parse a value from the endpoints topic. Raises ValueError on anything unknown."""
-    d = _json_object(raw)
+    d = json_object(raw)
     schema = d.get("schema")
     if schema == CLOCK_SCHEMA_V1:
         return ConfigClock.from_dict(d)
@@ -425,7 +426,7 @@ class ReplayRequest:
 
     @staticmethod
     def from_json(raw: bytes | str) -> ReplayRequest:
-        d = _json_object(raw)
+        d = json_object(raw)
         if d.get("schema") != REPLAY_SCHEMA_V1:
             raise ValueError(f"unknown replay schema {d.get('schema')!r}")
         return ReplayRequest(
@@ -515,34 +516,11 @@ class RedriveRequest:
         d["schema"] = REDRIVE_SCHEMA_V1
         return json.dumps(d, separators=(",", ":")).encode()
 
-    @staticmethod
-    def from_json(raw: bytes | str) -> RedriveRequest:
-        from core.ingest import IngestError, parse_event  # ingest imports this module
-
-        d = _json_object(raw)
-        if d.get("schema") != REDRIVE_SCHEMA_V1:
-            raise ValueError(f"unknown redrive schema {d.get('schema')!r}")
-        try:
-            event = parse_event(json.dumps(d["event"]).encode(), max_payload_bytes=1 << 30, check_payload=False)
-        except IngestError as exc:
-            raise ValueError(f"redrive of {d.get('delivery_id')!r}: unreadable event: {exc}") from exc
-        return RedriveRequest(
-            delivery_id=str(d["delivery_id"]),
-            tenant_id=str(d["tenant_id"]),
-            endpoint_id=str(d["endpoint_id"]),
-            endpoint_config_version=int(d["endpoint_config_version"]),
-            created_at_ms=int(d["created_at_ms"]),
-            expires_at_ms=int(d["expires_at_ms"]),
-            event=event,
-            reason=str(d["reason"]),
-            requested_by=str(d["requested_by"]),
-        )
-
 
 def record_schema(raw: bytes | str) -> str:
     """The ``schema`` field of a JSON record ('' when absent or unreadable): which parser to use."""
     try:
-        value = _json_object(raw).get("schema")
+        value = json_object(raw).get("schema")
     except ValueError:
         return ""
     return value if isinstance(value, str) else ""

@@ -28,7 +28,8 @@ from pyflink.table import StreamTableEnvironment
 
 from core.settings import Settings, for_taskmanagers, load_settings_or_exit
 from jobs import uids
-from operators.dispatcher import DISPATCH_INPUT, Dispatcher, key_config
+from operators.dispatch_input import DISPATCH_INPUT
+from operators.dispatcher import Dispatcher, key_config
 from operators.endpoint_configs import ENDPOINT_CONFIGS, ParseEndpointRecord
 from operators.fanout import FanOut
 from operators.keyed import KEYED_RECORD

@@ -31,7 +31,6 @@ from collections import Counter, OrderedDict
 from dataclasses import replace
 from typing import Any
 
-from pyflink.common import Row
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
 from core import breaker as brk
@@ -64,10 +63,10 @@ from core.timeutil import ms_to_iso
 from core.write_shares import WriteShares
 from operators import history_errors, task_resources
 from operators.async_runtime import AsyncRuntime
+from operators.dispatch_input import CONFIG, NEW, REDRIVE, REPLAY, SNAPSHOT, for_dispatch
 from operators.endpoint_state import FlinkEndpointStore
 from operators.history_store import CassandraHistory, PayloadUnavailable
 from operators.io_tracker import Finished, IoTracker
-from operators.keyed import KEYED_RECORD, keyed
 from operators.payload_cache import PayloadCache
 from operators.sender import Sender, SigningKeys, SigningKeyUnavailable
 from operators.snapshot_writer import SNAPSHOT_KEY_PREFIX, SnapshotWriter
@@ -76,21 +75,6 @@ from operators.wakes import Wakes
 from operators.write_batcher import Completion
 
 log = logging.getLogger(__name__)
-
-NEW = "delivery"
-REPLAY = "replay"
-CONFIG = "config"
-SNAPSHOT = "fanout-snapshot"
-REDRIVE = "redrive"
-
-# What every input of the dispatcher emits (fan-out, replay parsing, config keying): a keyed
-# record (operators/keyed.py), so the job keys their union with no extra Python operator. The
-# value is what process_element receives: (key, (kind, item)).
-DISPATCH_INPUT = KEYED_RECORD
-
-
-def for_dispatch(key: str, kind: str, item: Any) -> Row:
-    return keyed(key, (key, (kind, item)))
 
 # How often the endpoints this operator holds deliveries for are reported (endpoint_backlogs,
 # with their breaker and oldest ages: core/endpoint_health.py). A breaker's change is reported at once.

@@ -57,7 +57,7 @@ from core.records import (
     EventRecord,
     SchemaPinsRecord,
 )
-from operators.dispatcher import NEW, SNAPSHOT, for_dispatch
+from operators.dispatch_input import NEW, SNAPSHOT, for_dispatch
 from operators.endpoint_configs import ENDPOINT_CONFIGS
 from operators.parse_events import DEAD_LETTERS
 from operators.snapshot_writer import snapshot_key

@@ -7,8 +7,9 @@ import logging
 
 from pyflink.datastream.functions import FlatMapFunction
 
-from core.records import REDRIVE_SCHEMA_V1, RedriveRequest, ReplayRequest, record_schema
-from operators.dispatcher import REDRIVE, REPLAY, for_dispatch
+from core.ingest import parse_redrive
+from core.records import REDRIVE_SCHEMA_V1, ReplayRequest, record_schema
+from operators.dispatch_input import REDRIVE, REPLAY, for_dispatch
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ class ParseReplays(FlatMapFunction):
         raw = value.encode("latin-1")
         try:
             if record_schema(raw) == REDRIVE_SCHEMA_V1:
-                d = RedriveRequest.from_json(raw)
+                d = parse_redrive(raw)
                 yield for_dispatch(d.endpoint_id, REDRIVE, d)
                 return
             r = ReplayRequest.from_json(raw)

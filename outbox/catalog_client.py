@@ -11,9 +11,10 @@ from pathlib import Path
 
 import grpc
 
-from control_plane.catalog_api import cpb, crpc
 from core.event_schemas import SchemaVersion
 from outbox.schemas import CatalogType, CatalogUnavailable, TenantCatalog
+from protogen.webhooks.v1 import catalog_pb2 as cpb
+from protogen.webhooks.v1 import catalog_pb2_grpc as crpc
 
 
 class GrpcCatalog:

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.cpu import CLK_TCK, descendants, pid_from, ticks_and_rss_kb
 from core.settings import load_settings
+from stack.cpu import CLK_TCK, descendants, pid_from, ticks_and_rss_kb
 
 
 def parts(run: Path) -> dict[str, int]:

@@ -67,6 +67,6 @@ if [ ! -f "$specs/.version-$ASYNCAPI_SPECS_VERSION" ]; then
   touch "$specs/.version-$ASYNCAPI_SPECS_VERSION"
 fi
 
-"$PY" -m control_plane.codegen
+"$PY" -m protogen
 "$PY" -m stack.certs --out "$RUN/certs" >/dev/null
 say "setup complete"

@@ -49,10 +49,8 @@ if [ "${1:-}" = "--chaos-cluster" ]; then
   set -e
   exit $rc
 fi
-say "lint: ruff + mypy + doc links"
-"$PY" -m ruff check . || exit 1
-"$PY" -m mypy || exit 1
-"$PY" -m stack.doc_links || exit 1
+say "lint: ruff, mypy, import contracts, doc links"
+make -s -C "$REPO" lint || exit 1
 bash "$REPO/stack/up.sh"
 set +e
 # The fault matrix's long faults (minutes each) are `make chaos`, the rescale and node-loss faults

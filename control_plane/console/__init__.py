@@ -15,7 +15,8 @@ from cassandra.cluster import Session
 
 from control_plane.auth import Authenticator
 from control_plane.console import portal_api
-from control_plane.console.app import Console, ConsoleServer, ConsoleServices, build_app
+from control_plane.console.app import ConsoleServer, build_app
+from control_plane.console.context import Console, ConsoleServices
 from control_plane.console.portal import CassandraPortalStore, PortalService
 from control_plane.console.sessions import SessionCodec
 from control_plane.deliveries import DeliveryService

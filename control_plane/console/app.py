@@ -25,132 +25,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, TypeVar
 
-import jinja2
 from aiohttp import web
-from multidict import MultiDictProxy
 
 from control_plane import errors
-from control_plane.auth import Authenticator
-from control_plane.console.portal import PATH_PREFIX, PATH_SESSION, PortalService
+from control_plane.console import views
+from control_plane.console.context import (
+    BASE,
+    CHANGED,
+    CONSOLE,
+    FORM,
+    HERE,
+    SESSION,
+    Console,
+    blocking,
+)
+from control_plane.console.portal import PATH_PREFIX, PATH_SESSION
 from control_plane.console.sessions import (
     ANONYMOUS_TTL_MS,
     COOKIE_NAME,
-    SID_BYTES,
     Kind,
     Session,
-    SessionCodec,
-    new_sid,
 )
-from control_plane.deliveries import DeliveryService
-from control_plane.domain import Principal
-from control_plane.endpoint_health import EndpointHealthService
-from control_plane.ordering import OrderingService
-from control_plane.reconcile import Reconciler
-from control_plane.service import EndpointService
-from control_plane.store import EndpointStore
 from core.secrets import redact
 
 log = logging.getLogger(__name__)
 
-HERE = Path(__file__).resolve().parent
-T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _STATUS = {
     errors.InvalidArgument: 400, errors.FailedPrecondition: 409, errors.AlreadyExists: 409, errors.Aborted: 409,
     errors.NotFound: 404, errors.Unauthenticated: 401, errors.PermissionDenied: 403, errors.Unavailable: 503,
 }
-
-
-@dataclass(frozen=True)
-class ConsoleServices:
-    """What the console calls: the process's own service objects (server.build wires them)."""
-
-    auth: Authenticator
-    store: EndpointStore  # tenants and API keys: who a session is, and the operator's tenant list
-    endpoints: EndpointService
-    deliveries: DeliveryService
-    ordering: OrderingService
-    portal: PortalService
-    reconciler: Reconciler
-    health: EndpointHealthService  # the job's per-endpoint reports: ages, breakers, throttling
-    now_ms: Callable[[], int]
-    random_bytes: Callable[[int], bytes] = os.urandom
-    # Operator view links: Prometheus' health page and the Flink dashboard.
-    links: dict[str, str] = field(default_factory=dict)
-    # Where the operator view reads the jobs' gauges and alerts ("": nowhere).
-    prometheus_url: str = ""
-
-
-async def blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """A blocking service call, off the event loop."""
-    return await asyncio.to_thread(fn, *args, **kwargs)
-
-
-class Console:
-    """The app's shared state: services, the session codec and the templates."""
-
-    def __init__(self, services: ConsoleServices, codec: SessionCodec, secure_cookies: bool,
-                 frame_ancestors: tuple[str, ...] = ()) -> None:
-        self.services = services
-        self.codec = codec
-        self.secure_cookies = secure_cookies
-        self.frame_ancestors = frame_ancestors
-        self.templates = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(HERE / "templates"),
-            autoescape=True,  # every value, in every template: response bodies are hostile input
-            undefined=jinja2.StrictUndefined,
-        )
-        self.templates.filters["ms_time"] = _ms_time
-        self.templates.filters["num"] = _num
-
-    def render(self, request: web.Request, name: str, status: int = 200, **values: Any) -> web.Response:
-        session: Session = request[SESSION]
-        html = self.templates.get_template(name).render(
-            session=session, csrf=self.codec.csrf_token(session), base=request[BASE], **values)
-        return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
-
-    def login(self, request: web.Request, session: Session) -> None:
-        """Replace the request's session (a new sid: no fixation); the cookie follows the response."""
-        request[SESSION] = session
-        request[CHANGED] = True
-
-    def new_session(self, kind: Kind, ttl_ms: int, **fields: Any) -> Session:
-        return Session(sid=new_sid(self.services.random_bytes(SID_BYTES)), kind=kind,
-                       expires_at_ms=self.services.now_ms() + ttl_ms, **fields)
-
-    def principal(self, request: web.Request) -> Principal:
-        """The tenant principal of the request's session; Unauthenticated for any other."""
-        session: Session = request[SESSION]
-        if not session.is_tenant:
-            raise errors.Unauthenticated("log in with a tenant API key")
-        return Principal(session.tenant_id, session.key_id, session.read_only)
-
-
-CONSOLE = web.AppKey("console", Console)
-SESSION = web.RequestKey("session", Session)
-CHANGED = web.RequestKey("session_changed", bool)
-# What the tenant view's links and redirects start with: "" for a cookie session, "/s/<signed
-# session>" for a portal session carried in the path.
-BASE = web.RequestKey("base", str)
-FORM = web.RequestKey("form", MultiDictProxy)
-
-
-def _ms_time(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-
-
-def _num(value: object) -> str:
-    return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
 def _csp(frame_ancestors: tuple[str, ...]) -> str:
@@ -160,8 +69,6 @@ def _csp(frame_ancestors: tuple[str, ...]) -> str:
 
 
 def build_app(console: Console) -> web.Application:
-    from control_plane.console import views
-
     csp = _csp(console.frame_ancestors)
 
     @web.middleware

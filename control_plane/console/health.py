@@ -19,18 +19,16 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from control_plane import stats
+from control_plane.console.context import ConsoleServices
 from control_plane.domain import FINAL_STATUSES, Attempt, DeliveryStatus, DeliverySummary, Principal
 from control_plane.errors import ControlPlaneError
 from core.endpoint_health import TenantHealth
 from core.outcomes import ErrorClass, HttpResult
 from core.telemetry import status_class
 from core.timeutil import ms_to_iso
-
-if TYPE_CHECKING:
-    from control_plane.console.app import ConsoleServices
 
 log = logging.getLogger(__name__)
 

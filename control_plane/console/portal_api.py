@@ -9,19 +9,11 @@ from typing import Any
 
 import grpc
 
-from control_plane import codegen
-from control_plane.api import pb  # noqa: F401 -- puts gen/ on sys.path first
 from control_plane.auth import ADMIN_PRINCIPAL, Authenticator
 from control_plane.console.portal import PortalService
 from control_plane.servicer import mapped, ts
-
-try:
-    from webhooks.v1 import portal_pb2 as portal_pb
-    from webhooks.v1 import portal_pb2_grpc as portal_rpc
-except ImportError:  # a gen/ made before portal.proto existed
-    codegen.generate()
-    from webhooks.v1 import portal_pb2 as portal_pb
-    from webhooks.v1 import portal_pb2_grpc as portal_rpc
+from protogen.webhooks.v1 import portal_pb2 as portal_pb
+from protogen.webhooks.v1 import portal_pb2_grpc as portal_rpc
 
 SERVICE_NAME = portal_pb.DESCRIPTOR.services_by_name["Portal"].full_name
 

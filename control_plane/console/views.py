@@ -14,7 +14,7 @@ from multidict import MultiDictProxy
 
 from control_plane import errors
 from control_plane.console import health
-from control_plane.console.app import BASE, CHANGED, CONSOLE, FORM, SESSION, blocking
+from control_plane.console.context import BASE, CHANGED, CONSOLE, FORM, SESSION, blocking
 from control_plane.console.portal import PATH_PREFIX, PATH_SESSION, SESSION_TTL_S
 from control_plane.console.sessions import LOGIN_TTL_MS, Kind, Session
 from control_plane.domain import DeliveryStatus, EndpointSpec

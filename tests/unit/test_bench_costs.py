@@ -1,6 +1,6 @@
 """The bench's newer figures' parts that need no stack: Cassandra's write counts as read from its
 virtual table (bench/cassandra_writes.py), the idle sample's process groups and cores
-(bench/cpu.py), and the idle line (bench/run.py)."""
+(stack/cpu.py), and the idle line (bench/run.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import cassandra_writes, cpu
+from bench import cassandra_writes
 from bench.run import idle_line
+from stack import cpu
 
 
 def row(keyspace: str, table: str, count: int) -> SimpleNamespace:

@@ -1,4 +1,4 @@
-"""The benchmark's CPU accounting (bench/cpu.py) and report (bench/report_md.py)."""
+"""The benchmark's CPU accounting (stack/cpu.py) and report (bench/report_md.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench import cpu, report_md
+from bench import report_md
 from bench.raw_http import Result as RawResult
-from bench.run import Costs, PhaseResult, Sent, measure, summary_line
+from bench.results import Costs, PhaseResult
+from bench.run import Sent, measure, summary_line
+from stack import cpu
 
 
 def test_the_sampler_counts_the_cpu_a_group_spent_and_ignores_a_missing_process(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from core.outcomes import HttpResult
 from core.records import EndpointConfig, EndpointStatus, EventRecord, SigningKey
 from core.settings import Settings
 from operators import dispatcher as dispatcher_module
-from operators.dispatcher import CONFIG, NEW, Dispatcher
+from operators.dispatch_input import CONFIG, NEW
+from operators.dispatcher import Dispatcher
 from operators.endpoint_state import FlinkEndpointStore
 from operators.write_batcher import BatchCompletion
 

@@ -19,7 +19,7 @@ from core.records import (
     SchemaPinsRecord,
     delivery_id_for,
 )
-from operators.dispatcher import NEW, SNAPSHOT
+from operators.dispatch_input import NEW, SNAPSHOT
 from operators.fanout import FanOut
 from operators.parse_events import DEAD_LETTERS
 

@@ -209,6 +209,7 @@ def test_endpoints_topic_refuses_unknown_records(raw: bytes, why: str) -> None:
 
 
 def test_a_redrive_round_trips_with_its_event_bytes_exactly() -> None:
+    from core.ingest import parse_redrive
     from core.records import REDRIVE_SCHEMA_V1, EventRecord, RedriveRequest, record_schema
 
     event = EventRecord(event_id="evt_1", tenant_id="t_1", event_type="invoice.paid", schema_version="2",
@@ -218,7 +219,7 @@ def test_a_redrive_round_trips_with_its_event_bytes_exactly() -> None:
                        reason="reconcile: no deliveries row", requested_by="admin")
     raw = r.to_json()
     assert record_schema(raw) == REDRIVE_SCHEMA_V1
-    assert RedriveRequest.from_json(raw) == r
+    assert parse_redrive(raw) == r
     assert record_schema(ReplayRequest("d", "t", "e", "u", NOW).to_json()) != REDRIVE_SCHEMA_V1
 
 
@@ -227,7 +228,7 @@ def test_a_redrive_round_trips_with_its_event_bytes_exactly() -> None:
                                  b'"endpoint_id":"e","endpoint_config_version":1,"created_at_ms":1,'
                                  b'"expires_at_ms":2,"reason":"r","requested_by":"a","event":{"x":1}}'])
 def test_an_unreadable_redrive_is_a_value_or_key_error(raw: bytes) -> None:
-    from core.records import RedriveRequest
+    from core.ingest import parse_redrive
 
     with pytest.raises((ValueError, KeyError)):
-        RedriveRequest.from_json(raw)
+        parse_redrive(raw)

@@ -1,4 +1,5 @@
-"""CPU and memory of the stack's processes, read from /proc while a benchmark phase runs.
+"""CPU and memory of the stack's processes, read from /proc: what a benchmark phase costs (bench/)
+and what the idle stack costs (stack.cluster_cost).
 
 A *group* is a named set of root pids (a TaskManager, Kafka, Cassandra, ...); each sample sums
 utime + stime of the roots and every live descendant (PyFlink may start Python workers, the

@@ -1,26 +1,10 @@
-"""One endpoint's dispatch, as a pure driver: plain data in, decisions out.
+"""The endpoint driver's loop: inputs in, one step's :class:`Decision` out.
 
-The Flink operator (:mod:`operators.dispatcher`) owns one driver per endpoint key. It feeds the
-driver what happened (a new delivery, a replay request, a config, finished I/O) and asks it to
-:meth:`EndpointDriver.step`; the step returns a :class:`Decision` -- the I/O to start (check,
-persist, reserve, send, record, load) and when to be woken again *and why*. The driver never
-does I/O, never reads a clock and never sleeps; ``now_ms`` and the random source come in, keyed
-state goes through :class:`core.endpoint_store.EndpointStore` (whose docstring is the durability
-policy), and tenant slots come from the operator-wide :class:`core.fairness.FairScheduler`.
-
-Wake times are reasons, never polls: the earliest of the next retry, the breaker's probe time,
-the token bucket's refill, a slot back-off (short for the keys next in line for a slot), the
-earliest deadline, a manual request's wait, a write retry, or the end of a hold after an
-internal error. An endpoint that is blocked (open breaker, disabled, waiting for its config) is
-woken O(1) times per second at most. Work that only an input can unblock (a config, finished
-I/O) is not polled for: the input drives the endpoint.
-
-On an ordered endpoint (:mod:`core.ordering`) only a key's head is indexed as due; the rest of
-the key waits unindexed (no timer, no poll) until the head's final record, which indexes the next.
-
-Slots are conserved: the driver asks for slots only when breaker, bucket and its own in-flight
-cap would let a request go, gives back every grant it cannot use in the same step, and cancels
-its ticket whenever it stops wanting one. ``in_flight`` is exactly the slots it holds.
+The package docstring (:mod:`core.endpoint_driver`) says what the driver is and the rules it
+keeps. This module holds the loop: the inputs (:meth:`EndpointDriver.add_new`, ``add_replay``,
+``set_config``, ``io_done``), :meth:`EndpointDriver.step` and the index over the deliveries held
+in memory. The backlog beyond memory is :mod:`core.endpoint_driver.backlog`, the send path
+:mod:`core.endpoint_driver.sending`, the ordering keys :mod:`core.key_order`.
 """
 
 from __future__ import annotations
@@ -28,148 +12,21 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Literal
 
 from core import breaker as brk
 from core import dispatch as d
-from core import ordering, ratelimit, telemetry
-from core.dispatch import Intent, Pending, Stage, replace
+from core import key_order, ratelimit, telemetry
+from core.dispatch import Pending, Stage, replace
+from core.endpoint_driver.backlog import Backlog
+from core.endpoint_driver.decision import Check, Decision, IoKind, Load, Persist, Record, Reserve
+from core.endpoint_driver.policy import DriverPolicy, StorageHealth
+from core.endpoint_driver.sending import SendPath
 from core.endpoint_store import EndpointStore, RetryBucket
 from core.fairness import FairScheduler
 from core.fanout import NewDelivery
 from core.ordering import KeyQueues
 from core.outcomes import ErrorClass, HttpResult
 from core.records import SKIP, EndpointConfig, EndpointSignal, EndpointStatus, ReplayRequest
-from core.retry import RetrySchedule
-
-# -- what the driver asks for ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Check:
-    """Read the delivery's durable record (status, counts, highest attempt number)."""
-    p: Pending
-
-
-@dataclass(frozen=True)
-class Persist:
-    """Write the creation rows and the reserved attempt row ``p.intent``."""
-    p: Pending
-
-
-@dataclass(frozen=True)
-class Reserve:
-    """Write the reserved attempt row ``p.intent``."""
-    p: Pending
-
-
-@dataclass(frozen=True)
-class Send:
-    """Make the HTTP request for ``p.intent`` (manual when ``p.sending_manual``)."""
-    p: Pending
-    config: EndpointConfig
-
-
-@dataclass(frozen=True)
-class Record:
-    """Write ``p.record``; ``p.intent`` (if any) is the next attempt row, reserved in the same write.
-    ``key_row``: the head of an ordering key failed (its key is blocked) or is final (free again)."""
-    p: Pending
-    key_row: ordering.KeyRowChange | None = None
-
-
-@dataclass(frozen=True)
-class Load:
-    """Load a delivery this endpoint does not hold, for a replay."""
-    delivery_id: str
-
-
-Action = Check | Persist | Reserve | Send | Record | Load
-IoKind = Literal["check", "persist", "reserve", "send", "record", "load"]
-
-
-@dataclass(frozen=True)
-class Wake:
-    at_ms: int
-    reason: str
-
-
-@dataclass
-class Decision:
-    actions: list[Action] = field(default_factory=list)
-    signals: list[EndpointSignal] = field(default_factory=list)
-    wake: Wake | None = None
-
-    def wake_at(self, at_ms: int | None, reason: str) -> None:
-        if at_ms is not None and (self.wake is None or at_ms < self.wake.at_ms):
-            self.wake = Wake(at_ms, reason)
-
-
-@dataclass(frozen=True)
-class DriverPolicy:
-    schedule: RetrySchedule
-    breaker: brk.BreakerConfig
-    default_max_in_flight: int
-    # Deliveries created before this (Kafka time) may have been handled by an earlier
-    # incarnation (the topic is re-read from the last checkpoint after a restore): they CHECK
-    # their durable record before anything else. The operator sets it to its start time plus a
-    # margin for clock skew between the brokers and the TaskManagers.
-    check_created_before_ms: int = 0
-    # Deliveries older than this are re-creations (topic re-read, re-snapshot): CHECK them too.
-    fresh_window_ms: int = 10 * 60_000
-    # Fan-out's dedupe window: an event whose own time is older than this may have been fanned
-    # out before fan-out forgot it, and a record published again (a relay re-snapshot) carries a
-    # fresh Kafka time -- so its delivery CHECKs too; final in history means it is not re-sent.
-    dedupe_window_ms: int = 7 * 24 * 3_600_000
-    # How long a manual replay may wait for its endpoint before it ends visibly as not sent.
-    manual_wait_ms: int = 60_000
-    # Expiries written per step; the rest follow at once in the next step.
-    max_expiries_per_step: int = 500
-    # After an internal error (a signing key that does not decrypt, a bug) the endpoint is held
-    # for a doubling period; everything else keeps flowing.
-    hold_base_ms: int = 1_000
-    hold_max_ms: int = 300_000
-    # Slot back-off while the pool or the tenant quota is full: doubling from here to ~1 s,
-    # jittered, so a thousand endpoints that started waiting together do not wake together.
-    slot_wait_base_ms: int = 10
-    slot_wait_max_ms: int = 1_000
-    # Storage work that did not fit the operator's write budget is retried this much later,
-    # doubling while it keeps waiting (up to slot_wait_max_ms).
-    write_budget_wait_ms: int = 10
-    # A replay's load that failed is retried after 1 s, doubling up to this.
-    load_retry_max_ms: int = 300_000
-    # Fresh deliveries (never attempted) one endpoint keeps in memory; fresh waiting ones beyond it
-    # go to the overflow queue in keyed state (core.endpoint_store) and come back a page at a
-    # time, so a backlog of millions behind a failing endpoint costs memory for the window only.
-    # Memory as a whole holds twice the window, and it holds the work due soonest: when it is full
-    # and fresh work or a queued retry that is due waits for it, the retries in memory whose next
-    # attempt is latest go to the retry queue in keyed state (ordered by due time) and come back
-    # when they are due. So retries the receiver keeps refusing, however many, never keep a fresh
-    # delivery out of memory while the receiver accepts others; they cost keyed state, not memory.
-    memory_window: int = 20_000
-    page_size: int = 1_000
-    # The retry queue's buckets: retries due within the same bucket_ms share one (a FIFO), so the
-    # queue's index in memory is one entry per bucket that holds retries -- bounded by the longest
-    # back-off, not by how many retries wait. A bucket comes back when it starts; each retry in it
-    # is still sent at its own time.
-    retry_bucket_ms: int = 1_000
-    # A delivery whose history write or read has kept failing this long, and is this far past its
-    # deadline, is let go from memory (counted ``expired_unrecorded``): its row stays pending, past
-    # due, and reconciliation names it orphaned and redrives it -- checked first, so it expires
-    # there once Cassandra takes the write. Without a bound it was retried for ever, held for good.
-    storage_give_up_ms: int = 3_600_000
-    # A delivery whose own write was refused for its values (core.dispatch.WriteRejected) this
-    # many times, each after some other write succeeded, ends failed with a record that carries
-    # none of those values (dispatch.end_rejected): a few seconds of back-off, well within its deadline.
-    rejected_write_tries: int = 3
-
-
-@dataclass
-class StorageHealth:
-    """When a history write last succeeded, over every endpoint that shares it (the operator gives
-    all its drivers one): what tells one delivery's poison write from a fault of every write."""
-    last_ok_ms: int | None = None
 
 
 def light(delivery: NewDelivery) -> NewDelivery:
@@ -177,7 +34,7 @@ def light(delivery: NewDelivery) -> NewDelivery:
     return replace(delivery, event=replace(delivery.event, payload=b""))
 
 
-class EndpointDriver:
+class EndpointDriver(SendPath):
     def __init__(self, endpoint_id: str, policy: DriverPolicy, rng: random.Random, store: EndpointStore,
                  scheduler: FairScheduler, counts: Counter[str] | None = None,
                  storage: StorageHealth | None = None) -> None:
@@ -228,45 +85,13 @@ class EndpointDriver:
         # and the heads an operator asked to skip.
         self._order = KeyQueues()
         self._skips: set[str] = set()
-        # The overflow queue: sequence numbers [head, tail) in keyed state. Entries from
-        # _own_from on were spilled by this incarnation (their intent is unused); earlier ones
-        # are a restore's and are CHECKed. _superseded: queued deliveries (either queue) a replay
-        # or a re-creation loaded into memory meanwhile -- their queued copy is CHECKed too when it
-        # comes back, and the memory copy is queued without its intent (CHECKed too).
-        self._spill_head, self._spill_tail = store.spill_range()
-        self._own_from = self._spill_tail
-        self._superseded: set[str] = set()
-        self._spill_head_expires = self._peek_spill_head()
-        # The retry queue (core.endpoint_store): bucket start -> its index, each bucket a FIFO
-        # of sequence numbers in keyed state. Entries of a bucket from _rq_own_from[bucket] on
-        # were queued by this incarnation (their intent is unused); earlier ones are a restore's
-        # and are CHECKed. Both heaps skip entries of buckets gone or changed.
-        self._rq: dict[int, RetryBucket] = {}
-        self._rq_own_from: dict[int, int] = {}
-        self._rq_starts: list[int] = []
-        self._rq_deadlines: list[tuple[int, int]] = []
-        self.queued_retries = 0
-        for bucket, index in store.retry_buckets():
-            self._rq[bucket] = index
-            self._rq_own_from[bucket] = index.tail
-            self._rq_starts.append(bucket)
-            self._rq_deadlines.append((index.earliest_deadline_ms, bucket))
-            self.queued_retries += index.size
-        heapq.heapify(self._rq_starts)
-        heapq.heapify(self._rq_deadlines)
-        # Retries in memory that could go to the retry queue, latest next attempt first
-        # (-next attempt, arrival, delivery); stale entries are skipped when popped.
-        self._latest: list[tuple[int, int, str]] = []
-        # In memory, and a copy of it may wait in the retry queue (restored with one there, or
-        # paged in CHECKed): queued again, it goes without its intent, to be CHECKed when it comes
-        # back -- a queued copy sent with its intent while another was sent meanwhile would be an
-        # automatic request past the delivery's durable state. Dropped when it leaves memory.
-        self._may_have_twin: set[str] = set()
+        # What does not fit memory waits in keyed state: the overflow queue of fresh deliveries
+        # and the retry queue (core.endpoint_driver.backlog).
+        self.backlog = Backlog(endpoint_id, policy, store, self.counts, self)
         for p in store.entries(endpoint_id):
             # Work an earlier incarnation held: its durable record decides what happens next.
             self.counts["adopted_after_restore"] += 1
-            if self.queued_retries:
-                self._may_have_twin.add(p.delivery_id)
+            self.backlog.restored(p.delivery_id)
             self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
             self._join_key(p, started=p.attempt_count > 0)
             self._put(d.adopt(p))
@@ -280,7 +105,7 @@ class EndpointDriver:
         if did in self.items:
             return False
         if recheck:
-            delivery = self._keyed_now(delivery)  # a redrive, rebuilt from history
+            delivery = key_order.keyed_now(self.config, delivery)  # a redrive, rebuilt from history
         self._tenant = self._tenant or delivery.tenant_id
         self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
         # The first attempt is due by this TaskManager's clock, which schedules everything the
@@ -293,8 +118,7 @@ class EndpointDriver:
                 or now_ms - delivery.created_at_ms > self.policy.fresh_window_ms
                 or now_ms - delivery.event.occurred_at_ms > self.policy.dedupe_window_ms):
             p = replace(p, stage=Stage.CHECK)
-            if self.spilled or self.queued_retries:
-                self._superseded.add(did)  # a re-creation: its queued copy, if any, CHECKs too
+            self.backlog.supersede(did)  # a re-creation: its queued copy, if any, CHECKs too
         else:
             p = d.reserve(p, self.rng, now_ms)
         self.store.put(p)
@@ -408,7 +232,7 @@ class EndpointDriver:
                 # Never persisted, so never queued (a queued copy was persisted first): after a long
                 # consumer lag every delivery arrives "old" and is checked, and must still be able
                 # to wait in the queue rather than in memory.
-                self._superseded.discard(key)
+                self.backlog.superseded.discard(key)
             nxt = d.after_check(p, result, self.rng, now_ms)
             if nxt is None:
                 self.counts["final_not_resent"] += 1
@@ -420,7 +244,7 @@ class EndpointDriver:
             # Only a delivery this incarnation has just persisted is queued: one that went through
             # CHECK (restored, re-created, loaded) may have a copy queued already, and two queued
             # copies could both come back sendable.
-            if kind == "persist" and self._overflowing(nxt):
+            if kind == "persist" and self.backlog.overflowing(nxt):
                 self._spill(nxt)
             else:
                 self._put(nxt)
@@ -462,8 +286,8 @@ class EndpointDriver:
         """Everything this endpoint can do now, and when to look again."""
         dec = Decision(signals=self._signals)
         self._signals = []
-        self._page_in(now_ms, dec)
-        self._page_in_retries(now_ms, dec)
+        self.backlog.page_in(now_ms, dec)
+        self.backlog.page_in_retries(now_ms, dec)
         blocked = self._blocked(now_ms)
         if blocked == "deleted":
             self._end_all(now_ms)
@@ -497,13 +321,13 @@ class EndpointDriver:
     @property
     def spilled(self) -> int:
         """Deliveries in the overflow queue (keyed state only)."""
-        return self._spill_tail - self._spill_head
+        return self.backlog.spilled
 
     def view(self, now_ms: int, retry_window_ms: int) -> telemetry.EndpointView:
         """This endpoint as the gauges see it (core.telemetry). Parked: nothing may be sent now
         (disabled, gone, held, or the breaker open and not yet probing)."""
         parked = self._parked(now_ms)
-        head = self._spill_head_expires
+        head = self.backlog.head_expires
         return telemetry.EndpointView(
             pending=tuple(telemetry.PendingView(p.delivery.created_at_ms, p.attempt_count > 0)
                           for p in self.items.values()),
@@ -515,7 +339,7 @@ class EndpointDriver:
         fresh set, oldest ages from the age indexes (amortised O(log n) a delivery, kept by _put).
         The gauges refresh every endpoint a pass touched each second, and a view of one draining
         a large backlog built a record per held delivery each time."""
-        head = self._spill_head_expires
+        head = self.backlog.head_expires
         spilled = self.spilled
         oldest_new = self._oldest_by_age(self._fresh_by_age, fresh=True)
         if spilled and head is not None:
@@ -670,7 +494,7 @@ class EndpointDriver:
                 dec.actions.append(Reserve(p))
             else:
                 p = replace(d.with_next_intent(p, self.rng, now_ms), busy=True)
-                dec.actions.append(Record(p, self._key_row(p)))
+                dec.actions.append(Record(p, key_order.key_row(self._order, p, self._ordered)))
             self._put(p)
         for did in list(self._loads):
             if did in self._loading:
@@ -680,177 +504,6 @@ class EndpointDriver:
                 continue
             self._loading.add(did)
             dec.actions.append(Load(did))
-
-    def _send(self, now_ms: int, blocked: str | None, dec: Decision) -> None:
-        oldest_manual = self._oldest_manual(1)
-        manual_ok = len(self._manual)
-        if manual_ok and blocked is None and not brk.allow(self.breaker, now_ms)[0]:
-            # A replay checks the endpoint's state first: an open breaker holds manual
-            # requests too -- a person's replay would otherwise hammer a receiver known to be
-            # down. They wait for the probe, within their own wait (_close_stale_manual), and
-            # one may be the probe itself once the breaker half-opens.
-            manual_ok = 0
-            dec.wake_at(_probe_at(self.breaker), "breaker probe")
-            dec.wake_at(oldest_manual[0].manual[0].requested_at_ms + self.policy.manual_wait_ms,
-                        "manual request wait")
-        elif self.breaker.state is not brk.CircuitState.CLOSED:
-            manual_ok = min(manual_ok, 1)  # half-open: one request is the probe
-        auto_top = self._top(self._due)
-        auto_due = auto_top is not None and auto_top.next_attempt_at_ms <= now_ms
-        if auto_top is not None and not auto_due and blocked is None:
-            dec.wake_at(auto_top.next_attempt_at_ms, "next retry due")
-        if (not manual_ok and not auto_due) or blocked is not None:
-            self.scheduler.cancel(self.endpoint_id)
-            return
-        assert self.config is not None
-        cap = self.config.max_in_flight or self.policy.default_max_in_flight
-        if manual_ok:
-            for m in self._oldest_manual(cap):  # the front of the manual queue: its wait starts
-                at = m.manual[0].requested_at_ms
-                if self._front_since.get(m.delivery_id, (None,))[0] != at:
-                    self._front_since[m.delivery_id] = (at, now_ms)
-        free = cap - self.in_flight
-        if free <= 0:
-            # Its own cap is full: a finished request drives the endpoint again.
-            self.scheduler.cancel(self.endpoint_id)
-            return
-        # What breaker and bucket would let go, before asking for any slot.
-        auto_ok = 0
-        if auto_due:
-            allowed, _ = brk.allow(self.breaker, now_ms)
-            if allowed:
-                auto_ok = 1 if self.breaker.state is not brk.CircuitState.CLOSED else free
-            else:
-                dec.wake_at(_probe_at(self.breaker), "breaker probe")
-        tokens = free
-        if self.config.rate_limit_per_s:
-            self.bucket = (ratelimit.new_bucket(self.config.rate_limit_per_s, now_ms) if self.bucket is None
-                           else ratelimit.reconfigure(self.bucket, self.config.rate_limit_per_s)
-                           if self.bucket.rate_per_s != self.config.rate_limit_per_s else self.bucket)
-            tokens, wait_ms = ratelimit.available(self.bucket, now_ms)
-            if tokens == 0:
-                self.counts["throttled_rate_limit"] += 1
-                dec.wake_at(now_ms + wait_ms, "rate limit refill")
-        elif self.bucket is not None:  # the limit was removed: stop taking from the old bucket
-            self.bucket = None
-            self.store.put_bucket(None)
-        want = min(free, tokens, manual_ok + auto_ok)
-        if want <= 0:
-            self.scheduler.cancel(self.endpoint_id)
-            return
-        kind: Literal["new", "retry"] = (
-            "new" if manual_ok or (auto_top is not None and auto_top.attempt_count == 0) else "retry")
-        since = (oldest_manual[0].manual[0].requested_at_ms if manual_ok
-                 else auto_top.next_attempt_at_ms if auto_top else now_ms)
-        slots = self._take_slots(want, kind, since, now_ms)
-        if slots == 0:
-            self.counts["throttled_slots"] += 1
-            if self.scheduler.next_in_line(self.endpoint_id):
-                # A grant may come to it while it sleeps, and nothing but its own timer can wake
-                # it (core.fairness): ask again before such a grant would lapse, not after a
-                # back-off of up to a second with the slot idle.
-                dec.wake_at(now_ms + self.scheduler.grant_pickup_ms, "next in line for a tenant or pool slot")
-            else:
-                dec.wake_at(now_ms + self._slot_wait_ms(), "waiting for a tenant or pool slot")
-            return
-        self._slot_waits = 0
-        sent = 0
-        breaker, bucket = self.breaker, self.bucket
-        queue = self._oldest_manual(min(slots, manual_ok))
-        for m in queue:
-            allowed, after = brk.allow(breaker, now_ms)
-            if not allowed:
-                break
-            breaker = after
-            if bucket is not None:
-                _, bucket, _ = ratelimit.try_take(bucket, now_ms)
-            self._start_send(m, dec)
-            sent += 1
-        checks = 0
-        # Restored deliveries are read ahead of the sends while the breaker is closed (up to four
-        # times the endpoint's cap in flight, not one read per slot granted): one read per slot
-        # drained a restored backlog at slots / (read + reserve + request latency), ~270/s with
-        # 64 in flight. A probing breaker reads only what it may send.
-        closed = self.breaker.state is brk.CircuitState.CLOSED
-        read_ahead = max(slots, min(self.policy.page_size, 4 * cap)) if closed else slots
-        while auto_ok > 0:
-            top = self._top(self._due)
-            if top is None or top.next_attempt_at_ms > now_ms:
-                break
-            p = top
-            if p.stage is Stage.ADOPTED:
-                if len(self._readying) >= read_ahead or (not closed and sent + checks >= slots):
-                    break  # enough being read ahead of the sends: no more reads yet
-                # Restored and now due: read its durable record first (it may be final already).
-                heapq.heappop(self._due)
-                self._readying.add(p.delivery_id)
-                self._put(replace(p, stage=Stage.CHECK))
-                checks += 1
-                continue
-            if sent >= slots:
-                break
-            allowed, after = brk.allow(breaker, now_ms)
-            if not allowed:
-                break
-            if bucket is not None:
-                ok, bucket, _ = ratelimit.try_take(bucket, now_ms)
-                if not ok:
-                    break
-            breaker = after
-            heapq.heappop(self._due)
-            self._start_send(p, dec)
-            sent += 1
-        if slots > sent:
-            self.scheduler.release(self._tenant, slots - sent)
-        if checks:
-            dec.wake_at(now_ms, "restored deliveries due: read their records")
-        if breaker != self.breaker:
-            self.breaker = breaker
-            self.store.put_breaker(breaker)
-        if bucket is not self.bucket or (bucket is not None and sent):
-            self.bucket = bucket
-            self.store.put_bucket(bucket)
-        t = self._top(self._due)
-        more_auto = t is not None and t.next_attempt_at_ms <= now_ms
-        if more_auto and t is not None and t.stage is Stage.ADOPTED and self._readying:
-            more_auto = False  # restored work waits for the reads in progress: they drive it
-        elif more_auto and not brk.allow(self.breaker, now_ms)[0]:
-            more_auto = False  # what is left waits for the breaker, not for a slot
-            dec.wake_at(_probe_at(self.breaker), "breaker probe")
-        if (self._manual and manual_ok) or more_auto:
-            # More is due than this step could send: ask again after a short, growing wait.
-            dec.wake_at(now_ms + self._slot_wait_ms(), "more due than slots granted")
-        else:
-            if t is not None and t.next_attempt_at_ms > now_ms:  # the next retry is the reason to wake
-                dec.wake_at(t.next_attempt_at_ms, "next retry due")
-            self.scheduler.cancel(self.endpoint_id)
-
-    def _take_slots(self, want: int, kind: Literal["new", "retry"], since_ms: int, now_ms: int) -> int:
-        got = self.scheduler.acquire_uncontended(self._tenant, want, kind)
-        if got:
-            return got
-        self.scheduler.request(self.endpoint_id, self._tenant, kind, since_ms)
-        self.scheduler.grant(now_ms)
-        got = self.scheduler.take_grant(self.endpoint_id)
-        if got > want:  # granted on two tickets (new and retry) at once
-            self.scheduler.release(self._tenant, got - want)
-            got = want
-        return got
-
-    def _slot_wait_ms(self) -> int:
-        self._slot_waits += 1
-        wait = min(self.policy.slot_wait_max_ms, self.policy.slot_wait_base_ms * 2 ** min(self._slot_waits - 1, 10))
-        return max(1, int(wait * (0.5 + 0.5 * self.rng.random())))
-
-    def _start_send(self, p: Pending, dec: Decision) -> None:
-        assert self.config is not None
-        if not p.manual:
-            self._order.mark_started(p.delivery_id)  # head of its key until it is final
-        p = d.start_sending(p)
-        self.in_flight += 1
-        self._put(p)
-        self.counts["attempts"] += 1
-        dec.actions.append(Send(p, self.config))
 
     # -- results -------------------------------------------------------------------------------
 
@@ -926,19 +579,17 @@ class EndpointDriver:
         requests = valid
         self.needs_version = max(self.needs_version, delivery.endpoint_config_version)
         p = self.items.get(did)
-        if p is None and (self.spilled or self.queued_retries):
-            self._superseded.add(did)  # it may be in a queue too: that copy CHECKs
         if p is not None:
             self.store.add_manual(did, requests)
             self._put(_with_manual(p, requests))
             return
-        else:
-            self._tenant = self._tenant or delivery.tenant_id
-            delivery = self._keyed_now(delivery)
-            auto = durable.auto_retry_active and not durable.final
-            p = Pending(delivery=light(delivery), stage=Stage.RESERVE, attempt_count=durable.attempt_count,
-                        issued=durable.max_attempt_number, auto_retry_active=auto,
-                        next_attempt_at_ms=durable.next_attempt_at_ms or delivery.created_at_ms, manual=requests)
+        self.backlog.supersede(did)  # it may be in a queue too: that copy CHECKs
+        self._tenant = self._tenant or delivery.tenant_id
+        delivery = key_order.keyed_now(self.config, delivery)
+        auto = durable.auto_retry_active and not durable.final
+        p = Pending(delivery=light(delivery), stage=Stage.RESERVE, attempt_count=durable.attempt_count,
+                    issued=durable.max_attempt_number, auto_retry_active=auto,
+                    next_attempt_at_ms=durable.next_attempt_at_ms or delivery.created_at_ms, manual=requests)
         self.store.put(p)
         if auto:
             self._join_key(p, started=p.attempt_count > 0)
@@ -947,242 +598,17 @@ class EndpointDriver:
         # the head in place of the delivery really retrying there.
         self._put(p)
 
-    # -- the overflow queue ------------------------------------------------------------------------
-
-    def _overflowing(self, p: Pending) -> bool:
-        """A fresh delivery now waiting goes behind the queue once there is one (arrival order),
-        or starts it when memory holds a window's worth."""
-        return (p.stage is Stage.READY and not p.manual and p.auto_retry_active and p.attempt_count == 0
-                and (self.spilled > 0 or len(self._fresh) > self.policy.memory_window
-                     or len(self.items) > 2 * self.policy.memory_window)
-                # a copy of a delivery that may be queued already stays in memory: two queued
-                # copies could both come back as sendable
-                and p.delivery_id not in self._superseded)
-
-    def _spill(self, p: Pending) -> None:
-        did = p.delivery_id
-        # Out of memory, out of its key: it joins again when paged back in (arrival order, so
-        # normally behind the versions held now; one that arrived late goes after them).
-        self._leave_key(did)
-        self.items.pop(did, None)
-        self._fresh.discard(did)
-        self._front_since.pop(did, None)
-        self._work.discard(did)
-        self._manual.discard(did)
-        self._readying.discard(did)
-        self.store.spill(self._spill_tail, p)
-        if not self.spilled:
-            self._spill_head_expires = p.delivery.expires_at_ms
-        self._spill_tail += 1
-        self.store.put_spill_range(self._spill_head, self._spill_tail)
-        self.counts["spilled"] += 1
-
-    def _page_in(self, now_ms: int, dec: Decision) -> None:
-        """Bring a page back when memory has room for it, or the queue's head is past its
-        deadline (then as many as one step expires, within twice the window)."""
-        if not self.spilled:
-            return
-        window, n = self.policy.memory_window, 0
-        page = min(self.policy.page_size, max(1, window // 2), self.spilled)
-        expired = self._spill_head_expires is not None and self._spill_head_expires <= now_ms
-        if window - len(self._fresh) >= page:
-            # Fresh work waits: retries in memory not due within a bucket make room for it.
-            self._make_room(page, now_ms + self.policy.retry_bucket_ms, now_ms)
-        if min(window - len(self._fresh), 2 * window - len(self.items)) >= page:
-            n = page
-        elif expired and len(self.items) < 2 * window:
-            n = min(self.policy.max_expiries_per_step, self.spilled)
-        if n:
-            head = self._spill_head
-            for seq, p, intent in self.store.unspill(self.endpoint_id, range(head, head + n)):
-                self.counts["paged_in"] += 1
-                self._take_back(p, intent, ours=seq >= self._own_from)
-            self._spill_head = head + n
-            self.store.put_spill_range(self._spill_head, self._spill_tail)
-            self._spill_head_expires = self._peek_spill_head()
-            if not self.spilled and not self.queued_retries:
-                self._superseded.clear()
-        at = self._spill_head_expires
-        if at is None:
-            return
-        if at > now_ms:
-            dec.wake_at(at, "deadline")  # the queue's head has its earliest deadline (arrival order)
-        elif n:
-            dec.wake_at(now_ms, "more deliveries past their deadline")
-        else:
-            # Past its deadline with memory full of expiries being written: their writes drive
-            # the endpoint; look again within a second in any case.
-            dec.wake_at(now_ms + self.policy.slot_wait_max_ms, "overflow queue waits for memory")
-
-    def _peek_spill_head(self) -> int | None:
-        if not self.spilled:
-            return None
-        got = self.store.peek_spilled(self.endpoint_id, self._spill_head)
-        return got.delivery.expires_at_ms if got is not None else None
-
-    # -- the retry queue ---------------------------------------------------------------------------
-
-    def _may_queue(self, p: Pending) -> bool:
-        """A retry waiting for its next attempt, with the attempt row reserved, that nothing else
-        holds in memory (a member of an ordering key stays: its key's order lives in memory)."""
-        return (p.stage is Stage.READY and not p.busy and p.auto_retry_active and not p.manual
-                and p.attempt_count > 0 and p.intent is not None and p.skip is None
-                and not self._order.key_of(p.delivery_id))
-
-    def _queue_later_retries(self, n: int, later_than_ms: int | None, now_ms: int) -> None:
-        """Move up to ``n`` retries out of memory, latest next attempt first, each due after
-        ``later_than_ms`` (None: whenever, to make room for work past its deadline)."""
-        while n > 0 and self._latest:
-            neg_at, _, did = self._latest[0]
-            p = self.items.get(did)
-            if (p is None or p.next_attempt_at_ms != -neg_at or not self._may_queue(p)
-                    # past its deadline: it expires from memory (moved out, it would come back
-                    # for the same reason and be moved out again, for ever)
-                    or p.delivery.expires_at_ms <= now_ms):
-                heapq.heappop(self._latest)
-                continue
-            if later_than_ms is not None and p.next_attempt_at_ms <= later_than_ms:
-                return  # the rest are due sooner: memory already holds what is due soonest
-            heapq.heappop(self._latest)
-            self._queue_retry(p)
-            n -= 1
-
-    def _queue_retry(self, p: Pending) -> None:
-        did = p.delivery_id
-        # (_may_queue: not fresh, not in a key, no storage work, no manual request, no skip)
-        self.items.pop(did, None)
-        self._front_since.pop(did, None)
-        if did in self._superseded or did in self._may_have_twin:
-            self._may_have_twin.discard(did)
-            p = replace(p, intent=None)  # another copy may be queued: CHECKed when it comes back
-        bucket = p.next_attempt_at_ms - p.next_attempt_at_ms % self.policy.retry_bucket_ms
-        index = self._rq.get(bucket)
-        if index is None:
-            index = self._rq[bucket] = RetryBucket()
-            heapq.heappush(self._rq_starts, bucket)
-        before = index.earliest_deadline_ms
-        self.store.queue_retry(bucket, index.append(p.delivery.expires_at_ms), p)
-        self.store.put_retry_bucket(bucket, index)
-        if index.earliest_deadline_ms != before:
-            heapq.heappush(self._rq_deadlines, (index.earliest_deadline_ms, bucket))
-        self.queued_retries += 1
-        self.counts["retries_queued"] += 1
-
-    def _page_in_retries(self, now_ms: int, dec: Decision) -> None:
-        """Bring back the retries that are due (a bucket once it starts) while memory has room or
-        can make it from retries due later; and the buckets past their earliest deadline in any
-        case (their expiries are written and leave memory; the others take the room of retries
-        moved out, due or not)."""
-        if not self.queued_retries:
-            return
-        window, budget = self.policy.memory_window, self.policy.page_size
-        page = max(1, window // 2)
-        late_paged = False
-        while budget > 0:
-            late = self._rq_top_deadline()
-            start = self._rq_top_start()
-            if late is not None and late[0] <= now_ms:
-                bucket, later_than = late[1], None
-            elif start is not None and start <= now_ms:
-                bucket, later_than = start, now_ms + self.policy.retry_bucket_ms
-            else:
-                break
-            n = self._make_room(min(budget, page, self._rq[bucket].size), later_than, now_ms)
-            if n <= 0:
-                break  # memory holds work due as soon: finished work drives the endpoint
-            self._unqueue(bucket, n)
-            budget -= n
-            late_paged = late_paged or later_than is None
-        start, late = self._rq_top_start(), self._rq_top_deadline()
-        if start is None or late is None:
-            if not self.spilled:
-                self._superseded.clear()
-            return
-        room = len(self.items) < 2 * window
-        if budget <= 0 and not room and start <= now_ms:
-            # Out of budget, due retries still queued, memory full: the latest retry in memory, if
-            # due after this bucket, goes out now, so memory holds what is due soonest between
-            # passes too, and the next pass (at once) brings the next page into its room.
-            room = self._make_room(1, now_ms + self.policy.retry_bucket_ms, now_ms) > 0
-        if start > now_ms:
-            dec.wake_at(start, "queued retry due")
-        elif late[0] <= now_ms and late_paged:
-            dec.wake_at(now_ms, "more deliveries past their deadline")
-        elif budget <= 0 and room:
-            dec.wake_at(now_ms, "more queued retries due")
-        elif late[0] > now_ms:
-            dec.wake_at(late[0], "deadline")  # due, waiting for memory: at the latest by its deadline
-        else:
-            # Past a deadline, memory full of what cannot be moved (in flight, being written):
-            # finished work drives the endpoint; look again within a second in any case.
-            dec.wake_at(now_ms + self.policy.slot_wait_max_ms, "retry queue waits for memory")
-
-    def _take_back(self, p: Pending, intent: Intent | None, ours: bool) -> None:
-        """One delivery paged back into memory from either queue. ``ours``: put there by this
-        incarnation (its unused reserved attempt still holds) rather than by one before a restore."""
-        did = p.delivery_id
-        self.needs_version = max(self.needs_version, p.delivery.endpoint_config_version)
-        if did in self.items:
-            return  # a replay loaded it meanwhile: that copy owns its schedule
-        if intent is not None and ours and did not in self._superseded:
-            p = replace(p, stage=Stage.READY, intent=intent)  # queued by us, intent unused
-        else:
-            p = d.adopt(p)  # a restore's, or superseded: read its durable record first
-            self._may_have_twin.add(did)
-        self.store.put(p)
-        self._join_key(p, started=p.attempt_count > 0)
-        self._put(p)
-
-    def _make_room(self, n: int, later_than_ms: int | None, now_ms: int) -> int:
-        """Room for up to ``n`` in memory, made by moving retries due after ``later_than_ms`` to the
-        retry queue as needed; returns the room there is."""
-        room = 2 * self.policy.memory_window - len(self.items)
-        if room < n:
-            self._queue_later_retries(n - room, later_than_ms, now_ms)
-        return min(n, 2 * self.policy.memory_window - len(self.items))
-
-    def _unqueue(self, bucket: int, n: int) -> None:
-        index = self._rq[bucket]
-        own_from = self._rq_own_from.get(bucket, 0)
-        before = index.earliest_deadline_ms
-        for seq, p, intent in self.store.unqueue_retries(self.endpoint_id, bucket, index.take(n)):
-            self.counts["retries_paged_in"] += 1
-            self._take_back(p, intent, ours=seq >= own_from)
-        self.queued_retries -= n
-        self.store.put_retry_bucket(bucket, index)
-        if not index.size:
-            del self._rq[bucket]
-            self._rq_own_from.pop(bucket, None)
-        elif index.earliest_deadline_ms != before:
-            heapq.heappush(self._rq_deadlines, (index.earliest_deadline_ms, bucket))
-
-    def _rq_top_start(self) -> int | None:
-        while self._rq_starts and self._rq_starts[0] not in self._rq:
-            heapq.heappop(self._rq_starts)
-        return self._rq_starts[0] if self._rq_starts else None
-
-    def _rq_top_deadline(self) -> tuple[int, int] | None:
-        """(earliest deadline, its bucket) over the retry queue."""
-        while self._rq_deadlines:
-            at, bucket = self._rq_deadlines[0]
-            index = self._rq.get(bucket)
-            if index is not None and index.earliest_deadline_ms == at:
-                return at, bucket
-            heapq.heappop(self._rq_deadlines)
-        return None
-
-    # -- ordering keys (core.ordering) ---------------------------------------------------------
+    # -- ordering keys (core.key_order) ------------------------------------------------------------
 
     @property
     def _ordered(self) -> bool:
         return self.config is not None and bool(self.config.ordering_key)
 
     def _may_send_auto(self, did: str) -> bool:
-        return not self._ordered or self._order.is_head(did)
+        return key_order.may_send_auto(self._order, did, self._ordered)
 
     def _join_key(self, p: Pending, started: bool = False) -> None:
-        e = p.delivery.event
-        self._order.add(p.delivery_id, p.delivery.ordering_key, e.object_version, p.delivery.created_at_ms, started)
+        key_order.join(self._order, p, started)
 
     def _leave_key(self, did: str) -> None:
         head = self._order.remove(did)
@@ -1196,13 +622,6 @@ class EndpointDriver:
             if p is not None and _waits_auto(p) and self._may_send_auto(did):
                 self._seq += 1
                 self._push_due(p)
-
-    def _keyed_now(self, delivery: NewDelivery) -> NewDelivery:
-        """A delivery history gave back (a replay's load, a redrive) carries no ordering key:
-        the endpoint's setting now decides it."""
-        e = delivery.event
-        key = ordering.key_for(self.config.ordering_key, e.object_id, e.payload) if self.config else ""
-        return replace(delivery, ordering_key=key)
 
     def _apply_skips(self, now_ms: int) -> None:
         """End the heads an operator skipped, each once it is idle (a request in flight is
@@ -1219,19 +638,67 @@ class EndpointDriver:
                 self._skips.discard(did)
                 self._put(d.skip_head(p, now_ms))
 
-    def _key_row(self, p: Pending) -> ordering.KeyRowChange | None:
-        """What a head's record does to its key's row in blocked_ordering_keys."""
-        key, r = self._order.key_of(p.delivery_id), p.record
-        if not key or r is None or not self._order.is_head(p.delivery_id):
-            return None
-        if r.delivery_status in d.FINAL_STATUSES:
-            # No row was written for a head that succeeded at its first try.
-            first_try_ok = r.outcome == "succeeded" and not r.manual and p.attempt_count <= 1
-            return None if first_try_ok else ordering.KeyRowChange(key, blocked=False)
-        if r.outcome == "retry" and not r.manual and self._ordered:
-            return ordering.KeyRowChange(key, blocked=True, waiting=self._order.waiting(key),
-                                         first_failure=p.attempt_count == 1)
-        return None
+    # -- memory as the backlog sees it (core.endpoint_driver.backlog.Memory) -------------------------
+
+    @property
+    def fresh_count(self) -> int:
+        return len(self._fresh)
+
+    def in_key(self, delivery_id: str) -> bool:
+        return bool(self._order.key_of(delivery_id))
+
+    def note_version(self, config_version: int) -> None:
+        self.needs_version = max(self.needs_version, config_version)
+
+    def page_back(self, p: Pending) -> None:
+        self.store.put(p)
+        self._join_key(p, started=p.attempt_count > 0)
+        self._put(p)
+
+    def release(self, delivery_id: str) -> None:
+        self.items.pop(delivery_id, None)
+        self._front_since.pop(delivery_id, None)
+
+    def _spill(self, p: Pending) -> None:
+        """A fresh delivery leaves memory for the overflow queue."""
+        did = p.delivery_id
+        # Out of memory, out of its key: it joins again when paged back in (arrival order, so
+        # normally behind the versions held now; one that arrived late goes after them).
+        self._leave_key(did)
+        self.items.pop(did, None)
+        self._fresh.discard(did)
+        self._front_since.pop(did, None)
+        self._work.discard(did)
+        self._manual.discard(did)
+        self._readying.discard(did)
+        self.backlog.spill(p)
+
+    # The backlog's state under the names the model test's invariants read
+    # (tests/unit/test_driver_model.py).
+
+    @property
+    def queued_retries(self) -> int:
+        """Deliveries in the retry queue (keyed state only)."""
+        return self.backlog.queued_retries
+
+    @property
+    def _superseded(self) -> set[str]:
+        return self.backlog.superseded
+
+    @property
+    def _own_from(self) -> int:
+        return self.backlog.own_from
+
+    @property
+    def _rq(self) -> dict[int, RetryBucket]:
+        return self.backlog.rq
+
+    @property
+    def _rq_own_from(self) -> dict[int, int]:
+        return self.backlog.rq_own_from
+
+    def _may_queue(self, p: Pending) -> bool:
+        return self.backlog.may_queue(p)
 
     # -- the index -------------------------------------------------------------------------------
 
@@ -1273,12 +740,7 @@ class EndpointDriver:
                 if self._may_send_auto(did):  # else it waits for its key's head (_requeue)
                     self._push_due(p)
                 heapq.heappush(self._deadlines, (p.delivery.expires_at_ms, _rank(p), self._seq, did))
-                if len(self._latest) > 2 * len(self.items) + 64:  # mostly stale entries: rebuild it
-                    self._latest = [(-q.next_attempt_at_ms, 0, q.delivery_id)
-                                    for q in self.items.values() if self._may_queue(q)]
-                    heapq.heapify(self._latest)
-                elif self._may_queue(p):
-                    heapq.heappush(self._latest, (-p.next_attempt_at_ms, self._seq, did))
+                self.backlog.offer(p, self._seq)
 
     def _age_index(self, heap: list[tuple[int, str]], p: Pending, size: int, fresh: bool) -> None:
         heapq.heappush(heap, (p.delivery.created_at_ms, p.delivery_id))
@@ -1326,7 +788,7 @@ class EndpointDriver:
         self._front_since.pop(did, None)
         self._work.discard(did)
         self._manual.discard(did)
-        self._may_have_twin.discard(did)
+        self.backlog.forget(did)
         self.store.remove(did)
 
     def _top(self, heap: list[tuple[int, int, int, str]]) -> Pending | None:
@@ -1364,12 +826,3 @@ def _indexed_same(prev: Pending | None, p: Pending) -> bool:
     """Whether ``prev`` already has valid heap entries with the same keys as ``p``."""
     return (prev is not None and prev.stage is p.stage and prev.stage in d.WAITING_STAGES and not prev.busy
             and prev.auto_retry_active and not prev.manual and prev.next_attempt_at_ms == p.next_attempt_at_ms)
-
-
-def _probe_at(b: brk.BreakerState) -> int | None:
-    if b.state is brk.CircuitState.OPEN:
-        return b.open_until_ms
-    if b.state is brk.CircuitState.HALF_OPEN and b.probe_started_ms is not None:
-        assert b.open_until_ms is not None and b.opened_at_ms is not None
-        return b.probe_started_ms + (b.open_until_ms - b.opened_at_ms)
-    return None
