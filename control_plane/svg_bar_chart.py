@@ -54,7 +54,7 @@ def stacked_bars(buckets: Sequence[Bucket], series: Sequence[str], title: str, u
         x = LEFT + i * step
         figures = ", ".join(f"{s} {_fmt(b.values.get(s, 0.0))}{unit}" for s in series if b.values.get(s, 0.0))
         parts.append(f'<g class="bucket"><title>{escape(b.label)}: {escape(figures or "none")}</title>')
-        y = TOP + plot_h
+        y = float(TOP + plot_h)
         for s in series:
             v = max(0.0, b.values.get(s, 0.0))
             if v <= 0 or top <= 0:
