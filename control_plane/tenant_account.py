@@ -121,9 +121,9 @@ class TenantAccountService:
 
 
 class KafkaDeadLetters:
-    """The dead-letter topic's letters about a tenant's events, read from the window's start to
-    its end (a letter is written right after its event arrives; ``slack_ms`` past the end catches
-    the letters of the window's last events)."""
+    """The dead-letter topic's letters about a tenant's events, read by offsets for times from the
+    window's start to ``slack_ms`` past its end (a letter is written right after its event
+    arrives: the slack catches the letters of the window's last events)."""
 
     def __init__(self, settings: Settings, slack_ms: int = 60_000) -> None:
         self._settings = settings
@@ -141,12 +141,15 @@ class KafkaDeadLetters:
                 return out  # no dead-letter topic yet: no letters
             parts = sorted(meta.partitions)
             starts = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in parts], timeout=10)
+            ends = consumer.offsets_for_times([TopicPartition(topic, p, until_ms + self._slack_ms) for p in parts],
+                                              timeout=10)
             stop: dict[int, int] = {}
             assign = []
-            for start in starts:
+            for start, end in zip(starts, ends, strict=True):
                 high = consumer.get_watermark_offsets(TopicPartition(topic, start.partition), timeout=10)[1]
-                if 0 <= start.offset < high:
-                    stop[start.partition] = high
+                last = end.offset if end.offset >= 0 else high  # none at or after the end: to the topic's end
+                if 0 <= start.offset < last:
+                    stop[start.partition] = last
                     assign.append(TopicPartition(topic, start.partition, start.offset))
             consumer.assign(assign)
             limit = self._settings.ingest.max_payload_bytes
@@ -164,8 +167,6 @@ class KafkaDeadLetters:
                     raise RuntimeError(f"dead-letter topic {topic}: {msg.error()}")
                 if msg.offset() + 1 >= stop.get(msg.partition(), 0):
                     stop.pop(msg.partition(), None)
-                if msg.timestamp()[1] >= until_ms + self._slack_ms:
-                    continue
                 found = letter_event(msg.value() or b"", limit)
                 if found is not None and found[1] == tenant_id:
                     out.setdefault(found[0], found[2])
