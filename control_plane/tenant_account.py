@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from control_plane.deliveries import DeliveryService
 from control_plane.domain import DeliveryStatus, Principal
-from control_plane.errors import InvalidArgument
+from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.service import EndpointService
 from core import account as acc
 from core import reconcile as rc
@@ -170,6 +170,9 @@ class KafkaDeadLetters:
                 found = letter_event(msg.value() or b"", limit)
                 if found is not None and found[1] == tenant_id:
                     out.setdefault(found[0], found[2])
+            if stop:  # an account missing letters would show refused events as merely unsubscribed
+                raise Unavailable(f"dead-letter topic {topic}: partitions {sorted(stop)} stopped short of the "
+                                  "window's end; retry")
         finally:
             consumer.close()
         return out
