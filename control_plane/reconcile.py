@@ -57,6 +57,16 @@ MAX_WINDOW_MS = 30 * 24 * 3_600_000
 
 
 
+def check_window(since_ms: int | None, until_ms: int | None) -> tuple[int, int]:
+    if since_ms is None or until_ms is None:
+        raise InvalidArgument("start_time and end_time are required")
+    if not since_ms < until_ms:
+        raise InvalidArgument("start_time must be before end_time")
+    if until_ms - since_ms > MAX_WINDOW_MS:
+        raise InvalidArgument("the window is longer than the 30-day history: reconcile it in parts")
+    return since_ms, until_ms
+
+
 @dataclass(frozen=True)
 class Repair:
     kind: str
@@ -132,12 +142,7 @@ class Reconciler:
     # -- the whole run -----------------------------------------------------------------------------
     def run(self, since_ms: int | None, until_ms: int | None, tenant_id: str | None, repair: bool, requested_by: str,
             overdue_after_s: int = 0) -> Outcome:
-        if since_ms is None or until_ms is None:
-            raise InvalidArgument("start_time and end_time are required")
-        if not since_ms < until_ms:
-            raise InvalidArgument("start_time must be before end_time")
-        if until_ms - since_ms > MAX_WINDOW_MS:
-            raise InvalidArgument("the window is longer than the 30-day history: reconcile it in parts")
+        since_ms, until_ms = check_window(since_ms, until_ms)
         if overdue_after_s < 0:
             raise InvalidArgument("overdue_after_seconds must not be negative")
         overdue_ms = (overdue_after_s or self._settings.control_plane.reconcile_overdue_after_s) * 1000
@@ -154,6 +159,19 @@ class Reconciler:
             for r in outcome.repairs:
                 log.info("reconcile repair %s %s: %s (%s)", r.kind, r.id, r.action, r.detail)
         return outcome
+
+    def tenant_window(self, since_ms: int, until_ms: int,
+                      tenant_id: str) -> tuple[rc.Inputs, rc.Report, dict[str, str]]:
+        """What a tenant's account is built from (control_plane.tenant_account): the window's inputs
+        and report for that tenant only, and the type of each event it names (report only)."""
+        since_ms, until_ms = check_window(since_ms, until_ms)
+        window = self._read(since_ms, until_ms, tenant_id)
+        report = rc.reconcile(window.inputs, since_ms, until_ms, tenant_id, self._now_ms(),
+                              self._settings.control_plane.reconcile_overdue_after_s * 1000,
+                              given_up_after_ms=int(self._settings.dispatch.storage_give_up_s * 1000))
+        types = {r["event_id"]: r["event_type"] for r in window.rows.values() if r.get("event_type")}
+        types.update({event_id: e.event_type for event_id, (e, _) in window.events.items()})
+        return window.inputs, report, types
 
     def periodic(self) -> None:
         """One pass of the periodic reconciler (a control-plane loop): report only, never repair."""

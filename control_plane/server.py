@@ -24,6 +24,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from control_plane import console, faults, metrics
+from control_plane.account_servicer import SERVICE_NAME as ACCOUNT_SERVICE
+from control_plane.account_servicer import TenantAccountServicer
+from control_plane.account_servicer import add_to_server as add_account
 from control_plane.admin import AdminService
 from control_plane.api import pb, rpc
 from control_plane.archive_store import ArchiveStore
@@ -47,6 +50,7 @@ from control_plane.service import Deps, EndpointService
 from control_plane.servicer import AdminServicer, ControlPlaneServicer
 from control_plane.signals import SignalConsumer
 from control_plane.store import CassandraStore
+from control_plane.tenant_account import KafkaDeadLetters, TenantAccountService
 from control_plane.tiered_history import TieredHistory
 from control_plane.validation import DestinationValidator, Resolver, system_resolver
 from core.egress import EgressPolicy
@@ -60,6 +64,7 @@ SERVICE_NAMES = (
     pb.DESCRIPTOR.services_by_name["Admin"].full_name,
     console.SERVICE_NAME,
     CATALOG_SERVICE,
+    ACCOUNT_SERVICE,
 )
 
 
@@ -197,8 +202,11 @@ def build(
         AdminServicer(auth, AdminService(store, now_ms, os.urandom, settings.mode == "production"), reconciler,
                       endpoints), server)
     add_catalog(server, auth, catalog_store, store, cursors, catalog_publication, now_ms)  # the event-type catalog
+    # A tenant's account of its events (reconciliation's reads, for its tenant only).
+    account = TenantAccountService(reconciler, endpoints, deliveries, KafkaDeadLetters(settings))
+    add_account(TenantAccountServicer(auth, account), server)
     console_services = console.wire(settings, session, server, store, auth, endpoints, deliveries, ordering,
-                                    reconciler, now_ms)
+                                    reconciler, now_ms, account=account, catalog_store=catalog_store)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -14,6 +14,7 @@ import grpc
 from cassandra.cluster import Session
 
 from control_plane.auth import Authenticator
+from control_plane.catalog import CatalogStore
 from control_plane.console import portal_api
 from control_plane.console.app import ConsoleServer, build_app
 from control_plane.console.context import Console, ConsoleServices
@@ -25,6 +26,7 @@ from control_plane.ordering import OrderingService
 from control_plane.reconcile import Reconciler
 from control_plane.service import EndpointService
 from control_plane.store import CassandraStore
+from control_plane.tenant_account import TenantAccountService
 from core.settings import Settings
 
 SERVICE_NAME = portal_api.SERVICE_NAME
@@ -37,7 +39,8 @@ def console_url(settings: Settings) -> str:
 
 def wire(settings: Settings, session: Session, server: grpc.Server, store: CassandraStore, auth: Authenticator,
          endpoints: EndpointService, deliveries: DeliveryService, ordering: OrderingService,
-         reconciler: Reconciler, now_ms: Callable[[], int]) -> ConsoleServices:
+         reconciler: Reconciler, now_ms: Callable[[], int], account: TenantAccountService | None = None,
+         catalog_store: CatalogStore | None = None) -> ConsoleServices:
     """The console's services, and the Portal gRPC service registered on ``server``."""
     portal = PortalService(CassandraPortalStore(session), store, now_ms, os.urandom, console_url(settings))
     portal_api.add_to_server(portal_api.PortalServicer(auth, portal), server)
@@ -48,7 +51,7 @@ def wire(settings: Settings, session: Session, server: grpc.Server, store: Cassa
     return ConsoleServices(auth=auth, store=store, endpoints=endpoints, deliveries=deliveries, ordering=ordering,
                            portal=portal, reconciler=reconciler,
                            health=EndpointHealthService(CassandraEndpointHealth(session), now_ms), now_ms=now_ms,
-                           links=links, prometheus_url=prometheus)
+                           links=links, prometheus_url=prometheus, account=account, catalog=catalog_store)
 
 
 def serve(settings: Settings, services: ConsoleServices, port: int | None = None) -> ConsoleServer:

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from control_plane import errors
-from control_plane.console import views
+from control_plane.console import account_pages, catalog_pages, figures_pages, views
 from control_plane.console.context import (
     BASE,
     CHANGED,
@@ -160,6 +160,10 @@ def build_app(console: Console) -> web.Application:
                           client_max_size=256 * 1024)
     app[CONSOLE] = console
     views.add_routes(app)
+    for base in ("", f"{PATH_PREFIX}{{{PATH_SESSION}}}"):  # a cookie session, and a portal session's path
+        catalog_pages.add_routes(app, base)
+        figures_pages.add_routes(app, base)
+        account_pages.add_routes(app, base)
     app.router.add_static("/static/", HERE / "static", follow_symlinks=False)
     return app
 

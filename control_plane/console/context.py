@@ -22,6 +22,7 @@ from multidict import MultiDictProxy
 
 from control_plane import errors
 from control_plane.auth import Authenticator
+from control_plane.catalog import CatalogStore
 from control_plane.console.portal import PortalService
 from control_plane.console.sessions import SID_BYTES, Kind, Session, SessionCodec, new_sid
 from control_plane.deliveries import DeliveryService
@@ -31,6 +32,7 @@ from control_plane.ordering import OrderingService
 from control_plane.reconcile import Reconciler
 from control_plane.service import EndpointService
 from control_plane.store import EndpointStore
+from control_plane.tenant_account import TenantAccountService
 
 HERE = Path(__file__).resolve().parent
 T = TypeVar("T")
@@ -54,6 +56,10 @@ class ConsoleServices:
     links: dict[str, str] = field(default_factory=dict)
     # Where the operator view reads the jobs' gauges and alerts ("": nowhere).
     prometheus_url: str = ""
+    # The account page's service (None: the page says it is not available).
+    account: TenantAccountService | None = None
+    # The tenant's event-type catalog, read by its pages (None: not available).
+    catalog: CatalogStore | None = None
 
 
 async def blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -33,6 +33,8 @@ from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from stack.flink_jobs import rest, wait_all_running
 from tests.integration.helpers import (
+    account_and_report,
+    account_mismatches,
     create_endpoints,
     event,
     eventually,
@@ -304,6 +306,8 @@ class FaultResult:
     series: list[tuple[float, int, float]] = field(default_factory=list)  # (s since start, deliveries/s, oldest age s)
     note: str = ""
     after_timeouts: int = 0  # duplicates that followed an attempt recorded as a timeout
+    # Figures where a tenant's account (TenantAccount.GetAccount) and reconciliation disagree.
+    account_mismatches: int = 0
     # From the fault to deliveries resuming for every endpoint with work (None: not measured).
     pause_s: float | None = None
     # The report it joins: .run/<matrix>/ (`make chaos`, or `make chaos-cluster`'s).
@@ -321,7 +325,7 @@ class FaultResult:
     @property
     def passed(self) -> bool:
         return (self.lost == 0 and self.gaps == 0 and self.unexplained_duplicates == 0
-                and self.caused <= self.duplicate_bound)
+                and self.caused <= self.duplicate_bound and self.account_mismatches == 0)
 
     def line(self) -> str:
         p99 = "-" if self.healthy_p99_ms is None else f"{self.healthy_p99_ms:.0f}"
@@ -359,6 +363,11 @@ def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  #
 
     with contextlib.suppress(AssertionError):  # the verdict reports what was found
         eventually(settled, timeout=timeout, interval=2, what=f"{fault}: a clean, final reconciliation")
+    # Each tenant's own account of the window must tell the same story as reconciliation.
+    mismatches = [f"{tenant_id}: {m}" for tenant_id in tenant_ids
+                  for m in account_mismatches(*account_and_report(grpc_channel, settings, tenant_id, since_ms))]
+    if mismatches:
+        note += f"; account: {mismatches[:5]}"
     requests = requests_by_delivery(receiver, expected)
     shortfall = history_shortfall(cassandra_session, requests) if requests else {}
     first = first_request_at(receiver, expected)
@@ -374,7 +383,7 @@ def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  #
         max_oldest_new_age_s=max(ages, default=0.0), retry_amplification=sum(requests.values()) / max(1, len(expected)),
         healthy_p99_ms=healthy.p99_ms() if healthy is not None else None,
         series=_series(receiver, expected, produced), note=note + (f"; gaps: {gaps[:5]}" if gaps else ""),
-        pause_s=pause_s, matrix=matrix)
+        pause_s=pause_s, matrix=matrix, account_mismatches=len(mismatches))
     print("\n" + result.line())
     _record(result)
     RESULTS.append(result)

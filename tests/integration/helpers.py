@@ -187,3 +187,55 @@ def durable(h: CassandraHistory, *completions: Completion, timeout: float = 20) 
             assert time.monotonic() < deadline, "history write did not complete"
             time.sleep(0.005)
         c.result()
+
+
+def account_and_report(channel: grpc.Channel, settings: Settings, tenant_id: str, since_ms: int,
+                       api_key: str | None = None) -> tuple[Any, pb.ReconcileReport]:
+    """The tenant's account (TenantAccount.GetAccount, with its own key: a read-only one is made
+    when none is given) and the admin's reconciliation of the same window, [since_ms, now)."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from protogen.webhooks.v1 import account_pb2, account_pb2_grpc
+
+    md = auth(settings.control_plane.admin_token.get_secret_value())
+    if api_key is None:
+        api_key = rpc.AdminStub(channel).CreateApiKey(
+            pb.CreateApiKeyRequest(tenant_id=tenant_id, description="account check", read_only=True),
+            metadata=md).api_key
+    start, end = Timestamp(), Timestamp()
+    start.FromMilliseconds(since_ms)
+    end.FromMilliseconds(int(time.time() * 1000))
+    account = account_pb2_grpc.TenantAccountStub(channel).GetAccount(
+        account_pb2.GetAccountRequest(start_time=start, end_time=end), metadata=auth(api_key), timeout=120)
+    report = rpc.AdminStub(channel).Reconcile(
+        pb.ReconcileRequest(start_time=start, end_time=end, tenant_id=tenant_id), metadata=md, timeout=120)
+    return account, report
+
+
+def account_mismatches(account: Any, report: pb.ReconcileReport) -> list[str]:
+    """Where a tenant's account and reconciliation of the same window disagree (empty: they
+    agree). An event the job dead-lettered after parsing has an empty snapshot or none:
+    reconciliation counts it as without subscriber or not fanned out, the account by its reason."""
+    c, t = report.counts, account.total
+    dead = sum(t.dead_lettered.values())
+    pending = c["pending_in_progress"] + c["pending_held"] + c["pending_orphaned"]
+    pairs = {
+        "accepted = events_on_topic": (t.accepted, c["events_on_topic"]),
+        "fanned_out + no_subscriber + dead_lettered + not_accounted = events_on_topic":
+            (t.fanned_out + t.no_subscriber + dead + t.not_accounted, c["events_on_topic"]),
+        # A dead letter refused before fan-out (an id conflict, a target proof) leaves no snapshot:
+        # reconciliation's gap, the account's dead letter. So the account lists at most its gaps.
+        "not_accounted, at most the gaps event_not_fanned_out": (t.not_accounted,
+                                                                 min(t.not_accounted, c["gap_event_not_fanned_out"])),
+        "expected = deliveries_expected": (sum((t.deliveries.succeeded, t.deliveries.failed, t.deliveries.expired,
+                                                t.deliveries.pending, t.deliveries.missing)),
+                                           c["deliveries_expected"]),
+        "succeeded": (t.deliveries.succeeded, c["succeeded"]),
+        "failed": (t.deliveries.failed, c["failed"]),
+        "expired": (t.deliveries.expired, c["expired"]),
+        "pending = pending_*": (t.deliveries.pending, pending),
+        "missing = gaps delivery_missing": (t.deliveries.missing, c["gap_delivery_missing"]),
+        "listed = gaps of the kinds it lists": (len(account.unaccounted), t.not_accounted + c["gap_delivery_missing"]
+                                                + c["gap_pending_orphaned"]),
+    }
+    return [f"{name}: account {a} != reconciliation {r}" for name, (a, r) in pairs.items() if a != r]
