@@ -1,0 +1,137 @@
+"""Custom headers through the control-plane service: create, update, audit, publish, idempotency,
+master-key re-encryption -- and a secret value never stored, published, audited or logged in clear."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+
+from control_plane import errors
+from control_plane.domain import Endpoint, Tenant
+from control_plane.service import EndpointService
+from core import custom_headers
+from core.custom_headers import HeaderInput, HeaderView
+from core.secrets import Keyring, sealed_with
+from tests.unit.test_control_plane_service import ALICE, MASTER_KEY, NEW_MASTER, World, spec, w  # noqa: F401
+
+SECRET = "sk_live_do_not_leak_4711"
+HEADERS = (HeaderInput("X-Tenant", "acme"), HeaderInput("Authorization", f"Bearer {SECRET}", secret=True))
+
+
+def create(w: World, headers=HEADERS, request_id: str = "") -> Endpoint:  # noqa: F811
+    return w.endpoints.create(ALICE, spec(), request_id, headers=headers).endpoint
+
+
+RING = Keyring.single(MASTER_KEY)
+
+
+def opened(w: World, e: Endpoint, ring: Keyring = RING) -> dict[str, str]:  # noqa: F811
+    stored = w.store.endpoints[(e.tenant_id, e.endpoint_id)]
+    return custom_headers.open_all(stored.spec.headers, ring, tenant_id=e.tenant_id, endpoint_id=e.endpoint_id)
+
+
+def everything_kept(w: World) -> str:  # noqa: F811
+    """Every stored row, audit row and published record, as text."""
+    return " ".join([repr(w.store.endpoints), repr(w.store.versions), repr(w.store.requests),
+                     *(c.to_json().decode() for c in w.publisher.configs)])
+
+
+def test_headers_are_stored_published_and_audited_with_the_secret_value_sealed(
+        w: World, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    caplog.set_level(logging.DEBUG)
+    e = create(w)
+    assert custom_headers.views(e.spec.headers) == (HeaderView("X-Tenant", "acme", False),
+                                                    HeaderView("Authorization", "", True))
+    assert opened(w, e) == {"X-Tenant": "acme", "Authorization": f"Bearer {SECRET}"}
+    assert w.publisher.configs[-1].headers == e.spec.headers  # the job gets them, sealed
+    assert w.store.versions[("tenant-a", e.endpoint_id, 1)].spec.headers == e.spec.headers
+    assert SECRET not in everything_kept(w)
+    assert SECRET not in caplog.text
+
+
+@pytest.mark.parametrize("headers, message", [
+    ((HeaderInput("webhook-signature", "v1,x"),), "'webhook-signature' is reserved"),
+    ((HeaderInput("Content-Type", "text/plain"),), "'Content-Type' is reserved"),
+    ((HeaderInput("Connection", "close"),), "hop-by-hop"),
+    ((HeaderInput("X-A", "a\r\nb"),), "visible ASCII"),
+    ((HeaderInput("X-Key", "", secret=True),), "empty value"),
+    (tuple(HeaderInput(f"X-{i}", "v") for i in range(custom_headers.MAX_HEADERS + 1)), "at most"),
+])
+def test_refused_headers_are_invalid_argument_before_anything_is_written(
+        w: World, headers: tuple[HeaderInput, ...], message: str) -> None:  # noqa: F811
+    with pytest.raises(errors.InvalidArgument, match=message):
+        w.endpoints.create(ALICE, spec(), "req-h", headers=headers)
+    assert not w.store.endpoints and not w.store.requests and not w.publisher.configs
+
+
+def test_an_update_replaces_the_headers_as_an_audited_version_keeping_an_unsent_secret(
+        w: World, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    caplog.set_level(logging.DEBUG)
+    e = create(w)
+    u = w.endpoints.update(ALICE, e.endpoint_id, spec(), ["headers"],
+                           headers=(HeaderInput("X-Tenant", "acme-2"), HeaderInput("Authorization", "", secret=True)))
+    assert (u.config_version, u.change) == (2, "update headers")
+    assert opened(w, u) == {"X-Tenant": "acme-2", "Authorization": f"Bearer {SECRET}"}
+    assert w.publisher.configs[-1].headers == u.spec.headers
+    versions = w.endpoints.versions(ALICE, e.endpoint_id)
+    assert [custom_headers.views(v.spec.headers)[0].value for v in versions] == ["acme-2", "acme"]
+    # The same headers again, the secret re-sent in full: no change, no version.
+    same = w.endpoints.update(ALICE, e.endpoint_id, spec(), ["headers"],
+                              headers=(HeaderInput("X-Tenant", "acme-2"),
+                                       HeaderInput("Authorization", f"Bearer {SECRET}", secret=True)))
+    assert same.config_version == 2
+    # Other updates leave the headers alone; an empty list clears them.
+    described = w.endpoints.update(ALICE, e.endpoint_id, spec(description="d"), ["description"])
+    assert described.spec.headers == u.spec.headers
+    cleared = w.endpoints.update(ALICE, e.endpoint_id, spec(), ["headers"], headers=())
+    assert cleared.spec.headers == () and w.publisher.configs[-1].headers == ()
+    assert SECRET not in everything_kept(w) and SECRET not in caplog.text
+
+
+def test_a_new_secret_value_replaces_the_old_one(w: World) -> None:  # noqa: F811
+    e = create(w)
+    u = w.endpoints.update(ALICE, e.endpoint_id, spec(), ["headers"],
+                           headers=(HeaderInput("Authorization", "Bearer new", secret=True),))
+    assert opened(w, u) == {"Authorization": "Bearer new"}
+
+
+def test_an_update_with_a_reserved_name_changes_nothing(w: World) -> None:  # noqa: F811
+    e = create(w)
+    with pytest.raises(errors.InvalidArgument, match="'Host' is reserved"):
+        w.endpoints.update(ALICE, e.endpoint_id, spec(), ["headers"], headers=(HeaderInput("Host", "evil"),))
+    with pytest.raises(errors.InvalidArgument, match="has no secret header of that name"):
+        w.endpoints.update(ALICE, e.endpoint_id, spec(), ["headers"], headers=(HeaderInput("X-New", "", secret=True),))
+    assert w.store.endpoints[("tenant-a", e.endpoint_id)].config_version == 1
+
+
+def test_a_retried_create_must_carry_the_same_headers(w: World) -> None:  # noqa: F811
+    first = create(w, request_id="req-1")
+    assert create(w, request_id="req-1").endpoint_id == first.endpoint_id
+    other_secret = (HEADERS[0], replace(HEADERS[1], value="Bearer other"))
+    with pytest.raises(errors.AlreadyExists):
+        create(w, headers=other_secret, request_id="req-1")
+    with pytest.raises(errors.AlreadyExists):
+        create(w, headers=(), request_id="req-1")
+
+
+def test_creates_without_headers_keep_their_idempotency_fingerprints() -> None:
+    from control_plane.service import _fingerprint
+
+    assert _fingerprint(spec()) == _fingerprint(spec(), headers_print=())
+
+
+def test_reencryption_moves_secret_header_values_too(w: World) -> None:  # noqa: F811
+    w.store.tenants["tenant-a"] = Tenant("tenant-a", "a", 0)
+    e = create(w)
+    ring = Keyring("k2", {"k2": NEW_MASTER, "k1": MASTER_KEY})
+    service = EndpointService(replace(w.endpoints._d, master_key=ring))
+    dry = service.reencrypt_keys(None, dry_run=True)
+    assert dry.keys_by_master_key == {"k1": 2}  # the signing key and the secret header value
+    report = service.reencrypt_keys(None, dry_run=False)
+    assert report.endpoints_reencrypted == 1 and report.keys_by_master_key == {"k2": 2}
+    stored = w.store.endpoints[(e.tenant_id, e.endpoint_id)]
+    assert sealed_with(stored.spec.headers[1].sealed) == "k2"
+    assert opened(w, e, Keyring.single(NEW_MASTER, "k2"))["Authorization"] == f"Bearer {SECRET}"
+    assert w.publisher.configs[-1].headers == stored.spec.headers
