@@ -135,3 +135,16 @@ def test_reencryption_moves_secret_header_values_too(w: World) -> None:  # noqa:
     assert sealed_with(stored.spec.headers[1].sealed) == "k2"
     assert opened(w, e, Keyring.single(NEW_MASTER, "k2"))["Authorization"] == f"Bearer {SECRET}"
     assert w.publisher.configs[-1].headers == stored.spec.headers
+
+
+def test_the_stored_column_round_trips_and_null_means_none() -> None:
+    from control_plane.store import _headers_json, _spec
+
+    sealed = spec(headers=(custom_headers.SealedHeader("X-Tenant", value="acme"),
+                           custom_headers.SealedHeader("Authorization", sealed="AQID")))
+    row = {"url": sealed.url, "description": sealed.description, "event_types": list(sealed.event_types),
+           "rate_limit_per_s": None, "max_in_flight": None, "metadata": dict(sealed.metadata),
+           "headers": _headers_json(sealed)}
+    assert _spec(row).headers == sealed.headers
+    assert _headers_json(spec()) is None
+    assert _spec({**row, "headers": None}).headers == ()
