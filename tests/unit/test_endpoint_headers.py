@@ -148,3 +148,20 @@ def test_the_stored_column_round_trips_and_null_means_none() -> None:
     assert _spec(row).headers == sealed.headers
     assert _headers_json(spec()) is None
     assert _spec({**row, "headers": None}).headers == ()
+
+
+def test_api_answers_show_names_and_plain_values_never_a_secret_value_sealed_or_not(w: World) -> None:  # noqa: F811
+    from control_plane.servicer import endpoint_pb, headers_of, version_pb
+    from protogen.webhooks.v1 import control_plane_pb2 as pb
+
+    request = pb.CreateEndpointRequest(headers=[pb.CustomHeader(name="X-Tenant", value="acme"),
+                                                pb.CustomHeader(name="Authorization", value=SECRET, secret=True)])
+    assert headers_of(request.headers) == (HeaderInput("X-Tenant", "acme"), HeaderInput("Authorization", SECRET, True))
+    e = create(w, headers=headers_of(request.headers))
+    stored = w.store.endpoints[(e.tenant_id, e.endpoint_id)]
+    answers = [endpoint_pb(e, 0), *(version_pb(v) for v in w.endpoints.versions(ALICE, e.endpoint_id))]
+    for answer in answers:
+        assert [(h.name, h.value, h.secret) for h in answer.headers] == [("X-Tenant", "acme", False),
+                                                                          ("Authorization", "", True)]
+        raw = answer.SerializeToString()
+        assert SECRET.encode() not in raw and stored.spec.headers[1].sealed.encode() not in raw
