@@ -165,3 +165,82 @@ def test_api_answers_show_names_and_plain_values_never_a_secret_value_sealed_or_
                                                                           ("Authorization", "", True)]
         raw = answer.SerializeToString()
         assert SECRET.encode() not in raw and stored.spec.headers[1].sealed.encode() not in raw
+
+
+# -- webhookctl ----------------------------------------------------------------------------------
+
+
+def test_cli_create_sends_plain_and_secret_headers_the_secret_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.unit.test_control_plane_cli import run
+
+    monkeypatch.setenv("GATEWAY_KEY", SECRET)
+    stub, shown = run(["endpoints", "create", "--url", "https://h.example.com/", "--event-type", "a.b",
+                       "--header", "X-Tenant: acme", "--secret-header", "X-Other: inline-secret",
+                       "--secret-header-env", "Authorization=GATEWAY_KEY"])
+    request = stub.calls[0][1]
+    assert [(h.name, h.value, h.secret) for h in request.headers] == [
+        ("X-Tenant", "acme", False), ("X-Other", "inline-secret", True), ("Authorization", SECRET, True)]
+    assert SECRET not in "".join(shown)
+
+
+@pytest.mark.parametrize("argv, headers", [
+    (["--header", "X-Tenant: acme-2", "--secret-header", "Authorization:"],
+     [("X-Tenant", "acme-2", False), ("Authorization", "", True)]),  # keep the secret
+    (["--clear-headers"], []),
+])
+def test_cli_update_replaces_the_headers_with_the_path_headers(argv: list[str], headers: list) -> None:
+    from tests.unit.test_control_plane_cli import run
+
+    stub, _ = run(["endpoints", "update", "ep_1", *argv])
+    request = stub.calls[0][1]
+    assert list(request.update_mask.paths) == ["headers"]
+    assert [(h.name, h.value, h.secret) for h in request.endpoint.headers] == headers
+
+
+def test_cli_update_without_header_flags_leaves_them_alone() -> None:
+    from tests.unit.test_control_plane_cli import run
+
+    stub, _ = run(["endpoints", "update", "ep_1", "--description", "d"])
+    assert "headers" not in stub.calls[0][1].update_mask.paths
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--header", "X-Tenant"], "'X-Tenant' has no ':'"),
+    (["--secret-header", "only-the-secret"], "a secret header has no ':'"),
+    (["--secret-header-env", "Authorization=NOT_SET_ANYWHERE"], "NOT_SET_ANYWHERE is not set"),
+    (["--secret-header-env", "Authorization"], "NAME=ENV_VAR"),
+])
+def test_cli_header_flags_that_cannot_be_read_are_usage_errors(argv: list[str], message: str) -> None:
+    from tests.unit.test_control_plane_cli import run
+
+    with pytest.raises(SystemExit, match=message) as info:
+        run(["endpoints", "update", "ep_1", *argv])
+    assert "only-the-secret" not in str(info.value)
+
+
+def test_cli_shows_headers_with_secret_values_masked() -> None:
+    from control_plane import cli
+    from protogen.webhooks.v1 import control_plane_pb2 as pb
+
+    e = pb.Endpoint(headers=[pb.CustomHeader(name="X-Tenant", value="acme"),
+                             pb.CustomHeader(name="Authorization", secret=True)])
+    assert "headers:        X-Tenant: acme, Authorization: (secret)" in cli.endpoint_detail(e)
+    assert "headers:        none" in cli.endpoint_detail(pb.Endpoint())
+
+
+def test_cli_versions_name_each_versions_headers_secret_ones_starred(monkeypatch: pytest.MonkeyPatch) -> None:
+    from protogen.webhooks.v1 import control_plane_pb2 as pb
+    from tests.unit.test_control_plane_cli import RecordingStub, run
+
+    versions = pb.ListEndpointVersionsResponse(versions=[
+        pb.EndpointVersion(config_version=2, change="update headers", payload_mode="full",
+                           headers=[pb.CustomHeader(name="X-Tenant", value="acme"),
+                                    pb.CustomHeader(name="Authorization", secret=True)]),
+        pb.EndpointVersion(config_version=1, change="create", payload_mode="full")])
+    original = RecordingStub.__getattr__
+    monkeypatch.setattr(RecordingStub, "__getattr__", lambda self, name: (lambda request, **_: versions)
+                        if name == "ListEndpointVersions" else original(self, name))
+    _, shown = run(["endpoints", "versions", "ep_1"])
+    header, v2, v1 = shown[0].splitlines()
+    assert "HEADERS" in header and "X-Tenant,Authorization*" in v2 and "acme" not in v2
