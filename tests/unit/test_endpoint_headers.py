@@ -244,3 +244,55 @@ def test_cli_versions_name_each_versions_headers_secret_ones_starred(monkeypatch
     _, shown = run(["endpoints", "versions", "ep_1"])
     header, v2, v1 = shown[0].splitlines()
     assert "HEADERS" in header and "X-Tenant,Authorization*" in v2 and "acme" not in v2
+
+
+# -- the console -----------------------------------------------------------------------------------
+
+
+class _ConsoleEndpoints:
+    """The service calls the console makes for headers, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def update(self, *args: object, **kwargs: object) -> object:
+        from types import SimpleNamespace
+
+        self.calls.append(("update", args, kwargs))
+        return SimpleNamespace(config_version=2)
+
+
+@pytest.mark.parametrize("form, headers", [
+    ({"headers": "X-Tenant: acme\r\n\r\nX-Region: eu\r\n", "secret_headers": "Authorization:\r\n"},
+     (HeaderInput("X-Tenant", "acme"), HeaderInput("X-Region", "eu"), HeaderInput("Authorization", "", True))),
+    ({"headers": "", "secret_headers": ""}, ()),  # clears them
+])
+def test_the_console_form_replaces_the_headers(form: dict[str, str], headers: tuple) -> None:
+    import asyncio
+
+    from control_plane.console.sessions import Kind, SessionCodec
+    from tests.unit.test_console import KEY, _get, _session
+
+    codec, endpoints = SessionCodec(KEY), _ConsoleEndpoints()
+    portal = _session(kind=Kind.PORTAL)
+    path = f"/s/{codec.encode(portal)}/endpoints/ep_1/headers"
+    status, _, _ = asyncio.run(_get(codec, endpoints, "POST", path,  # type: ignore[arg-type]
+                                    data={"csrf_token": codec.csrf_token(portal), **form}))
+    assert status == 303
+    [(_, args, kwargs)] = endpoints.calls
+    assert args[1:] == ("ep_1", args[2], ["headers"]) and kwargs == {"headers": headers}
+
+
+def test_a_console_line_without_a_colon_is_refused_without_echoing_a_secret() -> None:
+    import asyncio
+
+    from control_plane.console.sessions import Kind, SessionCodec
+    from tests.unit.test_console import KEY, _get, _session
+
+    codec, endpoints = SessionCodec(KEY), _ConsoleEndpoints()
+    portal = _session(kind=Kind.PORTAL)
+    path = f"/s/{codec.encode(portal)}/endpoints/ep_1/headers"
+    status, _, html = asyncio.run(_get(codec, endpoints, "POST", path,  # type: ignore[arg-type]
+                                       data={"csrf_token": codec.csrf_token(portal), "secret_headers": SECRET}))
+    assert status == 400 and SECRET not in html and "no &#39;:&#39;" in html
+    assert endpoints.calls == []
