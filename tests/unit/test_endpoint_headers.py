@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -296,3 +297,38 @@ def test_a_console_line_without_a_colon_is_refused_without_echoing_a_secret() ->
                                        data={"csrf_token": codec.csrf_token(portal), "secret_headers": SECRET}))
     assert status == 400 and SECRET not in html and "no &#39;:&#39;" in html
     assert endpoints.calls == []
+
+
+def test_the_endpoint_page_shows_headers_never_a_secret_value_nor_its_ciphertext(w: World) -> None:  # noqa: F811
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from control_plane.console.app import Console, build_app
+    from control_plane.console.sessions import Kind, SessionCodec
+    from control_plane.domain import Page
+    from control_plane.endpoint_health import EndpointHealthService
+    from tests.unit.test_console import KEY, T0, _Reports, _session
+
+    e = create(w)
+    sealed = e.spec.headers[1].sealed
+    pages = SimpleNamespace(get=lambda principal, endpoint_id: e,
+                            versions=lambda principal, endpoint_id: w.endpoints.versions(ALICE, e.endpoint_id))
+    codec = SessionCodec(KEY)
+    path = f"/s/{codec.encode(_session(kind=Kind.PORTAL))}/endpoints/{e.endpoint_id}"
+    services = SimpleNamespace(now_ms=lambda: T0, endpoints=pages, random_bytes=lambda n: b"r" * n,
+                               deliveries=SimpleNamespace(list=lambda *args: Page((), "")),
+                               health=EndpointHealthService(_Reports([]), lambda: T0))
+
+    async def get() -> tuple[int, str]:
+        app = build_app(Console(services, codec, secure_cookies=False))  # type: ignore[arg-type]
+        async with TestClient(TestServer(app)) as client:
+            response = await client.get(path, allow_redirects=False)
+            return response.status, await response.text()
+
+    status, html = asyncio.run(get())
+    assert status == 200
+    assert "<code>X-Tenant</code>: <code>acme</code>" in html
+    assert "<code>Authorization</code>: <em>secret (never shown)</em>" in html
+    assert "X-Tenant: acme\n</textarea>" in html and "Authorization:\n</textarea>" in html
+    assert SECRET not in html and sealed not in html
