@@ -99,9 +99,10 @@ class Rotated:
 
 @dataclass(frozen=True)
 class Reencrypted:
-    """One pass of `master-key reencrypt`. ``keys_by_master_key``: every key of a live (not
-    deleted) endpoint by the id of the master key that seals it after the pass ("(none)": sealed
-    before ids); a retired id that no longer appears, with ``unpublished`` at 0, can be removed."""
+    """One pass of `master-key reencrypt`. ``keys_by_master_key``: every key and secret
+    custom-header value of a live (not deleted) endpoint by the id of the master key that seals it
+    after the pass ("(none)": sealed before ids); a retired id that no longer appears, with
+    ``unpublished`` at 0, can be removed. ``keys_reencrypted`` counts signing keys only."""
 
     current_id: str
     endpoints_scanned: int

@@ -67,7 +67,7 @@ class Sender:
             opened = custom_headers.open_all(cfg.headers, self._master_key, tenant_id=cfg.tenant_id,
                                              endpoint_id=cfg.endpoint_id)
         except (SecretDecryptError, ValueError):
-            failed = next(h.name for h in cfg.headers if h.secret and not _opens(self._master_key, cfg, h))
+            failed = next((h.name for h in cfg.headers if h.secret and not _opens(self._master_key, cfg, h)), "?")
             raise SigningKeyUnavailable(f"custom header {failed!r} of endpoint config v{cfg.config_version} "
                                         "does not decrypt") from None
         self._headers[cfg.endpoint_id] = (cfg.config_version, opened)
