@@ -28,10 +28,11 @@ pytestmark = pytest.mark.integration
 
 
 def _records(settings: Settings) -> Iterator[bytes]:
-    """Every key and value of this session's topics, from the beginning."""
+    """Every key and value of this session's topics, from the beginning to where each partition
+    ended when the scan began; uncommitted records of the job's transactional sinks included."""
     k = settings.kafka
     consumer = Consumer({"bootstrap.servers": k.bootstrap_servers, "group.id": f"headers-scan-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
     try:
         for topic in (k.events_topic, k.endpoints_topic, k.replays_topic, k.dlq_topic, k.signals_topic):
             meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
@@ -39,16 +40,17 @@ def _records(settings: Settings) -> Iterator[bytes]:
                 continue
             ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                     for p in meta.partitions}
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, end in ends.items() if end > 0])
             left = {p for p, end in ends.items() if end > 0}
-            deadline = time.time() + 60
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in left])
+            deadline = time.time() + 120
             while left and time.time() < deadline:
                 msg = consumer.poll(0.5)
-                if msg is None or msg.error():
-                    continue
-                yield (msg.key() or b"") + b"\n" + (msg.value() or b"")
-                if msg.offset() + 1 >= ends[msg.partition()]:
-                    left.discard(msg.partition())
+                if msg is not None and not msg.error():
+                    yield (msg.key() or b"") + b"\n" + (msg.value() or b"")
+                # The position, not the last record's offset: it also moves past transaction
+                # markers, which are never delivered.
+                left = {tp.partition for tp in consumer.position([TopicPartition(topic, p) for p in left])
+                        if tp.offset < ends[tp.partition]}
             assert not left, f"{topic}: partitions {sorted(left)} not read to their end"
             consumer.unassign()
     finally:
