@@ -32,6 +32,7 @@ from control_plane import account_cli, catalog_cli, history_query, listen, stats
 from control_plane.api import pb, rpc
 from control_plane.cli_common import Auth, Timeout, open_channel, plaintext, table, ts, when
 from control_plane.console import portal_cli
+from core.custom_headers import HeaderInput, InvalidHeaders, parse_flag_list
 from core.settings import load_settings
 from outbox.catalog_client import GrpcCatalog
 from outbox.producer import OutboxError, write_event
@@ -83,6 +84,7 @@ def endpoint_detail(e: Any) -> str:
         ("payload", (e.payload_mode or "full") + (f" {', '.join(e.payload_fields)}" if e.payload_fields else "")),
         ("ordering key", e.ordering_key or "none"),
         ("schema majors", ", ".join(map(str, e.schema_majors)) or "all"),
+        ("headers", ", ".join(f"{h.name}: {'(secret)' if h.secret else h.value}" for h in e.headers) or "none"),
         *([("challenge", f"{e.challenge_event_id}, answer by {when(e.challenge_expires_at)} "
                          "(then: endpoints verify)")] if e.challenge_event_id else []),
         ("updated", when(e.updated_at)),
@@ -205,6 +207,27 @@ def _metadata(pairs: list[str] | None) -> dict[str, str]:
     return result
 
 
+def _headers(args: argparse.Namespace) -> list[Any] | None:
+    """The custom headers the flags give, or None when none of them is given. A secret value
+    may come from an environment variable, so it is in neither the shell history nor `ps`."""
+    if args.header is None and args.secret_header is None and args.secret_header_env is None \
+            and not getattr(args, "clear_headers", False):
+        return None
+    try:
+        given = [*parse_flag_list(args.header or [], secret=False),
+                 *parse_flag_list(args.secret_header or [], secret=True)]
+    except InvalidHeaders as exc:
+        raise SystemExit(f"webhookctl: {exc}") from None
+    for item in args.secret_header_env or []:
+        name, sep, variable = item.partition("=")
+        if not sep or not name or not variable:
+            raise SystemExit(f"webhookctl: --secret-header-env expects NAME=ENV_VAR, got {item!r}")
+        if variable not in os.environ:
+            raise SystemExit(f"webhookctl: --secret-header-env {name}: {variable} is not set")
+        given.append(HeaderInput(name, os.environ[variable], secret=True))
+    return [pb.CustomHeader(name=h.name, value=h.value, secret=h.secret) for h in given]
+
+
 def reencrypt_report(r: Any) -> str:
     others = sorted(k for k, n in r.keys_by_master_key.items() if n and k != r.current_master_key_id)
     verdict = ("every key is sealed under the current master key"
@@ -276,7 +299,7 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
             max_in_flight=args.max_in_flight, metadata=_metadata(args.metadata),
             signature_scheme=args.signature_scheme or "", payload_mode=args.payload_mode or "",
             payload_fields=args.payload_field or [], ordering_key=args.ordering_key or "",
-            schema_majors=args.schema_major or []))
+            schema_majors=args.schema_major or [], headers=_headers(args) or []))
         out(r, lambda r: f"{endpoint_detail(r.endpoint)}\n\n" + _key_shown(r))
     elif cmd == "get":
         out(tenant.GetEndpoint(ref), endpoint_detail)
@@ -290,11 +313,14 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
         values.payload_fields.extend(args.payload_field or [])
         values.ordering_key = args.ordering_key or ""
         values.schema_majors.extend(args.schema_major or [])
+        headers = _headers(args)
+        values.headers.extend(headers or [])
         paths = [p for p, given in (("url", args.url), ("description", args.description),
                                     ("event_types", args.event_type), ("metadata", args.metadata),
                                     ("payload_mode", args.payload_mode), ("payload_fields", args.payload_field),
                                     ("ordering_key", args.ordering_key),
-                                    ("schema_majors", args.schema_major or args.clear_schema_majors or None))
+                                    ("schema_majors", args.schema_major or args.clear_schema_majors or None),
+                                    ("headers", headers))
                  if given is not None]
         for field, value, clear in (("rate_limit_per_s", args.rate_limit, args.clear_rate_limit),
                                     ("max_in_flight", args.max_in_flight, args.clear_max_in_flight)):
@@ -312,9 +338,12 @@ def run_endpoints(args: argparse.Namespace, tenant: Any, ref: Any, out: Callable
         out(tenant.DeleteEndpoint(ref), lambda r: f"endpoint {r.endpoint_id} deleted (v{r.config_version})")
     elif cmd == "versions":
         out(tenant.ListEndpointVersions(ref), lambda r: table(
-            ["version", "changed", "by", "change", "url", "keys", "payload", "ordering"],
+            ["version", "changed", "by", "change", "url", "keys", "headers", "payload", "ordering"],
             [(v.config_version, when(v.changed_at), v.changed_by, v.change, v.url,
-              ",".join(map(str, v.signing_key_versions)), *_delivery_settings(v)) for v in r.versions]))
+              ",".join(map(str, v.signing_key_versions)),
+              # Names only (a secret one starred): a version's values are in its change, not here.
+              ",".join(h.name + ("*" if h.secret else "") for h in v.headers) or "-",
+              *_delivery_settings(v)) for v in r.versions]))
     elif cmd == "rotate-secret":
         mode = (pb.RotateSecretRequest.MODE_REVOKE_IMMEDIATELY if args.revoke_now
                 else pb.RotateSecretRequest.MODE_OVERLAP)
@@ -372,6 +401,15 @@ def run_deliveries(args: argparse.Namespace, tenant: Any, out: Callable[..., Non
 
 
 # -- arguments --------------------------------------------------------------------------------
+
+
+def _header_flags(p: argparse.ArgumentParser, replaces: str = "") -> None:
+    p.add_argument("--header", action="append", metavar="'NAME: VALUE'",
+                   help="repeat; a custom header sent with every request" + replaces)
+    p.add_argument("--secret-header", action="append", metavar="'NAME: VALUE'",
+                   help="repeat; a custom header whose value is sealed and never shown again")
+    p.add_argument("--secret-header-env", action="append", metavar="NAME=ENV_VAR",
+                   help="repeat; a secret custom header whose value is read from an environment variable")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -447,6 +485,7 @@ def parser() -> argparse.ArgumentParser:
                    "its key's later deliveries (default: not ordered)")
     c.add_argument("--schema-major", type=int, action="append", metavar="MAJOR",
                    help="repeat; the schema majors of its event types the endpoint accepts (default: all)")
+    _header_flags(c)
     for name, text in (("get", "show one endpoint"),
                        ("disable", "stop deliveries; pending ones wait until enabled"),
                        ("enable", "resume deliveries to a disabled endpoint"),
@@ -475,6 +514,8 @@ def parser() -> argparse.ArgumentParser:
                    help="'' turns ordering off (held deliveries go at once); existing deliveries keep their key")
     u.add_argument("--schema-major", type=int, action="append", metavar="MAJOR", help="replaces the accepted majors")
     u.add_argument("--clear-schema-majors", action="store_true", help="accept every major again")
+    _header_flags(u, " (with the other header flags: replaces every custom header; an empty secret value keeps it)")
+    u.add_argument("--clear-headers", action="store_true", help="remove every custom header")
     bk = ep.add_parser("blocked-keys", help="ordering keys whose head keeps failing, holding later deliveries")
     bk.add_argument("endpoint_id")
     bk.add_argument("--page-size", type=int, default=0)

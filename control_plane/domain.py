@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from core.custom_headers import SealedHeader
 from core.records import REPLAY, EndpointConfig, EndpointStatus, SigningKey
 from core.signing import ED25519, HMAC_SHA256
 
@@ -96,6 +97,9 @@ class EndpointSpec:
     # Where a delivery's ordering key comes from (core.ordering): "" (not ordered), "object_id"
     # or a JSON Pointer into the payload.
     ordering_key: str = ""
+    # Custom headers sent with every request (core.custom_headers), as stored: secret values
+    # sealed. Set from HeaderInput by the service (create, update), never from a request directly.
+    headers: tuple[SealedHeader, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class Endpoint:
             payload_mode=self.spec.payload_mode,
             payload_fields=self.spec.payload_fields,
             ordering_key=self.spec.ordering_key,
+            headers=self.spec.headers,
         )
 
 

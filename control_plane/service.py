@@ -52,7 +52,8 @@ from control_plane.publication import ConfigPublication
 from control_plane.publisher import Publisher, PublishError
 from control_plane.schema_pins import SchemaPins, pinned_majors
 from control_plane.store import EndpointStore, HistoryStore
-from core import minimise, signing, target_proof
+from core import custom_headers, minimise, signing, target_proof
+from core.custom_headers import HeaderInput, SealedHeader
 from core.fanout import filter_covered
 from core.records import EndpointSignal, EndpointStatus, EventRecord, delivery_id_for
 from core.secrets import NONCE_BYTES, Keyring, decrypt_secret, derive_key, encrypt_secret, sealed_with
@@ -69,7 +70,7 @@ PING_SCHEMA_VERSION = "2026-01-01"
 CHALLENGE_EVENT_TYPE = "webhook.challenge"
 UPDATABLE_FIELDS = frozenset(
     {"url", "description", "event_types", "rate_limit_per_s", "max_in_flight", "metadata", "payload_mode",
-     "payload_fields", "ordering_key", "schema_majors"}
+     "payload_fields", "ordering_key", "schema_majors", "headers"}
 )
 MAX_OVERLAP_S = 7 * 24 * 3600
 # A rotation adds a key and an overlap keeps old ones signing; every live key adds a signature
@@ -98,9 +99,10 @@ class Rotated:
 
 @dataclass(frozen=True)
 class Reencrypted:
-    """One pass of `master-key reencrypt`. ``keys_by_master_key``: every key of a live (not
-    deleted) endpoint by the id of the master key that seals it after the pass ("(none)": sealed
-    before ids); a retired id that no longer appears, with ``unpublished`` at 0, can be removed."""
+    """One pass of `master-key reencrypt`. ``keys_by_master_key``: every key and secret
+    custom-header value of a live (not deleted) endpoint by the id of the master key that seals it
+    after the pass ("(none)": sealed before ids); a retired id that no longer appears, with
+    ``unpublished`` at 0, can be removed. ``keys_reencrypted`` counts signing keys only."""
 
     current_id: str
     endpoints_scanned: int
@@ -169,6 +171,8 @@ class EndpointService:
         self._cursors = Cursors.from_keyring(deps.master_key)
         self._target_key = target_proof.target_key(deps.master_key.current)
         self._challenge_key = derive_key(deps.master_key.current, b"webhooks.endpoint-challenge/v1")
+        # Secret header values enter an idempotency fingerprint only through this keyed hash.
+        self._header_print_key = derive_key(deps.master_key.current, b"webhooks.header-fingerprint/v1")
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -211,10 +215,13 @@ class EndpointService:
     # -- create -----------------------------------------------------------------------------
 
     def create(self, principal: Principal, raw: EndpointSpec, request_id: str,
-               signature_scheme: str = "", schema_majors: Sequence[int] = ()) -> Created:
+               signature_scheme: str = "", schema_majors: Sequence[int] = (),
+               headers: Sequence[HeaderInput] = ()) -> Created:
         require_write(principal)
         scheme = validation.signature_scheme(signature_scheme)
         spec = validation.spec(raw, self._d.destination)
+        headers = validation.headers(headers)
+        headers_print = self._headers_print(headers)
         pinned = pinned_majors(schema_majors)
         pins = self._pins() if pinned else None
         tenant = self._d.store.get_tenant(principal.tenant_id)
@@ -227,12 +234,12 @@ class EndpointService:
                 IdempotencyRecord(
                     tenant_id=principal.tenant_id,
                     request_id=request_id,
-                    fingerprint=_fingerprint(spec, scheme, pinned),
+                    fingerprint=_fingerprint(spec, scheme, pinned, headers_print),
                     endpoint_id=endpoint_id,
                     created_at_ms=self._d.now_ms(),
                 )
             )
-            if claim.fingerprint != _fingerprint(spec, scheme, pinned):
+            if claim.fingerprint != _fingerprint(spec, scheme, pinned, headers_print):
                 raise AlreadyExists(
                     f"request_id {request_id!r} was already used for a different endpoint; use a "
                     "new request_id for a new endpoint"
@@ -249,6 +256,7 @@ class EndpointService:
         now = self._d.now_ms()
         secret = generate_key(scheme, self._d.random_bytes(SECRET_BYTES))
         key = self._seal(principal.tenant_id, endpoint_id, 1, secret, now)
+        spec = replace(spec, headers=self._sealed_headers(principal.tenant_id, endpoint_id, headers, ()))
         challenge = self._new_challenge(now) if tenant is not None and tenant.verify_endpoints else None
         endpoint = Endpoint(
             tenant_id=principal.tenant_id,
@@ -297,7 +305,7 @@ class EndpointService:
 
     def update(
         self, principal: Principal, endpoint_id: str, values: EndpointSpec, mask: Sequence[str],
-        schema_majors: Sequence[int] = (),
+        schema_majors: Sequence[int] = (), headers: Sequence[HeaderInput] = (),
     ) -> Endpoint:
         require_write(principal)
         paths = set(mask)
@@ -332,6 +340,10 @@ class EndpointService:
             # Any time: the job keeps each delivery's key as fanned out, and "" releases held ones.
             changes["ordering_key"] = validation.ordering_key(values.ordering_key)
         pinned, pins = (pinned_majors(schema_majors), self._pins()) if "schema_majors" in paths else ((), None)
+        if "headers" in paths:
+            # Checked before anything is read; an empty secret value is checked against the
+            # endpoint's current headers in apply.
+            headers = validation.headers(headers, keep_allowed=frozenset(h.name.lower() for h in headers if h.secret))
 
         verifies = "url" in changes and tenant is not None and tenant.verify_endpoints
         issued: list[Challenge] = []  # the challenge this update made (apply may run more than once)
@@ -344,6 +356,9 @@ class EndpointService:
                 mode = (values.payload_mode or minimise.FULL) if "payload_mode" in paths else current.spec.payload_mode
                 fields = values.payload_fields if "payload_fields" in paths else current.spec.payload_fields
                 payload = {"payload_mode": mode, "payload_fields": validation.payload_fields(mode, fields)}
+            if "headers" in paths:
+                payload["headers"] = self._sealed_headers(current.tenant_id, current.endpoint_id, headers,
+                                                          current.spec.headers)
             spec = replace(current.spec, **changes, **payload)  # type: ignore[arg-type]
             if spec == current.spec:
                 return None
@@ -469,11 +484,16 @@ class EndpointService:
                         continue  # never signs again
                     scanned += 1
                     stale = [k for k in endpoint.signing_keys if sealed_with(k.ciphertext_b64) != ring.current_id]
-                    if stale and not dry_run:
+                    stale_headers = custom_headers.stale(endpoint.spec.headers, ring)
+                    if (stale or stale_headers) and not dry_run:
                         endpoint = self._change(admin, endpoint.endpoint_id, self._resealed)
                         changed, moved = changed + 1, moved + len(stale)
-                    for k in endpoint.signing_keys:
-                        label = sealed_with(k.ciphertext_b64) or "(none)"
+                    # Secret header values count with the keys: a retired master key can go only
+                    # when neither needs it.
+                    sealed = [k.ciphertext_b64 for k in endpoint.signing_keys]
+                    sealed += [h.sealed for h in endpoint.spec.headers if h.secret]
+                    for ciphertext in sealed:
+                        label = sealed_with(ciphertext) or "(none)"
                         by_key[label] = by_key.get(label, 0) + 1
                     unpublished += endpoint.published_version < endpoint.config_version
         log.info("master-key reencrypt%s: %d endpoints scanned, %d re-encrypted (%d keys) under %s",
@@ -482,7 +502,8 @@ class EndpointService:
 
     def _resealed(self, current: Endpoint) -> Endpoint | None:
         ring = self._d.master_key
-        if all(sealed_with(k.ciphertext_b64) == ring.current_id for k in current.signing_keys):
+        if (all(sealed_with(k.ciphertext_b64) == ring.current_id for k in current.signing_keys)
+                and not custom_headers.stale(current.spec.headers, ring)):
             return None  # done meanwhile (another replica, an earlier pass)
         keys = []
         for k in current.signing_keys:
@@ -494,8 +515,10 @@ class EndpointService:
             resealed = self._seal(current.tenant_id, current.endpoint_id, k.version, secret, k.created_at_ms)
             keys.append(replace(k, ciphertext_b64=resealed.ciphertext_b64))
         principal = Principal(current.tenant_id, ADMIN_ACTOR, read_only=False)
+        headers = custom_headers.reseal(current.spec.headers, ring, tenant_id=current.tenant_id,
+                                        endpoint_id=current.endpoint_id, random_bytes=self._d.random_bytes)
         return self._next(current, principal, f"re-encrypt signing keys under master key {ring.current_id}",
-                          signing_keys=tuple(keys))
+                          signing_keys=tuple(keys), spec=replace(current.spec, headers=headers))
 
     # -- ownership challenge ------------------------------------------------------------------
 
@@ -658,6 +681,19 @@ class EndpointService:
         confirmed = self._d.publication.try_publish(endpoint.tenant_id, endpoint.endpoint_id)
         return replace(endpoint, published_version=max(endpoint.published_version, confirmed))
 
+    def _sealed_headers(self, tenant_id: str, endpoint_id: str, headers: Sequence[HeaderInput],
+                        current: Sequence[SealedHeader]) -> tuple[SealedHeader, ...]:
+        try:
+            return custom_headers.seal(headers, current, self._d.master_key, tenant_id=tenant_id,
+                                       endpoint_id=endpoint_id, random_bytes=self._d.random_bytes)
+        except custom_headers.InvalidHeaders as exc:
+            raise InvalidArgument(str(exc)) from None
+
+    def _headers_print(self, headers: Sequence[HeaderInput]) -> tuple[tuple[str, str, bool], ...]:
+        """What a create's fingerprint holds of its headers: a secret value only as a keyed hash."""
+        return tuple((h.name, hmac.new(self._header_print_key, h.value.encode(), hashlib.sha256).hexdigest()
+                      if h.secret else h.value, h.secret) for h in headers)
+
     def _seal(self, tenant_id: str, endpoint_id: str, version: int, secret: str, now: int) -> StoredKey:
         ciphertext = encrypt_secret(
             self._d.master_key,
@@ -691,7 +727,8 @@ def _created(endpoint: Endpoint, secret: str, key: StoredKey) -> Created:
     return Created(endpoint, secret)
 
 
-def _fingerprint(spec: EndpointSpec, scheme: str = HMAC_SHA256, schema_majors: tuple[int, ...] = ()) -> str:
+def _fingerprint(spec: EndpointSpec, scheme: str = HMAC_SHA256, schema_majors: tuple[int, ...] = (),
+                 headers_print: Sequence[tuple[str, str, bool]] = ()) -> str:
     fields: list[object] = [spec.url, spec.description, list(spec.event_types), spec.rate_limit_per_s,
                             spec.max_in_flight, sorted(spec.metadata.items())]
     if scheme != HMAC_SHA256:  # HMAC keeps the fingerprints stored before schemes existed
@@ -702,5 +739,7 @@ def _fingerprint(spec: EndpointSpec, scheme: str = HMAC_SHA256, schema_majors: t
         fields.append(["ordering_key", spec.ordering_key])
     if schema_majors:  # likewise: unpinned keeps them
         fields.append(["schema_majors", list(schema_majors)])
+    if headers_print:  # likewise: no custom headers keeps them
+        fields.append(["headers", [list(h) for h in headers_print]])
     canonical = json.dumps(fields, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -35,6 +35,8 @@ from control_plane.domain import (
 from control_plane.ordering import OrderingService
 from control_plane.reconcile import Reconciler
 from control_plane.service import EndpointService
+from core import custom_headers
+from core.custom_headers import HeaderInput, SealedHeader
 from core.records import EndpointStatus
 from core.secrets import redact
 
@@ -144,7 +146,17 @@ def endpoint_pb(e: Endpoint, now_ms: int, schema_majors: Sequence[int] = ()) -> 
         challenge_event_id=e.challenge.event_id if e.challenge else "",
         challenge_expires_at=ts(e.challenge.expires_at_ms) if e.challenge else None,
         schema_majors=list(schema_majors),
+        headers=headers_pb(e.spec.headers),
     )
+
+
+def headers_pb(headers: Sequence[SealedHeader]) -> list[Any]:
+    """What answers show of custom headers: a secret value never (not even sealed)."""
+    return [pb.CustomHeader(name=v.name, value=v.value, secret=v.secret) for v in custom_headers.views(headers)]
+
+
+def headers_of(messages: Sequence[Any]) -> tuple[HeaderInput, ...]:
+    return tuple(HeaderInput(m.name, m.value, m.secret) for m in messages)
 
 
 def tenant_pb(t: Tenant) -> Any:
@@ -181,6 +193,7 @@ def version_pb(v: EndpointVersion) -> Any:
         change=v.change,
         deleted=v.status is EndpointStatus.DELETED,
         description=v.spec.description,
+        headers=headers_pb(v.spec.headers),
         **({"payload_mode": v.spec.payload_mode, "payload_fields": list(v.spec.payload_fields),
             "ordering_key": v.spec.ordering_key} if v.delivery_settings_known else {}),
     )
@@ -283,7 +296,8 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
     @mapped
     def CreateEndpoint(self, request: Any, context: grpc.ServicerContext) -> Any:
         created = self._endpoints.create(self._principal(context), spec_of(request), request.request_id,
-                                         request.signature_scheme, list(request.schema_majors))
+                                         request.signature_scheme, list(request.schema_majors),
+                                         headers_of(request.headers))
         return pb.CreateEndpointResponse(
             endpoint=self._endpoint(created.endpoint), signing_secret=created.signing_secret,
             public_key=created.public_key,
@@ -308,6 +322,7 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
             spec_of(request.endpoint),
             list(request.update_mask.paths),
             list(request.endpoint.schema_majors),
+            headers_of(request.endpoint.headers),
         )
         return self._endpoint(updated)
 

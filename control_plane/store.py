@@ -45,6 +45,7 @@ from control_plane.domain import (
 )
 from control_plane.errors import Unavailable
 from core import history_rows
+from core.custom_headers import SealedHeader
 from core.history_buckets import HISTORY_BUCKETS, bucket_of
 from core.records import REPLAY, EndpointStatus
 
@@ -191,7 +192,13 @@ def _spec(row: dict[str, Any]) -> EndpointSpec:
         payload_mode=str(policy.get("mode") or "full"),
         payload_fields=tuple(policy.get("fields") or ()),
         ordering_key=str(row.get("ordering_key") or ""),  # null: written before ordering existed
+        headers=tuple(SealedHeader.from_dict(h) for h in json.loads(row.get("headers") or "[]")),
     )
+
+
+def _headers_json(s: EndpointSpec) -> str | None:
+    """Custom headers as one JSON column (secret values sealed); None (no column) for none."""
+    return json.dumps([h.to_dict() for h in s.headers]) if s.headers else None
 
 
 def _payload_policy(s: EndpointSpec) -> str | None:
@@ -306,7 +313,7 @@ def _unavailable_on_driver_error(fn: Callable[P, R]) -> Callable[P, R]:
 _ENDPOINT_COLUMNS = (
     "tenant_id, endpoint_id, url, description, event_types, rate_limit_per_s, max_in_flight, "
     "metadata, status, config_version, published_version, signing_keys, created_at, updated_at, "
-    "changed_by, change, payload_policy, challenge, ordering_key"
+    "changed_by, change, payload_policy, challenge, ordering_key, headers"
 )
 # Point reads sent at once by one call: a page of 1,000 keys must not take a connection's
 # every stream.
@@ -317,7 +324,8 @@ _BLOCKED_COLUMNS = (
 )
 _VERSION_COLUMNS = (
     "tenant_id, endpoint_id, config_version, url, description, event_types, rate_limit_per_s, "
-    "max_in_flight, metadata, status, key_versions, changed_at, changed_by, change, payload_policy, ordering_key"
+    "max_in_flight, metadata, status, key_versions, changed_at, changed_by, change, payload_policy, ordering_key, "
+    "headers"
 )
 # A version's payload_policy is never null once written (011_version_delivery_settings.cql): null
 # marks a row from before the column, whose payload mode and ordering key are not known.
@@ -353,11 +361,11 @@ class CassandraStore:
             "AND key_id = ?",
             "key_revoke": "UPDATE api_keys SET revoked_at = ? WHERE key_hash = ?",
             "endpoint_insert": f"INSERT INTO endpoints ({_ENDPOINT_COLUMNS}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
             "endpoint_replace": "UPDATE endpoints SET url = ?, description = ?, event_types = ?, "
             "rate_limit_per_s = ?, max_in_flight = ?, metadata = ?, status = ?, "
             "config_version = ?, signing_keys = ?, updated_at = ?, changed_by = ?, change = ?, "
-            "payload_policy = ?, challenge = ?, ordering_key = ? "
+            "payload_policy = ?, challenge = ?, ordering_key = ?, headers = ? "
             "WHERE tenant_id = ? AND endpoint_id = ? IF config_version = ?",
             "endpoint_mark": "UPDATE endpoints SET published_version = ? "
             "WHERE tenant_id = ? AND endpoint_id = ? IF published_version < ?",
@@ -375,7 +383,7 @@ class CassandraStore:
             "endpoint_scan": "SELECT tenant_id, endpoint_id, config_version, published_version "
             "FROM endpoints",
             "version_insert": f"INSERT INTO endpoint_config_versions ({_VERSION_COLUMNS}) VALUES "
-            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             "version_list": f"SELECT {_VERSION_COLUMNS} FROM endpoint_config_versions "
             "WHERE tenant_id = ? AND endpoint_id = ?",
             "request_claim": "INSERT INTO endpoint_idempotency (tenant_id, request_id, "
@@ -487,7 +495,7 @@ class CassandraStore:
              endpoint.config_version, endpoint.published_version,
              keys, _dt(endpoint.created_at_ms),
              _dt(endpoint.updated_at_ms), endpoint.changed_by, endpoint.change, _payload_policy(s),
-             _challenge_json(endpoint.challenge), s.ordering_key or None),
+             _challenge_json(endpoint.challenge), s.ordering_key or None, _headers_json(s)),
             # The row a retry finds is this call's own when it holds the key sealed here (its
             # nonce is this call's): the create answers with its secret, not as a repeat.
             mine=lambda row: row.get("signing_keys") == keys,
@@ -511,7 +519,7 @@ class CassandraStore:
              dict(s.metadata), endpoint.status.value, endpoint.config_version,
              _keys_to_json(endpoint.signing_keys), _dt(endpoint.updated_at_ms),
              endpoint.changed_by, endpoint.change, _payload_policy(s), _challenge_json(endpoint.challenge),
-             s.ordering_key or None, endpoint.tenant_id, endpoint.endpoint_id,
+             s.ordering_key or None, _headers_json(s), endpoint.tenant_id, endpoint.endpoint_id,
              expected_version),
             mine=mine,
         )
@@ -569,7 +577,7 @@ class CassandraStore:
              s.description, list(s.event_types), s.rate_limit_per_s, s.max_in_flight,
              dict(s.metadata), version.status.value, list(version.key_versions),
              _dt(version.changed_at_ms), version.changed_by, version.change,
-             _payload_policy(s) or _FULL_POLICY, s.ordering_key),
+             _payload_policy(s) or _FULL_POLICY, s.ordering_key, _headers_json(s)),
         )
 
     @_unavailable_on_driver_error

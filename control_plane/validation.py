@@ -13,7 +13,7 @@ from typing import Protocol
 
 from control_plane.domain import EndpointSpec
 from control_plane.errors import InvalidArgument
-from core import identifiers, minimise, ordering, signing
+from core import custom_headers, identifiers, minimise, ordering, signing
 from core.egress import EgressPolicy, EgressRefused, check_resolved, parse_target
 
 MAX_URL_CHARS = 2048
@@ -111,6 +111,15 @@ def metadata(values: Mapping[str, str]) -> dict[str, str]:
                 f"metadata[{key!r}] is longer than {MAX_METADATA_VALUE_CHARS} characters"
             )
     return dict(values)
+
+
+def headers(values: Sequence[custom_headers.HeaderInput],
+            keep_allowed: frozenset[str] = frozenset()) -> tuple[custom_headers.HeaderInput, ...]:
+    """Custom headers (core.custom_headers.check): reserved names, syntax, count and size."""
+    try:
+        return custom_headers.check(values, keep_allowed=keep_allowed)
+    except custom_headers.InvalidHeaders as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def spec(raw: EndpointSpec, destination: DestinationValidator) -> EndpointSpec:

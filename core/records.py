@@ -42,6 +42,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from core.custom_headers import SealedHeader
+
 EVENT_SCHEMA_V1 = "webhooks.event/v1"
 ENDPOINT_SCHEMA_V1 = "webhooks.endpoint/v1"
 CLOCK_SCHEMA_V1 = "webhooks.clock/v1"
@@ -157,6 +159,9 @@ class EndpointConfig:
     # Ordering key (core.ordering): "" (none, default), "object_id" or a JSON Pointer; absent in
     # records published before it existed.
     ordering_key: str = ""
+    # Custom headers sent with every request (core.custom_headers): secret values sealed, opened
+    # by the job at send time. Absent in records without any.
+    headers: tuple[SealedHeader, ...] = ()
     # Set by the dispatcher when a later record for this endpoint could not be read: sends wait
     # until a readable config replaces it. Never published (the control plane never sets it).
     refused: str | None = None
@@ -170,6 +175,10 @@ class EndpointConfig:
             d["payload_fields"] = list(self.payload_fields)
         if not self.ordering_key:
             del d["ordering_key"]
+        if self.headers:
+            d["headers"] = [h.to_dict() for h in self.headers]
+        else:
+            del d["headers"]
         d["status"] = self.status.value
         d["event_types"] = list(self.event_types)
         d["signing_keys"] = [asdict(k) for k in self.signing_keys]
@@ -199,6 +208,7 @@ class EndpointConfig:
             payload_mode=str(d.get("payload_mode") or "full"),
             payload_fields=tuple(str(f) for f in d.get("payload_fields") or ()),
             ordering_key=str(d.get("ordering_key") or ""),
+            headers=tuple(SealedHeader.from_dict(h) for h in d.get("headers") or ()),
         )
 
 

@@ -119,16 +119,7 @@ def encrypt_secret(
     """Base64 text of ``format || [key id] || nonce || AES-GCM(secret) || tag`` bound to the
     endpoint key. A keyring seals with its current key and records its id (v2); a bare key
     writes the v1 format."""
-    if len(nonce) != NONCE_BYTES:
-        raise ValueError(f"nonce must be {NONCE_BYTES} bytes, got {len(nonce)}")
-    key = master_key.current if isinstance(master_key, Keyring) else master_key
-    sealed = _cipher(key).encrypt(
-        nonce, secret.encode(), _associated_data(tenant_id, endpoint_id, key_version)
-    )
-    if isinstance(master_key, Keyring):
-        key_id = master_key.current_id.encode("ascii")
-        return base64.b64encode(_FORMAT_V2 + bytes([len(key_id)]) + key_id + nonce + sealed).decode("ascii")
-    return base64.b64encode(_FORMAT_V1 + nonce + sealed).decode("ascii")
+    return _seal(master_key, secret, _associated_data(tenant_id, endpoint_id, key_version), nonce)
 
 
 def decrypt_secret(
@@ -142,37 +133,73 @@ def decrypt_secret(
     """The plaintext secret, or :class:`SecretDecryptError` (wrong key, binding, or tampering).
     A v2 ciphertext names its master key; a v1 one is tried under each key of the keyring,
     the current one first (AES-GCM authenticates: a wrong key fails, it never decrypts wrongly)."""
+    return _open(master_key, ciphertext_b64, _associated_data(tenant_id, endpoint_id, key_version),
+                 f"signing secret v{key_version} of endpoint {endpoint_id}")
+
+
+_HEADER_AAD_LABEL = "webhooks.custom-header/v1"
+
+
+def _header_associated_data(tenant_id: str, endpoint_id: str, name: str) -> bytes:
+    # Header names are case-insensitive: the binding is to the name, not to how it was typed.
+    return json.dumps([_HEADER_AAD_LABEL, tenant_id, endpoint_id, name.lower()]).encode()
+
+
+def seal_header_value(
+    master_key: Keyring, value: str, *, tenant_id: str, endpoint_id: str, name: str, nonce: bytes
+) -> str:
+    """A secret custom-header value sealed like a signing secret (same format, same keyring),
+    bound to (tenant, endpoint, header name): a ciphertext copied onto another endpoint or
+    another header does not open."""
+    return _seal(master_key, value, _header_associated_data(tenant_id, endpoint_id, name), nonce)
+
+
+def open_header_value(master_key: Keyring, ciphertext_b64: str, *, tenant_id: str, endpoint_id: str,
+                      name: str) -> str:
+    """The plaintext of :func:`seal_header_value`, or :class:`SecretDecryptError`."""
+    return _open(master_key, ciphertext_b64, _header_associated_data(tenant_id, endpoint_id, name),
+                 f"custom header {name!r} of endpoint {endpoint_id}")
+
+
+def _seal(master_key: bytes | Keyring, plaintext: str, aad: bytes, nonce: bytes) -> str:
+    if len(nonce) != NONCE_BYTES:
+        raise ValueError(f"nonce must be {NONCE_BYTES} bytes, got {len(nonce)}")
+    key = master_key.current if isinstance(master_key, Keyring) else master_key
+    sealed = _cipher(key).encrypt(nonce, plaintext.encode(), aad)
+    if isinstance(master_key, Keyring):
+        key_id = master_key.current_id.encode("ascii")
+        return base64.b64encode(_FORMAT_V2 + bytes([len(key_id)]) + key_id + nonce + sealed).decode("ascii")
+    return base64.b64encode(_FORMAT_V1 + nonce + sealed).decode("ascii")
+
+
+def _open(master_key: bytes | Keyring, ciphertext_b64: str, aad: bytes, what: str) -> str:
+    """``what`` names the sealed thing in errors (never its value)."""
     keyring = master_key if isinstance(master_key, Keyring) else None
     try:
         raw = base64.b64decode(ciphertext_b64, validate=True)
     except binascii.Error:
-        raise SecretDecryptError("signing-secret ciphertext is not base64") from None
+        raise SecretDecryptError(f"{what}: ciphertext is not base64") from None
     if raw[:1] == _FORMAT_V2 and len(raw) >= 2:
         key_id, body = raw[2 : 2 + raw[1]].decode("ascii", "replace"), raw[2 + raw[1] :]
         if keyring is None or key_id not in keyring.keys:
-            raise SecretDecryptError(f"signing secret v{key_version} of endpoint {endpoint_id} is sealed under "
-                                     f"master key {key_id!r}, which is not configured")
+            raise SecretDecryptError(f"{what} is sealed under master key {key_id!r}, which is not configured")
         candidates = [keyring.keys[key_id]]
     elif raw[:1] == _FORMAT_V1:
         body = raw[1:]
         candidates = ([keyring.current, *(k for i, k in keyring.keys.items() if i != keyring.current_id)]
                       if keyring is not None else [master_key])  # type: ignore[list-item]
     else:
-        raise SecretDecryptError("signing-secret ciphertext has an unknown format")
+        raise SecretDecryptError(f"{what}: ciphertext has an unknown format")
     if len(body) < NONCE_BYTES + 16:
-        raise SecretDecryptError("signing-secret ciphertext has an unknown format")
+        raise SecretDecryptError(f"{what}: ciphertext has an unknown format")
     nonce, sealed = body[:NONCE_BYTES], body[NONCE_BYTES:]
-    aad = _associated_data(tenant_id, endpoint_id, key_version)
     for key in candidates:
         try:
             return _cipher(key).decrypt(nonce, sealed, aad).decode()
         except InvalidTag:
             continue
     # One message for every cause, so the error does not tell an attacker which part is wrong.
-    raise SecretDecryptError(
-        f"signing secret v{key_version} of endpoint {endpoint_id} does not decrypt "
-        "under this master key and binding"
-    ) from None
+    raise SecretDecryptError(f"{what} does not decrypt under this master key and binding") from None
 
 
 def constant_time_equals(a: str | bytes, b: str | bytes) -> bool:

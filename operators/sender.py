@@ -1,15 +1,17 @@
 """Builds and sends one signed request: owns the endpoint secrets, the headers and the signing.
 
-Secrets are decrypted here only, kept in memory by (endpoint, key version), and never logged. A
-key that does not decrypt raises :class:`SigningKeyUnavailable` *before* anything is sent, so the
-dispatcher can hold that one endpoint visibly instead of failing the task.
+Secrets are decrypted here only, kept in memory by (endpoint, key version), and never logged;
+so are the secret values of an endpoint's custom headers (core.custom_headers), kept by
+(endpoint, config version). A key or a header value that does not decrypt raises
+:class:`SigningKeyUnavailable` *before* anything is sent, so the dispatcher can hold that one
+endpoint visibly instead of failing the task (or sending without a header its receiver expects).
 """
 
 from __future__ import annotations
 
 import time
 
-from core import dispatch
+from core import custom_headers, dispatch
 from core.dispatch import NotSent
 from core.minimise import minimise
 from core.outcomes import ErrorClass, HttpResult
@@ -32,6 +34,8 @@ class Sender:
         self._http = http
         self._master_key = master_key
         self._keys: dict[tuple[str, int], SigningMaterial] = {}
+        # endpoint -> (config version, custom headers opened): one entry per endpoint.
+        self._headers: dict[str, tuple[int, dict[str, str]]] = {}
 
     def keys(self, cfg: EndpointConfig, now_ms: int) -> SigningKeys:
         """The live signing keys of ``cfg``, newest first (both sides of a rotation overlap)."""
@@ -51,7 +55,23 @@ class Sender:
                     raise SigningKeyUnavailable(
                         f"signing key v{k.version} does not decrypt ({type(exc).__name__})") from None
             out.append((k.version, self._keys[cache_key]))
+        self.custom_headers(cfg)
         return out
+
+    def custom_headers(self, cfg: EndpointConfig) -> dict[str, str]:
+        """The custom headers of ``cfg``, secret values opened."""
+        cached = self._headers.get(cfg.endpoint_id)
+        if cached is not None and cached[0] == cfg.config_version:
+            return cached[1]
+        try:
+            opened = custom_headers.open_all(cfg.headers, self._master_key, tenant_id=cfg.tenant_id,
+                                             endpoint_id=cfg.endpoint_id)
+        except (SecretDecryptError, ValueError):
+            failed = next((h.name for h in cfg.headers if h.secret and not _opens(self._master_key, cfg, h)), "?")
+            raise SigningKeyUnavailable(f"custom header {failed!r} of endpoint config v{cfg.config_version} "
+                                        "does not decrypt") from None
+        self._headers[cfg.endpoint_id] = (cfg.config_version, opened)
+        return opened
 
     async def send(self, p: dispatch.Pending, payload: bytes, cfg: EndpointConfig,
                    keys: SigningKeys) -> dispatch.SendReport:
@@ -68,6 +88,7 @@ class Sender:
                 object_id=e.object_id, object_version=e.object_version,
                 attempt=p.intent.number if p.intent is not None else None)
             headers["user-agent"] = self._settings.user_agent
+            headers = custom_headers.with_platform_headers(self.custom_headers(cfg), headers)
         except Exception as exc:
             # Nothing has left the process: not an attempt (core.dispatch.failed_before_leaving).
             # The type only: a message could carry the payload or a secret.
@@ -85,3 +106,11 @@ class Sender:
 
     async def close(self) -> None:
         await self._http.close()
+
+
+def _opens(keyring: Keyring, cfg: EndpointConfig, header: custom_headers.SealedHeader) -> bool:
+    try:
+        custom_headers.open_all([header], keyring, tenant_id=cfg.tenant_id, endpoint_id=cfg.endpoint_id)
+        return True
+    except (SecretDecryptError, ValueError):
+        return False

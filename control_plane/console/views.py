@@ -18,6 +18,7 @@ from control_plane.console.context import BASE, CHANGED, CONSOLE, FORM, SESSION,
 from control_plane.console.portal import PATH_PREFIX, PATH_SESSION, SESSION_TTL_S
 from control_plane.console.sessions import LOGIN_TTL_MS, Kind, Session
 from control_plane.domain import DeliveryStatus, EndpointSpec
+from core.custom_headers import HeaderInput, InvalidHeaders, parse_flag_list
 from core.fanout import filter_accepts
 from core.records import EndpointStatus
 
@@ -119,7 +120,7 @@ async def _create(request: web.Request) -> web.StreamResponse:
                         event_types=tuple(t for t in _field(request, "event_types").replace(",", " ").split() if t),
                         rate_limit_per_s=None, max_in_flight=None)
     created = await blocking(c.services.endpoints.create, principal, spec, _field(request, "request_id"),
-                             _field(request, "signature_scheme"))
+                             _field(request, "signature_scheme"), headers=_headers(request))
     return c.render(request, "created.html", endpoint=created.endpoint, secret=created.signing_secret,
                     public_key=created.public_key, rotated=None)
 
@@ -164,6 +165,10 @@ async def _endpoint_action(request: web.Request) -> web.StreamResponse:
                                  overlap_s=int(overlap or 0), signature_scheme="")
         return c.render(request, "created.html", endpoint=rotated.endpoint, secret=rotated.signing_secret,
                         public_key=rotated.public_key, rotated=rotated)
+    elif action == "headers":
+        updated = await blocking(s.update, principal, endpoint_id, EndpointSpec("", "", (), None, None), ["headers"],
+                                 headers=_headers(request))
+        done = f"custom headers saved (v{updated.config_version})"
     elif action == "skip-head":
         reason = _required_reason(request)
         skipped = await blocking(c.services.ordering.skip_head, principal, endpoint_id,
@@ -257,6 +262,16 @@ def _field(request: web.Request, name: str) -> str:
     form: MultiDictProxy[Any] = request[FORM]
     value = form.get(name, "")
     return value.strip() if isinstance(value, str) else ""
+
+
+def _headers(request: web.Request) -> tuple[HeaderInput, ...]:
+    """The custom headers of a form: one `Name: value` per line, plain and secret apart."""
+    try:
+        return tuple(h for name, secret in (("headers", False), ("secret_headers", True))
+                     for h in parse_flag_list([line for line in _field(request, name).splitlines() if line.strip()],
+                                              secret=secret))
+    except InvalidHeaders as exc:
+        raise errors.InvalidArgument(str(exc)) from None
 
 
 def _required_reason(request: web.Request) -> str:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.custom_headers import SealedHeader
 from core.records import (
     CLOCK_SCHEMA_V1,
     SKIP,
@@ -87,7 +88,21 @@ CONFIGS = [
         status=EndpointStatus.ACTIVE, event_types=("a.b",), signing_keys=(), published_at_ms=NOW,
         ordering_key="/customer/id",
     ),
+    EndpointConfig(
+        endpoint_id="ep_6", tenant_id="t_2", config_version=5, url="https://example.com/",
+        status=EndpointStatus.ACTIVE, event_types=("a.b",), signing_keys=(), published_at_ms=NOW,
+        headers=(SealedHeader("X-Tenant", value="acme"), SealedHeader("Authorization", sealed="AQIDBA==")),
+    ),
 ]
+
+
+def test_custom_headers_travel_only_when_an_endpoint_has_some() -> None:
+    """Configs without custom headers are the records they always were; a secret value travels
+    sealed only, under "sealed", never as a "value"."""
+    assert "headers" not in json.loads(CONFIGS[0].to_json())
+    assert json.loads(CONFIGS[5].to_json())["headers"] == [
+        {"name": "X-Tenant", "value": "acme"}, {"name": "Authorization", "sealed": "AQIDBA=="}]
+    assert parse_endpoint_topic_value(CONFIGS[0].to_json()).headers == ()
 
 
 def test_the_payload_policy_travels_only_when_it_is_not_full() -> None:
