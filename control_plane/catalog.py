@@ -16,7 +16,9 @@ validate, who added it and when. Rules every method keeps:
 * What reaches the delivery job is the stored row, read back after the write, and a change whose
   publish failed is sent by the republisher (control_plane.catalog_publication): the job never
   keeps a revision older than Cassandra's.
-* ``webhook.*`` names are the platform's own events (ping, challenge) and cannot be catalogued.
+* ``webhook.*`` names are the platform's own events (ping, challenge) and cannot be catalogued;
+  ``webhooks.*`` is reserved for its operational events (core.operational_events), catalogued by
+  the platform for every tenant.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from control_plane.errors import Aborted, FailedPrecondition, InvalidArgument, N
 from control_plane.schema_pins import SchemaPins
 from control_plane.service import ADMIN_ACTOR, page_size
 from control_plane.store import HistoryStore
-from core import identifiers, replay_policy
+from core import identifiers, operational_events, replay_policy
 from core.event_schemas import (
     SchemaDocumentError,
     SchemaVersion,
@@ -175,7 +177,8 @@ class FilterCheck:
         if not names:
             return
         refused = [f for f in filters
-                   if f != "*" and not f.startswith(PLATFORM_PREFIX) and not any(filter_accepts([f], n) for n in names)]
+                   if f != "*" and not f.startswith(PLATFORM_PREFIX) and not _operational_filter(f)
+                   and not any(filter_accepts([f], n) for n in names)]
         if not refused:
             return
         prefixes = sorted({n.rsplit(".", 1)[0] + ".*" for n in names if "." in n})
@@ -185,6 +188,12 @@ class FilterCheck:
             parts.append(f"{f!r} matches no type in the tenant's event-type catalog"
                          + (f" (close: {', '.join(close)})" if close else f" (catalogued: {', '.join(names[:10])})"))
         raise InvalidArgument("event_types " + "; ".join(parts))
+
+
+def _operational_filter(f: str) -> bool:
+    """A filter that names operational events (``webhooks.*``, ``webhooks.endpoint.*``, a type
+    of core.operational_events): checked against the platform's catalog, not the tenant's."""
+    return operational_events.is_operational(f) and any(filter_accepts([f], n) for n in operational_events.CATALOG)
 
 
 def caller_for(principal: Principal | None, tenant_id: str, catalog: CatalogStore, tenants: TenantsAndEndpoints,
@@ -298,6 +307,9 @@ class CatalogService:
         name = _name(name)
         if name.startswith(PLATFORM_PREFIX):
             raise InvalidArgument(f"{PLATFORM_PREFIX}* types are the platform's own events and cannot be catalogued")
+        if operational_events.is_operational(name):
+            raise InvalidArgument(f"{operational_events.PREFIX}* is reserved for the platform's operational events "
+                                  f"({', '.join(sorted(operational_events.CATALOG))}); choose another name")
         now = self._d.now_ms()
         entry = EventTypeEntry(caller.tenant_id, name, _text("description", description), _text("group", group),
                                ACTIVE, None, _policy("enforcement", enforcement, REJECT), now, now, caller.actor, 1)

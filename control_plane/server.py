@@ -37,6 +37,8 @@ from control_plane.catalog_store import CassandraCatalogStore
 from control_plane.cursor import Cursors
 from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.errors import Unavailable
+from control_plane.operational_events import OperationalEvents
+from control_plane.operational_store import CassandraOperationalStore
 from control_plane.ordering import OrderingDeps, OrderingService
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import KafkaPublisher, Publisher, PublishError
@@ -215,7 +217,11 @@ def build(
         bound = server.add_insecure_port(address)
     if bound == 0:
         raise RuntimeError(f"could not bind {cp.host}:{cp.port}")
-    signals = SignalConsumer(settings.kafka, endpoints)
+    operational = OperationalEvents(CassandraOperationalStore(session, settings.cassandra.consistency), store,
+                                    publisher, now_ms)
+    operational.bind(endpoints.auto_disable, endpoints.disable_gone)
+    endpoints.listen(operational)
+    signals = SignalConsumer(settings.kafka, endpoints, on_signal=operational.on_signal)
     loops = (
         # First pass at once: the clock does not tick until it has held every lagging row.
         Loop("republisher", cp.republish_interval_s, publication.republish_pending, first_at_start=True),
@@ -225,8 +231,11 @@ def build(
              first_at_start=True),
         # Leased ticks (control_plane.publication): a few per lease keep fan-out from holding.
         Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
-        # The dispatcher's 410 Gone signals become audited disables.
+        # The dispatcher's signals: a 410 Gone becomes an audited disable; each signal its
+        # operational event (control_plane.operational_events).
         Loop("endpoint-signals", 0.2, signals.poll_once),
+        # Auto-disable: warnings at the tenant's shares of its window, the disable at its end.
+        Loop("auto-disable", cp.auto_disable_interval_s, operational.sweep),
         *([Loop("reconciler", cp.reconcile_interval_s, lambda: _reconcile_and_export(reconciler))]
           if cp.reconcile_interval_s else []),
     )
