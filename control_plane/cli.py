@@ -28,7 +28,7 @@ import psycopg
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.json_format import MessageToDict
 
-from control_plane import catalog_cli, history_query, listen, stats
+from control_plane import catalog_cli, history_query, listen, operations_cli, stats
 from control_plane.api import pb, rpc
 from control_plane.cli_common import Auth, Timeout, open_channel, plaintext, table, ts, when
 from control_plane.console import portal_cli
@@ -522,6 +522,7 @@ def parser() -> argparse.ArgumentParser:
     portal_cli.add_arguments(groups.add_parser("portal", help="(admin) one-time links into the web console"))
 
     catalog_cli.add_arguments(groups.add_parser("event-types", help="the event-type catalog: schemas, exports"))
+    operations_cli.add_arguments(groups.add_parser("operations", help="operational events (webhooks.*), auto-disable"))
     history_query.add_arguments(groups.add_parser("history", help="(operator) read-only SQL over the archived history"))
 
     ev = groups.add_parser("events", help="emit events through the transactional outbox (PostgreSQL)")
@@ -596,6 +597,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return publish_event(args)
     if args.group == "event-types":
         return catalog_cli.main(args)
+    if args.group == "operations":
+        return operations_cli.main(args)
     if args.group == "history":
         return history_query.main(args)
     if args.group == "stats":

@@ -32,9 +32,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from control_plane.domain import Endpoint
-from control_plane.operational_store import OperationalStore
+from control_plane.domain import Endpoint, Principal
+from control_plane.errors import InvalidArgument
+from control_plane.operational_store import OperationalStore, StoredPolicy
 from control_plane.publisher import Publisher, PublishError
+from control_plane.service import require_write
 from control_plane.store import EndpointStore
 from core import operational_events as ops
 from core.records import EndpointSignal, EndpointStatus
@@ -188,6 +190,25 @@ class OperationalEvents:
                 log.warning("endpoint %s of tenant %s auto-disabled", clock.endpoint_id, clock.tenant_id)
         # Disabled now, or already (a person, a 410) or deleted: nothing more until an enable.
         self._store.put_clock(replace(clock, ended=True))
+
+    # -- the tenant's setting -----------------------------------------------------------------------
+
+    def auto_disable_setting(self, principal: Principal) -> StoredPolicy:
+        return self._store.get_policy(principal.tenant_id)
+
+    def set_auto_disable(self, principal: Principal, off: bool, window_s: int, warn_at: tuple[float, ...],
+                         dry_run: bool) -> StoredPolicy:
+        """Replace the tenant's setting (0 / empty: the default); a change applies at the next
+        sweep to every failing endpoint of the tenant, its clock kept."""
+        require_write(principal)
+        try:
+            policy = ops.AutoDisablePolicy(window_s=window_s or ops.DEFAULT_WINDOW_S,
+                                           warn_at=warn_at or ops.DEFAULT_WARN_AT, dry_run=dry_run, enabled=not off)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
+        self._store.set_policy(principal.tenant_id, policy, principal.key_id, self._now_ms())
+        log.info("tenant %s: auto-disable %s by %s", principal.tenant_id, policy, principal.key_id)
+        return self._store.get_policy(principal.tenant_id)
 
     # -- publishing --------------------------------------------------------------------------------
 

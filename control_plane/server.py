@@ -39,6 +39,8 @@ from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.errors import Unavailable
 from control_plane.operational_events import OperationalEvents
 from control_plane.operational_store import CassandraOperationalStore
+from control_plane.operations_servicer import SERVICE_NAME as OPERATIONS_SERVICE
+from control_plane.operations_servicer import add_to_server as add_operations
 from control_plane.ordering import OrderingDeps, OrderingService
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import KafkaPublisher, Publisher, PublishError
@@ -62,6 +64,7 @@ SERVICE_NAMES = (
     pb.DESCRIPTOR.services_by_name["Admin"].full_name,
     console.SERVICE_NAME,
     CATALOG_SERVICE,
+    OPERATIONS_SERVICE,
 )
 
 
@@ -199,6 +202,12 @@ def build(
         AdminServicer(auth, AdminService(store, now_ms, os.urandom, settings.mode == "production"), reconciler,
                       endpoints), server)
     add_catalog(server, auth, catalog_store, store, cursors, catalog_publication, now_ms)  # the event-type catalog
+    # Operational events and auto-disable (control_plane.operational_events).
+    operational = OperationalEvents(CassandraOperationalStore(session, settings.cassandra.consistency), store,
+                                    publisher, now_ms)
+    operational.bind(endpoints.auto_disable, endpoints.disable_gone)
+    endpoints.listen(operational)
+    add_operations(server, auth, operational)
     console_services = console.wire(settings, session, server, store, auth, endpoints, deliveries, ordering,
                                     reconciler, now_ms)
     health_servicer = health.HealthServicer()
@@ -217,10 +226,6 @@ def build(
         bound = server.add_insecure_port(address)
     if bound == 0:
         raise RuntimeError(f"could not bind {cp.host}:{cp.port}")
-    operational = OperationalEvents(CassandraOperationalStore(session, settings.cassandra.consistency), store,
-                                    publisher, now_ms)
-    operational.bind(endpoints.auto_disable, endpoints.disable_gone)
-    endpoints.listen(operational)
     signals = SignalConsumer(settings.kafka, endpoints, on_signal=operational.on_signal)
     loops = (
         # First pass at once: the clock does not tick until it has held every lagging row.

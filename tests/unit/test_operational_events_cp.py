@@ -5,16 +5,19 @@ resets the count. In memory, with an injected clock."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from control_plane import errors
+from control_plane import cli, errors, operations_cli
 from control_plane.operational_events import OperationalEvents
 from control_plane.operational_store import InMemoryOperationalStore
+from control_plane.operations_servicer import OperationsServicer
 from control_plane.publisher import PublishError
 from core import operational_events as ops
 from core.records import EndpointSignal, EndpointStatus, EventRecord
+from protogen.webhooks.v1 import operations_pb2 as opb
 from tests.unit.test_catalog_publication import ADMIN as CATALOG_ADMIN
 from tests.unit.test_catalog_publication import world as catalog_world
 from tests.unit.test_control_plane_service import ALICE, World, create, w  # noqa: F401 (fixture)
@@ -206,3 +209,68 @@ def test_a_failed_publish_of_a_signal_s_event_raises_so_the_signal_is_read_again
 def test_tenants_cannot_create_types_under_the_reserved_prefix(name: str) -> None:
     with pytest.raises(errors.InvalidArgument, match="reserved for the platform's operational events"):
         catalog_world().service.create_type(CATALOG_ADMIN, name, "", "", "")
+
+
+# -- the tenant's setting: service, gRPC servicer, CLI -------------------------------------------
+
+class _Auth:
+    def __init__(self, principal: Any) -> None:
+        self.principal = principal
+
+    def tenant(self, metadata: Any) -> Any:
+        return self.principal
+
+
+class _Context:
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def abort(self, code: Any, details: str) -> None:
+        raise RuntimeError(f"{code}: {details}")
+
+
+def test_the_setting_is_per_tenant_with_defaults_and_validated(o: Ops) -> None:
+    assert o.events.auto_disable_setting(ALICE).updated_at_ms is None
+    got = o.events.set_auto_disable(ALICE, off=False, window_s=3600, warn_at=(), dry_run=True)
+    assert got.policy == ops.AutoDisablePolicy(window_s=3600, dry_run=True) and got.updated_by == ALICE.key_id
+    with pytest.raises(errors.InvalidArgument, match="increasing"):
+        o.events.set_auto_disable(ALICE, off=False, window_s=0, warn_at=(0.9, 0.5), dry_run=False)
+    with pytest.raises(errors.PermissionDenied):
+        o.events.set_auto_disable(replace(ALICE, read_only=True), off=True, window_s=0, warn_at=(), dry_run=False)
+
+
+def test_the_servicer_converts_and_lists_the_operational_types(o: Ops) -> None:
+    servicer = OperationsServicer(_Auth(ALICE), o.events)  # type: ignore[arg-type]
+    got = servicer.SetAutoDisable(opb.SetAutoDisableRequest(window_seconds=120, warn_at=[0.5]), _Context())
+    assert (got.off, got.window_seconds, list(got.warn_at), got.dry_run, got.is_default) == (False, 120, [0.5],
+                                                                                            False, False)
+    types = servicer.ListOperationalEventTypes(opb.ListOperationalEventTypesRequest(), _Context()).types
+    assert [t.name for t in types] == sorted(ops.CATALOG)
+    assert all(json.loads(t.example_json)["type"] == t.name and json.loads(t.schema_json) for t in types)
+
+
+@pytest.mark.parametrize(("argv", "method", "fields"), [
+    (["auto-disable"], "GetAutoDisable", {}),
+    (["auto-disable", "--window", "2d", "--warn-at", "0.5,0.9"], "SetAutoDisable",
+     {"window_seconds": 172800, "warn_at": [0.5, 0.9], "dry_run": False, "off": False}),
+    (["auto-disable", "--dry-run"], "SetAutoDisable", {"dry_run": True, "window_seconds": 0}),
+    (["auto-disable", "--off"], "SetAutoDisable", {"off": True}),
+    (["types"], "ListOperationalEventTypes", {}),
+])
+def test_the_cli_maps_options_to_requests(argv: list[str], method: str, fields: dict[str, Any]) -> None:
+    calls: list[tuple[str, Any]] = []
+
+    class Stub:
+        def __getattr__(self, name: str) -> Any:
+            return lambda request: calls.append((name, request)) or request
+
+    operations_cli.run(cli.parser().parse_args(["operations", *argv]), Stub())
+    [(called, request)] = calls
+    assert called == method
+    assert {k: (list(v) if k == "warn_at" else v) for k, v in ((k, getattr(request, k)) for k in fields)} == fields
+
+
+def test_the_cli_renders_the_setting() -> None:
+    text = operations_cli.render(opb.AutoDisable(window_seconds=432000, warn_at=[0.5, 0.7], is_default=True))
+    assert text == "auto-disable: window 432000 s, warnings at 50 %, 70 % (default)"
+    assert "off" in operations_cli.render(opb.AutoDisable(off=True))
