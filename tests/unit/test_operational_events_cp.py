@@ -262,7 +262,10 @@ def test_the_cli_maps_options_to_requests(argv: list[str], method: str, fields: 
 
     class Stub:
         def __getattr__(self, name: str) -> Any:
-            return lambda request: calls.append((name, request)) or request
+            def call(request: Any) -> Any:
+                calls.append((name, request))
+                return request
+            return call
 
     operations_cli.run(cli.parser().parse_args(["operations", *argv]), Stub())
     [(called, request)] = calls
