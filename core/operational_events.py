@@ -182,8 +182,10 @@ def build(type_name: str, tenant_id: str, endpoint_id: str, id_: str, occurred_a
         raise ValueError(f"unknown operational event type {type_name!r}")
     body = {"type": type_name, "event_id": id_, "tenant_id": tenant_id, "endpoint_id": endpoint_id,
             "occurred_at": ms_to_iso(occurred_at_ms), "data": dict(data)}
+    # The endpoint is the object, its events ordered by time: an operations endpoint ordered by
+    # object_id gets each endpoint's events in the order they happened.
     return EventRecord(event_id=id_, tenant_id=tenant_id, event_type=type_name, schema_version=SCHEMA_VERSION,
-                       object_id=endpoint_id, object_version=0, occurred_at_ms=occurred_at_ms,
+                       object_id=endpoint_id, object_version=occurred_at_ms, occurred_at_ms=occurred_at_ms,
                        payload=json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
 
 
