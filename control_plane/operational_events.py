@@ -73,8 +73,8 @@ class OperationalEvents:
             self._gone(s, loud)
         elif s.signal == ops.SIGNAL_FAILING:
             clock = self._store.get_clock(s.tenant_id, s.endpoint_id)
-            if clock is not None and clock.episode >= s.sequence:
-                return  # read again, or an episode already superseded: done before
+            if clock is not None and clock.episode == s.sequence:
+                return  # read again: done before
             if loud:
                 self._emit(ops.ENDPOINT_FAILING, s.tenant_id, s.endpoint_id, (ops.SIGNAL_FAILING, str(s.sequence)),
                            s.at_ms, {"reason": ops.BREAKER_OPENED,
@@ -85,9 +85,9 @@ class OperationalEvents:
                 clock = ops.FailingClock(s.tenant_id, s.endpoint_id, since_ms=s.at_ms, quiet=not loud)
             self._store.put_clock(replace(clock, episode=s.sequence))
         elif s.signal == ops.SIGNAL_RECOVERED:
+            # Whatever episode the clock holds (a job started afresh counts episodes from 1
+            # again), a success ends it: the signals of one endpoint arrive in order.
             clock = self._store.get_clock(s.tenant_id, s.endpoint_id)
-            if clock is not None and clock.episode > s.sequence:
-                return  # a later episode started since
             if (not clock.quiet) if clock is not None else loud:
                 data = {"failing_since": ms_to_iso(clock.since_ms)} if clock is not None else {}
                 self._emit(ops.ENDPOINT_RECOVERED, s.tenant_id, s.endpoint_id,

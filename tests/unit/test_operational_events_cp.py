@@ -277,3 +277,14 @@ def test_the_cli_renders_the_setting() -> None:
     text = operations_cli.render(opb.AutoDisable(window_seconds=432000, warn_at=[0.5, 0.7], is_default=True))
     assert text == "auto-disable: window 432000 s, warnings at 50 %, 70 % (default)"
     assert "off" in operations_cli.render(opb.AutoDisable(off=True))
+
+
+def test_a_job_started_afresh_counting_episodes_from_one_again_still_ends_and_starts_clocks(o: Ops) -> None:
+    ep = create(o.w).endpoint_id
+    o.signal(ep, ops.SIGNAL_FAILING, seq=5)
+    o.signal(ep, ops.SIGNAL_RECOVERED, seq=1)  # a redeployed job without state: its episode 1
+    assert o.store.get_clock(ALICE.tenant_id, ep) is None
+    o.signal(ep, ops.SIGNAL_FAILING, seq=5)
+    o.signal(ep, ops.SIGNAL_FAILING, seq=1)
+    clock = o.store.get_clock(ALICE.tenant_id, ep)
+    assert clock is not None and clock.episode == 1
