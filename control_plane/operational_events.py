@@ -39,6 +39,7 @@ from control_plane.publisher import Publisher, PublishError
 from control_plane.service import require_write
 from control_plane.store import EndpointStore
 from core import operational_events as ops
+from core import target_proof
 from core.records import EndpointSignal, EndpointStatus
 from core.timeutil import ms_to_iso
 
@@ -52,8 +53,11 @@ DisableGone = Callable[[EndpointSignal], Endpoint | None]
 
 class OperationalEvents:
     def __init__(self, store: OperationalStore, endpoints: EndpointStore, publisher: Publisher,
-                 now_ms: Callable[[], int]) -> None:
+                 now_ms: Callable[[], int], proof_key: bytes = b"") -> None:
+        """``proof_key``: core.target_proof's key; the job dead-letters a webhooks.* event
+        without its proof (tests of this module alone may leave it empty)."""
         self._store = store
+        self._proof_key = proof_key
         self._endpoints = endpoints
         self._publisher = publisher
         self._now_ms = now_ms
@@ -215,6 +219,9 @@ class OperationalEvents:
     def _emit(self, type_name: str, tenant_id: str, endpoint_id: str, what: tuple[str, str], at_ms: int,
               data: dict[str, Any]) -> None:
         event = ops.build(type_name, tenant_id, endpoint_id, ops.event_id(endpoint_id, *what), at_ms, data)
+        if self._proof_key:
+            event = replace(event, target_proof=target_proof.prove(self._proof_key, tenant_id, event.event_id,
+                                                                   target_proof.OPERATIONAL))
         self._publisher.publish_event(event)
         self.emitted += 1
         log.info("operational event %s %s for endpoint %s", type_name, event.event_id, endpoint_id)

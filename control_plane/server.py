@@ -53,6 +53,7 @@ from control_plane.signals import SignalConsumer
 from control_plane.store import CassandraStore
 from control_plane.tiered_history import TieredHistory
 from control_plane.validation import DestinationValidator, Resolver, system_resolver
+from core import target_proof
 from core.egress import EgressPolicy
 from core.secrets import redact
 from core.settings import Settings, load_settings_or_exit
@@ -204,7 +205,7 @@ def build(
     add_catalog(server, auth, catalog_store, store, cursors, catalog_publication, now_ms)  # the event-type catalog
     # Operational events and auto-disable (control_plane.operational_events).
     operational = OperationalEvents(CassandraOperationalStore(session, settings.cassandra.consistency), store,
-                                    publisher, now_ms)
+                                    publisher, now_ms, target_proof.target_key(keyring.current))
     operational.bind(endpoints.auto_disable, endpoints.disable_gone)
     endpoints.listen(operational)
     add_operations(server, auth, operational)

@@ -288,3 +288,16 @@ def test_a_job_started_afresh_counting_episodes_from_one_again_still_ends_and_st
     o.signal(ep, ops.SIGNAL_FAILING, seq=1)
     clock = o.store.get_clock(ALICE.tenant_id, ep)
     assert clock is not None and clock.episode == 1
+
+
+def test_the_control_plane_proves_its_operational_events_to_the_job(w: World) -> None:  # noqa: F811
+    from core import target_proof
+    from core.ingest import check_target, parse_event
+
+    key = target_proof.target_key(b"k" * 32)
+    events = OperationalEvents(InMemoryOperationalStore(), w.store, w.publisher, w.clock, key)  # type: ignore[arg-type]
+    events.bind(w.endpoints.auto_disable, w.endpoints.disable_gone)
+    ep = create(w).endpoint_id
+    events.on_signal(EndpointSignal(ep, ALICE.tenant_id, 1, ops.SIGNAL_FAILING, "x", w.clock.now, sequence=1))
+    (event,) = [e for e in w.publisher.events if ops.is_operational(e.event_type)]
+    check_target(parse_event(event.to_json(), 1 << 20), [key])  # what the job's parse stage does
