@@ -31,7 +31,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from control_plane.catalog_export import asyncapi, openapi
-from control_plane.catalog_model import ACTIVE, DEPRECATED, EventTypeEntry, ReplayRuleEntry, VersionEntry
+from control_plane.catalog_model import (
+    ACTIVE,
+    DEPRECATED,
+    EventTypeEntry,
+    ReplayRuleEntry,
+    VersionEntry,
+    operational_entries,
+)
 from control_plane.catalog_publication import PINS, SETTINGS, TYPE, CatalogPublication, Outbox, Reader
 from control_plane.cursor import Cursors
 from control_plane.domain import Endpoint, Page, Principal, Tenant
@@ -269,6 +276,11 @@ class CatalogService:
     # -- reads -----------------------------------------------------------------------------
 
     def get_type(self, caller: Caller, name: str) -> EventTypeEntry:
+        if operational_events.is_operational(name):
+            found = [e for e in operational_entries(caller.tenant_id) if e.name == name]
+            if not found:
+                raise NotFound(f"event type {name} not found (operational types: webhookctl operations types)")
+            return found[0]
         entry = self._d.catalog.get_type(caller.tenant_id, _name(name))
         if entry is None:
             raise NotFound(f"event type {name} not found")
@@ -292,7 +304,8 @@ class CatalogService:
         return replace(settings, replay_rules=tuple(rules))
 
     def export(self, caller: Caller, fmt: str) -> str:
-        types = self._d.catalog.list_types(caller.tenant_id, "", None)
+        # Receivers' documentation: the platform's operational events are theirs to receive too.
+        types = [*self._d.catalog.list_types(caller.tenant_id, "", None), *operational_entries(caller.tenant_id)]
         if fmt == "openapi":
             doc = openapi(caller.tenant_id, types)
         elif fmt == "asyncapi":

@@ -301,3 +301,13 @@ def test_the_control_plane_proves_its_operational_events_to_the_job(w: World) ->
     events.on_signal(EndpointSignal(ep, ALICE.tenant_id, 1, ops.SIGNAL_FAILING, "x", w.clock.now, sequence=1))
     (event,) = [e for e in w.publisher.events if ops.is_operational(e.event_type)]
     check_target(parse_event(event.to_json(), 1 << 20), [key])  # what the job's parse stage does
+
+
+def test_the_tenant_catalog_shows_and_exports_the_operational_types_it_cannot_change() -> None:
+    cw = catalog_world()
+    entry = cw.service.get_type(CATALOG_ADMIN, ops.ENDPOINT_FAILING)
+    assert (entry.group, entry.updated_by, str(entry.versions[0].version)) == ("operations", "platform", "1.0")
+    with pytest.raises(errors.NotFound):
+        cw.service.get_type(CATALOG_ADMIN, "webhooks.nope")
+    exported = json.loads(cw.service.export(CATALOG_ADMIN, "openapi"))
+    assert f"{ops.DELIVERY_EXHAUSTED}.v1.0" in exported["webhooks"]
