@@ -24,7 +24,7 @@ from control_plane.api import pb, rpc
 from core import operational_events as ops
 from protogen.webhooks.v1 import operations_pb2 as opb
 from protogen.webhooks.v1 import operations_pb2_grpc as orpc
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.integration.helpers import auth, event, eventually, new_tenant, produce, read_dead_letters
 from tests.support.receiver import Receiver, verify_signature
 
 pytestmark = pytest.mark.integration
@@ -232,3 +232,32 @@ def test_a_taskmanager_kill_emits_no_operational_event_twice(settings, grpc_chan
         t.wait_event(ops.ENDPOINT_RECOVERED, ep.endpoint_id, timeout=180)
     time.sleep(10)
     assert_no_event_twice(t)
+
+
+def test_the_api_reserves_the_prefix_and_keeps_the_setting(settings, grpc_channel, receiver, delivery_job):
+    from control_plane.catalog_api import cpb, crpc
+
+    t = Tenant(settings, grpc_channel, receiver, "api")
+    md = auth(t.api_key)
+    default = t.operations.GetAutoDisable(opb.GetAutoDisableRequest(), metadata=md)
+    assert (default.is_default, default.window_seconds, list(default.warn_at)) == (True, 5 * 86400, [0.5, 0.7, 0.9])
+    got = t.operations.SetAutoDisable(opb.SetAutoDisableRequest(window_seconds=3600, dry_run=True), metadata=md)
+    assert (got.is_default, got.window_seconds, got.dry_run) == (False, 3600, True)
+    assert t.operations.GetAutoDisable(opb.GetAutoDisableRequest(), metadata=md).window_seconds == 3600
+    with pytest.raises(grpc.RpcError) as bad:
+        t.operations.SetAutoDisable(opb.SetAutoDisableRequest(warn_at=[0.9, 0.5]), metadata=md)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    names = [x.name for x in t.operations.ListOperationalEventTypes(opb.ListOperationalEventTypesRequest(),
+                                                                     metadata=md).types]
+    assert names == sorted(ops.CATALOG)
+    admin_md = auth(settings.control_plane.admin_token.get_secret_value())
+    with pytest.raises(grpc.RpcError) as reserved:
+        crpc.EventCatalogStub(grpc_channel).CreateEventType(
+            cpb.CreateEventTypeRequest(tenant_id=t.tenant_id, name="webhooks.mine"), metadata=admin_md)
+    assert reserved.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A producer cannot emit them: the job dead-letters a webhooks.* event without the platform's proof.
+    everything = t.endpoint("all", ["*", "webhooks.*"], "ok")
+    (forged,) = t.send(1, event_type=ops.ENDPOINT_DISABLED)
+    letters = read_dead_letters(settings, lambda raw: forged if forged.encode() in raw else None, 1)
+    assert letters[forged]["reason"] == "untrusted_operational"
+    assert receiver.requests(everything.path) == []
