@@ -302,6 +302,9 @@ class EndpointDriver(SendPath):
         top = self._top(self._deadlines)
         if top is not None:
             dec.wake_at(top.delivery.expires_at_ms, "deadline")
+        # What this step observed itself (deliveries that expired) leaves with it, not a step later.
+        dec.signals.extend(self._signals)
+        self._signals = []
         return dec
 
     @property

@@ -113,3 +113,11 @@ def test_an_opening_re_run_after_a_restore_is_the_same_episode() -> None:
     sim.advance(sim.now + 1_000)
     assert first == [1]
     assert [s.sequence for s in again if s.signal == ops.SIGNAL_FAILING] == [1]
+
+
+def test_a_delivery_expiring_in_a_step_is_signalled_by_that_step() -> None:
+    sim, _ = failing_endpoint(6)
+    drv = sim.driver("ep_1")
+    dec = drv.step(T0 + DAY_MS + 1, 1024)
+    assert {s.signal for s in dec.signals} == {ops.SIGNAL_EXHAUSTED}
+    assert len(dec.signals) == len({s.delivery_id for s in dec.signals}) > 0
