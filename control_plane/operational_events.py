@@ -32,18 +32,24 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from control_plane.domain import Endpoint, Principal
+from control_plane.domain import DeliveryStatus, Endpoint, Principal
 from control_plane.errors import InvalidArgument
 from control_plane.operational_store import OperationalStore, StoredPolicy
 from control_plane.publisher import Publisher, PublishError
 from control_plane.service import require_write
-from control_plane.store import EndpointStore
+from control_plane.store import EndpointStore, HistoryStore
 from core import operational_events as ops
 from core import target_proof
 from core.records import EndpointSignal, EndpointStatus
 from core.timeutil import ms_to_iso
 
 log = logging.getLogger(__name__)
+
+# Before an auto-disable, the history is read for a success since the clock started: deliveries
+# created up to a retry deadline before it (a delivery created then may have succeeded after),
+# newest first, this many at most.
+HISTORY_LOOKBACK_MS = 24 * 3600 * 1000
+HISTORY_CHECK_ROWS = 2_000
 
 # Disables an active endpoint (tenant, endpoint, audit text); None when it was not active.
 Disable = Callable[[str, str, str], Endpoint | None]
@@ -53,11 +59,12 @@ DisableGone = Callable[[EndpointSignal], Endpoint | None]
 
 class OperationalEvents:
     def __init__(self, store: OperationalStore, endpoints: EndpointStore, publisher: Publisher,
-                 now_ms: Callable[[], int], proof_key: bytes = b"") -> None:
+                 now_ms: Callable[[], int], proof_key: bytes = b"", history: HistoryStore | None = None) -> None:
         """``proof_key``: core.target_proof's key; the job dead-letters a webhooks.* event
         without its proof (tests of this module alone may leave it empty)."""
         self._store = store
         self._proof_key = proof_key
+        self._history = history
         self._endpoints = endpoints
         self._publisher = publisher
         self._now_ms = now_ms
@@ -183,6 +190,13 @@ class OperationalEvents:
 
     def _auto_disable(self, clock: ops.FailingClock, policy: ops.AutoDisablePolicy, since: str, now: int) -> None:
         assert self._disable is not None
+        if self._succeeded_since(clock, now):
+            # The history disagrees with the clock: a success whose signal never came (a job
+            # restored to before an opening it had reported, then working). Not failing.
+            log.warning("endpoint %s: a delivery succeeded since %s; its failing clock is dropped", clock.endpoint_id,
+                        since)
+            self._store.delete_clock(clock.tenant_id, clock.endpoint_id)
+            return
         current = self._endpoints.get_endpoint(clock.tenant_id, clock.endpoint_id)
         if current is not None and current.status is EndpointStatus.ACTIVE:
             detail = f"{ops.AUTO_DISABLED}: failing without a success since {since} ({policy.window_s} s window)"
@@ -194,6 +208,21 @@ class OperationalEvents:
                 log.warning("endpoint %s of tenant %s auto-disabled", clock.endpoint_id, clock.tenant_id)
         # Disabled now, or already (a person, a 410) or deleted: nothing more until an enable.
         self._store.put_clock(replace(clock, ended=True))
+
+    def _succeeded_since(self, clock: ops.FailingClock, now: int) -> bool:
+        """Whether the delivery history shows a success of the endpoint since the clock started
+        (the newest deliveries first, at most HISTORY_CHECK_ROWS of them: a recovered endpoint's
+        newest deliveries are the ones that succeed)."""
+        if self._history is None:
+            return False
+        rows = self._history.iter_endpoint_deliveries(clock.tenant_id, clock.endpoint_id,
+                                                      clock.since_ms - HISTORY_LOOKBACK_MS, now + 1, None)
+        for n, d in enumerate(rows):
+            if n >= HISTORY_CHECK_ROWS:
+                return False
+            if d.status is DeliveryStatus.SUCCEEDED and (d.updated_at_ms or d.created_at_ms) >= clock.since_ms:
+                return True
+        return False
 
     # -- the tenant's setting -----------------------------------------------------------------------
 

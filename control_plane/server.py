@@ -205,7 +205,7 @@ def build(
     add_catalog(server, auth, catalog_store, store, cursors, catalog_publication, now_ms)  # the event-type catalog
     # Operational events and auto-disable (control_plane.operational_events).
     operational = OperationalEvents(CassandraOperationalStore(session, settings.cassandra.consistency), store,
-                                    publisher, now_ms, target_proof.target_key(keyring.current))
+                                    publisher, now_ms, target_proof.target_key(keyring.current), history=store)
     operational.bind(endpoints.auto_disable, endpoints.disable_gone)
     endpoints.listen(operational)
     add_operations(server, auth, operational)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from control_plane import cli, errors, operations_cli
+from control_plane.domain import DeliveryStatus
 from control_plane.operational_events import OperationalEvents
 from control_plane.operational_store import InMemoryOperationalStore
 from control_plane.operations_servicer import OperationsServicer
@@ -20,7 +21,7 @@ from core.records import EndpointSignal, EndpointStatus, EventRecord
 from protogen.webhooks.v1 import operations_pb2 as opb
 from tests.unit.test_catalog_publication import ADMIN as CATALOG_ADMIN
 from tests.unit.test_catalog_publication import world as catalog_world
-from tests.unit.test_control_plane_service import ALICE, World, create, w  # noqa: F401 (fixture)
+from tests.unit.test_control_plane_service import ALICE, World, add_delivery, create, w  # noqa: F401 (fixture)
 
 HOUR_MS = 3600 * 1000
 
@@ -29,7 +30,8 @@ class Ops:
     def __init__(self, world: World) -> None:
         self.w = world
         self.store = InMemoryOperationalStore()
-        self.events = OperationalEvents(self.store, world.store, world.publisher, world.clock)  # type: ignore[arg-type]
+        self.events = OperationalEvents(self.store, world.store, world.publisher, world.clock,  # type: ignore[arg-type]
+                                        history=world.store)  # type: ignore[arg-type]
         self.events.bind(world.endpoints.auto_disable, world.endpoints.disable_gone)
         world.endpoints.listen(self.events)
 
@@ -311,3 +313,26 @@ def test_the_tenant_catalog_shows_and_exports_the_operational_types_it_cannot_ch
         cw.service.get_type(CATALOG_ADMIN, "webhooks.nope")
     exported = json.loads(cw.service.export(CATALOG_ADMIN, "openapi"))
     assert f"{ops.DELIVERY_EXHAUSTED}.v1.0" in exported["webhooks"]
+
+
+def test_a_success_in_the_history_since_the_clock_started_prevents_the_disable(o: Ops) -> None:
+    e = create(o.w)
+    o.store.set_policy(ALICE.tenant_id, ops.AutoDisablePolicy(window_s=100, warn_at=(0.5,)), "key_a", 0)
+    o.signal(e.endpoint_id, ops.SIGNAL_FAILING)  # and then its recovery's signal is lost
+    o.advance(60_000)
+    add_delivery(o.w, e, 1, DeliveryStatus.SUCCEEDED)  # created and succeeded after the opening
+    o.advance(60_000)
+    assert o.w.store.get_endpoint(ALICE.tenant_id, e.endpoint_id).status is EndpointStatus.ACTIVE  # type: ignore[union-attr]
+    assert o.store.get_clock(ALICE.tenant_id, e.endpoint_id) is None
+    assert ops.ENDPOINT_DISABLED not in [x.event_type for x in o.emitted()]
+
+
+def test_a_success_before_the_clock_started_does_not(o: Ops) -> None:
+    e = create(o.w)
+    add_delivery(o.w, e, 1, DeliveryStatus.SUCCEEDED)
+    o.w.clock.now += 1_000
+    o.store.set_policy(ALICE.tenant_id, ops.AutoDisablePolicy(window_s=100, warn_at=(0.5,)), "key_a", 0)
+    o.signal(e.endpoint_id, ops.SIGNAL_FAILING)
+    for _ in range(11):
+        o.advance(10_000)
+    assert o.w.store.get_endpoint(ALICE.tenant_id, e.endpoint_id).status is EndpointStatus.DISABLED  # type: ignore[union-attr]
