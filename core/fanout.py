@@ -53,7 +53,10 @@ def filter_accepts(filters: Iterable[str], event_type: str) -> bool:
 def filter_covered(f: str, allowed: Iterable[str]) -> bool:
     """Whether an endpoint filter ``f`` can only ever match event types the tenant's allow-list
     permits (subscription authorisation): ``*`` needs ``*``; a prefix needs an equal or wider
-    prefix; an exact type needs a filter of the allow-list that accepts it."""
+    prefix; an exact type needs a filter of the allow-list that accepts it. Operational events
+    (``webhooks.*``) are about the tenant's own endpoints: always allowed."""
+    if is_operational(f):
+        return True
     for a in allowed:
         if a == "*" or a == f:
             return True
