@@ -237,6 +237,11 @@ class EndpointDriver(SendPath):
             nxt = d.after_check(p, result, self.rng, now_ms)
             if nxt is None:
                 self.counts["final_not_resent"] += 1
+                if result.status in ("failed", "expired"):
+                    # Its signal may have been lost with the incarnation that ended it (emitted
+                    # after the last checkpoint): again, with the same delivery id.
+                    self._exhausted(replace(p, attempt_count=max(p.attempt_count, result.attempt_count)),
+                                    result.status, None, p.delivery.endpoint_config_version, now_ms)
                 self._forget(key)
             else:
                 self._put(nxt)

@@ -121,3 +121,21 @@ def test_a_delivery_expiring_in_a_step_is_signalled_by_that_step() -> None:
     dec = drv.step(T0 + DAY_MS + 1, 1024)
     assert {s.signal for s in dec.signals} == {ops.SIGNAL_EXHAUSTED}
     assert len(dec.signals) == len({s.delivery_id for s in dec.signals}) > 0
+
+
+def test_a_delivery_found_exhausted_when_restored_is_signalled_again_with_its_id() -> None:
+    """The signal of a delivery that ended after the last checkpoint may not have reached Kafka
+    before a crash; restored, the delivery is read final from the history and is signalled again
+    (same delivery id: the same operational event, which fan-out dedupes)."""
+    sim = Sim()
+    sim.config(config())
+    sim.answer["ep_1"] = HttpResult(503)
+    sim.new(delivery(1))
+    sim.answer_all("ep_1")
+    checkpoint = {ep: _copy_store(s) for ep, s in sim.stores.items()}  # the delivery is pending in it
+    sim.advance(T0 + DAY_MS + 60_000)  # retried until its attempts ran out: failed in the history
+    assert sim.history["dlv_ep_1_1"].status == "failed"
+    sim.stores, sim.drivers, sim.sends = checkpoint, {}, {}
+    again = capture(sim)
+    sim.run("ep_1")  # the restored timer's pass
+    assert [(s.signal, s.delivery_id, s.attempts) for s in again] == [(ops.SIGNAL_EXHAUSTED, "dlv_ep_1_1", 20)]
