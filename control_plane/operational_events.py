@@ -124,6 +124,14 @@ class OperationalEvents:
         changed = self._disable_gone(s)
         if changed is not None:
             log.warning("endpoint %s disabled: %s", s.endpoint_id, s.detail)
+        self._stop_clock(s.tenant_id, s.endpoint_id)
+
+    def _stop_clock(self, tenant_id: str, endpoint_id: str) -> None:
+        """Disabled otherwise (a person, a 410): no warnings about it until it is enabled again,
+        which restarts the clock."""
+        clock = self._store.get_clock(tenant_id, endpoint_id)
+        if clock is not None and not clock.ended:
+            self._store.put_clock(replace(clock, ended=True))
 
     # -- a person's changes ---------------------------------------------------------------------
 
@@ -137,6 +145,7 @@ class OperationalEvents:
                           {"by": by, "config_version": endpoint.config_version})
 
     def disabled_by_operator(self, endpoint: Endpoint, by: str) -> None:
+        self._stop_clock(endpoint.tenant_id, endpoint.endpoint_id)
         self._best_effort(ops.ENDPOINT_DISABLED, endpoint, ("disabled", str(endpoint.config_version)), self._now_ms(),
                           {"reason": ops.OPERATOR, "detail": f"disabled by {by}",
                            "config_version": endpoint.config_version})

@@ -336,3 +336,18 @@ def test_a_success_before_the_clock_started_does_not(o: Ops) -> None:
     for _ in range(11):
         o.advance(10_000)
     assert o.w.store.get_endpoint(ALICE.tenant_id, e.endpoint_id).status is EndpointStatus.DISABLED  # type: ignore[union-attr]
+
+
+def test_an_endpoint_a_person_disabled_gets_no_warnings_until_enabled_again(o: Ops) -> None:
+    ep = create(o.w).endpoint_id
+    o.store.set_policy(ALICE.tenant_id, ops.AutoDisablePolicy(window_s=100, warn_at=(0.5,)), "key_a", 0)
+    o.signal(ep, ops.SIGNAL_FAILING)
+    o.w.endpoints.set_enabled(ALICE, ep, False)
+    for _ in range(12):
+        o.advance(10_000)
+    assert [b["data"].get("reason") for b in o.bodies() if b["type"] == ops.ENDPOINT_FAILING] == [ops.BREAKER_OPENED]
+    o.w.endpoints.set_enabled(ALICE, ep, True)
+    for _ in range(6):
+        o.advance(10_000)
+    assert [b["data"].get("reason") for b in o.bodies() if b["type"] == ops.ENDPOINT_FAILING] == [
+        ops.BREAKER_OPENED, ops.AUTO_DISABLE_WARNING]
