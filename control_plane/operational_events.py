@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from control_plane.domain import DeliveryStatus, Endpoint, Principal
-from control_plane.errors import InvalidArgument
+from control_plane.errors import InvalidArgument, Unavailable
 from control_plane.operational_store import OperationalStore, StoredPolicy
 from control_plane.publisher import Publisher, PublishError
 from control_plane.service import require_write
@@ -128,19 +128,28 @@ class OperationalEvents:
 
     def _stop_clock(self, tenant_id: str, endpoint_id: str) -> None:
         """Disabled otherwise (a person, a 410): no warnings about it until it is enabled again,
-        which restarts the clock."""
-        clock = self._store.get_clock(tenant_id, endpoint_id)
-        if clock is not None and not clock.ended:
-            self._store.put_clock(replace(clock, ended=True))
+        which restarts the clock. Best effort after a person's committed change (its sweep would
+        find the endpoint disabled anyway)."""
+        try:
+            clock = self._store.get_clock(tenant_id, endpoint_id)
+            if clock is not None and not clock.ended:
+                self._store.put_clock(replace(clock, ended=True))
+        except Unavailable as exc:
+            log.error("endpoint %s disabled, its failing clock not stopped: %s", endpoint_id, exc)
 
     # -- a person's changes ---------------------------------------------------------------------
 
     def enabled(self, endpoint: Endpoint, by: str) -> None:
         """Enabling again resets the count: a failing endpoint's clock restarts now."""
         now = self._now_ms()
-        clock = self._store.get_clock(endpoint.tenant_id, endpoint.endpoint_id)
-        if clock is not None:
-            self._store.put_clock(ops.restarted(clock, now))
+        try:
+            clock = self._store.get_clock(endpoint.tenant_id, endpoint.endpoint_id)
+            if clock is not None:
+                self._store.put_clock(ops.restarted(clock, now))
+        except Unavailable as exc:
+            # The enable is committed: the call succeeds. The clock stays as it was (ended, if it
+            # was auto-disabled: no new disable before the breaker's next episode).
+            log.error("endpoint %s enabled, its failing clock not restarted: %s", endpoint.endpoint_id, exc)
         self._best_effort(ops.ENDPOINT_ENABLED, endpoint, ("enabled", str(endpoint.config_version)), now,
                           {"by": by, "config_version": endpoint.config_version})
 

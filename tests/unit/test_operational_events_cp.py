@@ -351,3 +351,15 @@ def test_an_endpoint_a_person_disabled_gets_no_warnings_until_enabled_again(o: O
         o.advance(10_000)
     assert [b["data"].get("reason") for b in o.bodies() if b["type"] == ops.ENDPOINT_FAILING] == [
         ops.BREAKER_OPENED, ops.AUTO_DISABLE_WARNING]
+
+
+def test_a_person_s_enable_succeeds_while_the_clock_cannot_be_written(o: Ops) -> None:
+    ep = create(o.w).endpoint_id
+    o.w.endpoints.set_enabled(ALICE, ep, False)
+
+    def down(*_: object) -> None:
+        raise errors.Unavailable("Cassandra down")
+
+    o.store.get_clock = down  # type: ignore[assignment,method-assign]
+    assert o.w.endpoints.set_enabled(ALICE, ep, True).status is EndpointStatus.ACTIVE
+    assert ops.ENDPOINT_ENABLED in [e.event_type for e in o.emitted()]
