@@ -16,7 +16,9 @@ validate, who added it and when. Rules every method keeps:
 * What reaches the delivery job is the stored row, read back after the write, and a change whose
   publish failed is sent by the republisher (control_plane.catalog_publication): the job never
   keeps a revision older than Cassandra's.
-* ``webhook.*`` names are the platform's own events (ping, challenge) and cannot be catalogued.
+* ``webhook.*`` names are the platform's own events (ping, challenge) and cannot be catalogued;
+  ``webhooks.*`` is reserved for its operational events (core.operational_events), catalogued by
+  the platform for every tenant.
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from control_plane.catalog_export import asyncapi, openapi
-from control_plane.catalog_model import ACTIVE, DEPRECATED, EventTypeEntry, ReplayRuleEntry, VersionEntry
+from control_plane.catalog_model import (
+    ACTIVE,
+    DEPRECATED,
+    EventTypeEntry,
+    ReplayRuleEntry,
+    VersionEntry,
+    operational_entries,
+)
 from control_plane.catalog_publication import PINS, SETTINGS, TYPE, CatalogPublication, Outbox, Reader
 from control_plane.cursor import Cursors
 from control_plane.domain import Endpoint, Page, Principal, Tenant
@@ -37,7 +46,7 @@ from control_plane.errors import Aborted, FailedPrecondition, InvalidArgument, N
 from control_plane.schema_pins import SchemaPins
 from control_plane.service import ADMIN_ACTOR, page_size
 from control_plane.store import HistoryStore
-from core import identifiers, replay_policy
+from core import identifiers, operational_events, replay_policy
 from core.event_schemas import (
     SchemaDocumentError,
     SchemaVersion,
@@ -175,7 +184,8 @@ class FilterCheck:
         if not names:
             return
         refused = [f for f in filters
-                   if f != "*" and not f.startswith(PLATFORM_PREFIX) and not any(filter_accepts([f], n) for n in names)]
+                   if f != "*" and not f.startswith(PLATFORM_PREFIX) and not _operational_filter(f)
+                   and not any(filter_accepts([f], n) for n in names)]
         if not refused:
             return
         prefixes = sorted({n.rsplit(".", 1)[0] + ".*" for n in names if "." in n})
@@ -185,6 +195,12 @@ class FilterCheck:
             parts.append(f"{f!r} matches no type in the tenant's event-type catalog"
                          + (f" (close: {', '.join(close)})" if close else f" (catalogued: {', '.join(names[:10])})"))
         raise InvalidArgument("event_types " + "; ".join(parts))
+
+
+def _operational_filter(f: str) -> bool:
+    """A filter that names operational events (``webhooks.*``, ``webhooks.endpoint.*``, a type
+    of core.operational_events): checked against the platform's catalog, not the tenant's."""
+    return operational_events.is_operational(f) and any(filter_accepts([f], n) for n in operational_events.CATALOG)
 
 
 def caller_for(principal: Principal | None, tenant_id: str, catalog: CatalogStore, tenants: TenantsAndEndpoints,
@@ -260,6 +276,11 @@ class CatalogService:
     # -- reads -----------------------------------------------------------------------------
 
     def get_type(self, caller: Caller, name: str) -> EventTypeEntry:
+        if operational_events.is_operational(name):
+            found = [e for e in operational_entries(caller.tenant_id) if e.name == name]
+            if not found:
+                raise NotFound(f"event type {name} not found (operational types: webhookctl operations types)")
+            return found[0]
         entry = self._d.catalog.get_type(caller.tenant_id, _name(name))
         if entry is None:
             raise NotFound(f"event type {name} not found")
@@ -283,7 +304,8 @@ class CatalogService:
         return replace(settings, replay_rules=tuple(rules))
 
     def export(self, caller: Caller, fmt: str) -> str:
-        types = self._d.catalog.list_types(caller.tenant_id, "", None)
+        # Receivers' documentation: the platform's operational events are theirs to receive too.
+        types = [*self._d.catalog.list_types(caller.tenant_id, "", None), *operational_entries(caller.tenant_id)]
         if fmt == "openapi":
             doc = openapi(caller.tenant_id, types)
         elif fmt == "asyncapi":
@@ -298,6 +320,9 @@ class CatalogService:
         name = _name(name)
         if name.startswith(PLATFORM_PREFIX):
             raise InvalidArgument(f"{PLATFORM_PREFIX}* types are the platform's own events and cannot be catalogued")
+        if operational_events.is_operational(name):
+            raise InvalidArgument(f"{operational_events.PREFIX}* is reserved for the platform's operational events "
+                                  f"({', '.join(sorted(operational_events.CATALOG))}); choose another name")
         now = self._d.now_ms()
         entry = EventTypeEntry(caller.tenant_id, name, _text("description", description), _text("group", group),
                                ACTIVE, None, _policy("enforcement", enforcement, REJECT), now, now, caller.actor, 1)

@@ -72,3 +72,19 @@ class ReplayRuleEntry:
     window: str
     updated_at_ms: int
     updated_by: str
+
+
+OPERATIONS_GROUP = "operations"
+PLATFORM_ACTOR = "platform"
+
+
+def operational_entries(tenant_id: str) -> list[EventTypeEntry]:
+    """The platform's operational event types (core.operational_events) as catalog entries of
+    ``tenant_id``: shown and exported beside the tenant's own, never stored or changed."""
+    from core import operational_events as ops
+
+    return [EventTypeEntry(tenant_id, t.name, t.description, OPERATIONS_GROUP, ACTIVE, None, "reject", 0, 0,
+                           PLATFORM_ACTOR, 1,
+                           (VersionEntry(SchemaVersion.parse(t.version), t.schema, (ops.example(t.name),), 0,
+                                         PLATFORM_ACTOR),))
+            for t in sorted(ops.CATALOG.values(), key=lambda t: t.name)]

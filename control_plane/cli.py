@@ -28,7 +28,7 @@ import psycopg
 from google.protobuf.field_mask_pb2 import FieldMask
 from google.protobuf.json_format import MessageToDict
 
-from control_plane import account_cli, catalog_cli, history_query, listen, stats
+from control_plane import account_cli, catalog_cli, history_query, listen, operations_cli, stats
 from control_plane.api import pb, rpc
 from control_plane.cli_common import Auth, Timeout, open_channel, plaintext, table, ts, when
 from control_plane.console import portal_cli
@@ -565,6 +565,7 @@ def parser() -> argparse.ArgumentParser:
     account_cli.add_arguments(groups.add_parser("account", help="where every event of the tenant went in a window, "
                                                                "per event type; any not accounted for by id"))
     catalog_cli.add_arguments(groups.add_parser("event-types", help="the event-type catalog: schemas, exports"))
+    operations_cli.add_arguments(groups.add_parser("operations", help="operational events (webhooks.*), auto-disable"))
     history_query.add_arguments(groups.add_parser("history", help="(operator) read-only SQL over the archived history"))
 
     ev = groups.add_parser("events", help="emit events through the transactional outbox (PostgreSQL)")
@@ -641,6 +642,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return catalog_cli.main(args)
     if args.group == "account":
         return account_cli.main(args)
+    if args.group == "operations":
+        return operations_cli.main(args)
     if args.group == "history":
         return history_query.main(args)
     if args.group == "stats":

@@ -40,6 +40,10 @@ from control_plane.catalog_store import CassandraCatalogStore
 from control_plane.cursor import Cursors
 from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.errors import Unavailable
+from control_plane.operational_events import OperationalEvents
+from control_plane.operational_store import CassandraOperationalStore
+from control_plane.operations_servicer import SERVICE_NAME as OPERATIONS_SERVICE
+from control_plane.operations_servicer import add_to_server as add_operations
 from control_plane.ordering import OrderingDeps, OrderingService
 from control_plane.publication import ConfigPublication
 from control_plane.publisher import KafkaPublisher, Publisher, PublishError
@@ -53,6 +57,7 @@ from control_plane.store import CassandraStore
 from control_plane.tenant_account import KafkaDeadLetters, TenantAccountService
 from control_plane.tiered_history import TieredHistory
 from control_plane.validation import DestinationValidator, Resolver, system_resolver
+from core import target_proof
 from core.egress import EgressPolicy
 from core.secrets import redact
 from core.settings import Settings, load_settings_or_exit
@@ -65,6 +70,7 @@ SERVICE_NAMES = (
     console.SERVICE_NAME,
     CATALOG_SERVICE,
     ACCOUNT_SERVICE,
+    OPERATIONS_SERVICE,
 )
 
 
@@ -205,6 +211,12 @@ def build(
     # A tenant's account of its events (reconciliation's reads, for its tenant only).
     account = TenantAccountService(reconciler, endpoints, deliveries, KafkaDeadLetters(settings))
     add_account(TenantAccountServicer(auth, account), server)
+    # Operational events and auto-disable (control_plane.operational_events).
+    operational = OperationalEvents(CassandraOperationalStore(session, settings.cassandra.consistency), store,
+                                    publisher, now_ms, target_proof.target_key(keyring.current), history=store)
+    operational.bind(endpoints.auto_disable, endpoints.disable_gone)
+    endpoints.listen(operational)
+    add_operations(server, auth, operational)
     console_services = console.wire(settings, session, server, store, auth, endpoints, deliveries, ordering,
                                     reconciler, now_ms, account=account, catalog_store=catalog_store)
     health_servicer = health.HealthServicer()
@@ -223,7 +235,7 @@ def build(
         bound = server.add_insecure_port(address)
     if bound == 0:
         raise RuntimeError(f"could not bind {cp.host}:{cp.port}")
-    signals = SignalConsumer(settings.kafka, endpoints)
+    signals = SignalConsumer(settings.kafka, endpoints, on_signal=operational.on_signal)
     loops = (
         # First pass at once: the clock does not tick until it has held every lagging row.
         Loop("republisher", cp.republish_interval_s, publication.republish_pending, first_at_start=True),
@@ -233,8 +245,11 @@ def build(
              first_at_start=True),
         # Leased ticks (control_plane.publication): a few per lease keep fan-out from holding.
         Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
-        # The dispatcher's 410 Gone signals become audited disables.
+        # The dispatcher's signals: a 410 Gone becomes an audited disable; each signal its
+        # operational event (control_plane.operational_events).
         Loop("endpoint-signals", 0.2, signals.poll_once),
+        # Auto-disable: warnings at the tenant's shares of its window, the disable at its end.
+        Loop("auto-disable", cp.auto_disable_interval_s, operational.sweep),
         *([Loop("reconciler", cp.reconcile_interval_s, lambda: _reconcile_and_export(reconciler))]
           if cp.reconcile_interval_s else []),
     )

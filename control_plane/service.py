@@ -25,6 +25,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from control_plane import validation
 from control_plane.cursor import Cursors
@@ -66,6 +67,7 @@ PING_EVENT_TYPE = "webhook.ping"
 # Who the audit trail names for changes the platform makes itself (410 Gone -> disabled).
 DISPATCHER_ACTOR = "dispatcher"
 ADMIN_ACTOR = "admin"  # changed_by of changes made with the admin credential
+AUTO_DISABLE_ACTOR = "auto-disable"  # changed_by of an auto-disable (control_plane.operational_events)
 PING_SCHEMA_VERSION = "2026-01-01"
 CHALLENGE_EVENT_TYPE = "webhook.challenge"
 UPDATABLE_FIELDS = frozenset(
@@ -165,9 +167,18 @@ def page_size(requested: int, default: int = DEFAULT_PAGE_SIZE, maximum: int = M
     return requested or default
 
 
+class ChangeListener(Protocol):
+    """Told of a person's changes that make operational events (control_plane.operational_events)."""
+
+    def enabled(self, endpoint: Endpoint, by: str) -> None: ...
+    def disabled_by_operator(self, endpoint: Endpoint, by: str) -> None: ...
+    def secret_rotated(self, endpoint: Endpoint, key_version: int) -> None: ...
+
+
 class EndpointService:
     def __init__(self, deps: Deps) -> None:
         self._d = deps
+        self._listener: ChangeListener | None = None
         self._cursors = Cursors.from_keyring(deps.master_key)
         self._target_key = target_proof.target_key(deps.master_key.current)
         self._challenge_key = derive_key(deps.master_key.current, b"webhooks.endpoint-challenge/v1")
@@ -383,14 +394,42 @@ class EndpointService:
         require_write(principal)
         target = EndpointStatus.ACTIVE if enabled else EndpointStatus.DISABLED
 
+        changed = [False]
+
         def apply(current: Endpoint) -> Endpoint | None:
             if current.status is EndpointStatus.PENDING_VERIFICATION:
                 raise FailedPrecondition("the endpoint awaits its ownership challenge: answer it, then VerifyEndpoint")
-            if current.status is target:
+            changed[0] = current.status is not target
+            if not changed[0]:
                 return None  # idempotent: enabling an active endpoint changes nothing
             return self._next(current, principal, "enable" if enabled else "disable", status=target)
 
-        return self._change(principal, endpoint_id, apply)
+        after = self._change(principal, endpoint_id, apply)
+        if self._listener is not None and changed[0]:
+            if enabled:
+                self._listener.enabled(after, principal.key_id)
+            else:
+                self._listener.disabled_by_operator(after, principal.key_id)
+        return after
+
+    def listen(self, listener: ChangeListener) -> None:
+        self._listener = listener
+
+    def auto_disable(self, tenant_id: str, endpoint_id: str, detail: str) -> Endpoint | None:
+        """Disable an endpoint failing for its tenant's whole auto-disable window (a new, audited
+        config version); None when it is not active any more (disabled, deleted)."""
+        principal = Principal(tenant_id=tenant_id, key_id=AUTO_DISABLE_ACTOR, read_only=False)
+
+        def apply(current: Endpoint) -> Endpoint | None:
+            if current.status is not EndpointStatus.ACTIVE:
+                return None
+            return self._next(current, principal, f"disable: {detail}", status=EndpointStatus.DISABLED)
+
+        try:
+            after = self._change(principal, endpoint_id, apply)
+        except NotFound:
+            return None
+        return after if after.status is EndpointStatus.DISABLED and after.changed_by == AUTO_DISABLE_ACTOR else None
 
     def disable_gone(self, signal: EndpointSignal) -> Endpoint | None:
         """The receiver answered 410 Gone under config ``signal.config_version``: disable the
@@ -460,6 +499,8 @@ class EndpointService:
 
         endpoint = self._change(principal, endpoint_id, apply)
         version, secret = secret_box[0]
+        if self._listener is not None:
+            self._listener.secret_rotated(endpoint, version)
         created = _created(endpoint, secret, next(k for k in endpoint.signing_keys if k.version == version))
         return Rotated(endpoint, created.signing_secret, version, endpoint.live_keys(self._d.now_ms()),
                        created.public_key)

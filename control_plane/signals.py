@@ -1,7 +1,12 @@
 """Consume the dispatcher's endpoint signals (webhooks.endpoint-signals) and act on them.
 
+A 410 disables the endpoint; with operational events wired (control_plane.operational_events),
+every signal also becomes the operational event it stands for, and failing / recovered drive
+the auto-disable clock.
+
 At-least-once: offsets are committed after the batch is applied, and applying a signal twice is
-harmless (the disable is conditional on the config version the 410 was seen under). A signal whose
+harmless (the disable is conditional on the config version the 410 was seen under; operational
+events have ids derived from the signal, which fan-out dedupes). A signal whose
 handling fails (Cassandra down) is never skipped: the consumer seeks back to it, so the next poll
 starts there.
 """
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
@@ -22,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class SignalConsumer:
-    def __init__(self, settings: KafkaSettings, endpoints: EndpointService, batch: int = 100) -> None:
+    def __init__(self, settings: KafkaSettings, endpoints: EndpointService, batch: int = 100,
+                 on_signal: Callable[[EndpointSignal], None] | None = None) -> None:
         self._consumer = Consumer({
             "bootstrap.servers": settings.bootstrap_servers,
             "group.id": f"{settings.consumer_group}.control-plane-signals",
@@ -33,6 +40,7 @@ class SignalConsumer:
         self._consumer.subscribe([settings.signals_topic])
         self._endpoints = endpoints
         self._batch = batch
+        self._on_signal = on_signal
 
     def poll_once(self) -> int:
         """Apply what is waiting; returns how many signals were applied."""
@@ -51,7 +59,9 @@ class SignalConsumer:
                 log.error("unreadable endpoint signal skipped: %s", exc)
                 continue
             try:
-                if signal.signal == "gone":
+                if self._on_signal is not None:
+                    self._on_signal(signal)
+                elif signal.signal == "gone":
                     changed = self._endpoints.disable_gone(signal)
                     if changed is not None:
                         log.warning("endpoint %s disabled: %s", signal.endpoint_id, signal.detail)

@@ -60,6 +60,10 @@ class BreakerState:
     times_opened: int = 0
     # When the half-open probe was let through; None = no probe in flight.
     probe_started_ms: int | None = None
+    # Failing episodes (openings from closed) since the endpoint was first seen. Kept when the
+    # breaker closes, and rolled back with the checkpoint: an opening re-run after a restore is
+    # the same episode, which is what operational events derive their ids from.
+    episodes: int = 0
 
 
 CLOSED = BreakerState()
@@ -81,6 +85,7 @@ def _open(state: BreakerState, now_ms: int, cfg: BreakerConfig) -> BreakerState:
         opened_at_ms=now_ms,
         open_until_ms=now_ms + _open_period_ms(times_opened, cfg),
         times_opened=times_opened,
+        episodes=state.episodes + (state.state is CircuitState.CLOSED),
     )
 
 
@@ -105,8 +110,9 @@ def allow(state: BreakerState, now_ms: int) -> tuple[bool, BreakerState]:
 
 
 def on_success(state: BreakerState) -> BreakerState:
-    """Any success proves the endpoint works: close and forget the failure history."""
-    return CLOSED
+    """Any success proves the endpoint works: close and forget the failure history (the episode
+    count stays)."""
+    return CLOSED if state.episodes == 0 else BreakerState(episodes=state.episodes)
 
 
 def on_failure(state: BreakerState, now_ms: int, fast: bool, cfg: BreakerConfig) -> BreakerState:

@@ -29,6 +29,10 @@ written rarely and lag behind:
 | replay request ids seen       | keyed map     | on arrival (TTL 7 days)              | dedupes against them       |
 | endpoint config               | keyed value   | on a newer config version            | read as is                 |
 | breaker, token bucket, 410    | keyed values  | on change                            | read as is                 |
+| (the breaker's failing        |               |                                      | (an episode re-run after   |
+| episode count)                |               |                                      | the restore has its number)|
+| signals (core.records)        | Kafka sink    | flushed at each checkpoint           | re-observed: an exhausted  |
+|                               |               |                                      | delivery when CHECKed      |
 | stage, intent, in-flight I/O  | driver memory | never                                | gone: CHECK redoes it      |
 | write failures and refusals,  | driver memory | never                                | counted again from zero    |
 | tries not sent, gauge indexes |               |                                      | (the indexes rebuilt)      |

@@ -33,11 +33,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from core import ordering, schema_check
+from core.operational_events import is_operational
 from core.records import EndpointConfig, EndpointStatus, EventRecord, delivery_id_for
 
 
 def filter_accepts(filters: Iterable[str], event_type: str) -> bool:
     for f in filters:
+        if f == "*" and is_operational(event_type):
+            # The platform's operational events: ``*`` does not include them, an endpoint asks
+            # for them by name or prefix -- existing receivers never get types they never saw.
+            continue
         if f == "*" or f == event_type:
             return True
         if f.endswith(".*") and event_type.startswith(f[:-1]) and len(event_type) > len(f) - 1:
@@ -48,7 +53,10 @@ def filter_accepts(filters: Iterable[str], event_type: str) -> bool:
 def filter_covered(f: str, allowed: Iterable[str]) -> bool:
     """Whether an endpoint filter ``f`` can only ever match event types the tenant's allow-list
     permits (subscription authorisation): ``*`` needs ``*``; a prefix needs an equal or wider
-    prefix; an exact type needs a filter of the allow-list that accepts it."""
+    prefix; an exact type needs a filter of the allow-list that accepts it. Operational events
+    (``webhooks.*``) are about the tenant's own endpoints: always allowed."""
+    if is_operational(f):
+        return True
     for a in allowed:
         if a == "*" or a == f:
             return True

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core import strict_json, target_proof
+from core.operational_events import is_operational
 from core.records import EVENT_SCHEMA_V1, REDRIVE_SCHEMA_V1, EventRecord, RedriveRequest, json_object
 from core.timeutil import iso_to_ms
 
@@ -171,7 +172,14 @@ def _from_fields(d: dict[str, Any], max_payload_bytes: int, payload: bytes | Non
 
 def check_target(event: EventRecord, keys: Sequence[bytes]) -> None:
     """Refuse an event aimed at one endpoint without the control plane's proof (core.target_proof):
-    any producer could otherwise reach an endpoint that never subscribed to the event's type."""
+    any producer could otherwise reach an endpoint that never subscribed to the event's type. An
+    operational event (``webhooks.*``) needs the platform's proof as well: only the control plane
+    emits them."""
+    if is_operational(event.event_type) and not any(
+            target_proof.verify(key, event.tenant_id, event.event_id, target_proof.OPERATIONAL, event.target_proof)
+            for key in keys):
+        raise IngestError("untrusted_operational", f"{event.event_type}: webhooks.* events are the platform's own "
+                          "operational events; producers cannot emit them (no valid target_proof)")
     if event.target_endpoint_id is None:
         return
     if not any(target_proof.verify(key, event.tenant_id, event.event_id, event.target_endpoint_id, event.target_proof)

@@ -30,7 +30,8 @@ Topics and their records (all JSON, UTF-8):
 * ``webhooks.events.dlq`` -- :class:`DeadLetter`, a record the job refused (value only: the job
   reads values, so the original key is not carried).
 * ``webhooks.endpoint-signals`` (key: endpoint_id) -- :class:`EndpointSignal`, what the dispatcher
-  learned about an endpoint that the control plane must act on (a 410 Gone disables it).
+  learned about an endpoint that the control plane must act on (a 410 Gone disables it; a
+  breaker that opens or closes, a delivery that ends without success become operational events).
 """
 
 from __future__ import annotations
@@ -473,8 +474,17 @@ class DeadLetter:
 
 @dataclass(frozen=True)
 class EndpointSignal:
-    """The dispatcher saw something that changes the endpoint's config, which only the control
-    plane may change. ``signal`` is ``gone`` (the receiver answered 410 under ``config_version``)."""
+    """The dispatcher saw something about an endpoint that the control plane acts on. ``signal``:
+
+    * ``gone`` -- the receiver answered 410 under ``config_version``: disable it;
+    * ``failing`` -- its breaker opened from closed, failing episode ``sequence``;
+    * ``recovered`` -- a success closed its breaker, ending episode ``sequence``;
+    * ``exhausted`` -- delivery ``delivery_id`` ended without success (``detail``: failed or
+      expired), after ``attempts`` attempts, the last answered ``http_status``.
+
+    ``event_type`` is the type of the delivery that caused it (the no-loop rule of
+    core.operational_events reads it). Fields after ``at_ms`` are optional in the JSON: a signal
+    written before they existed reads with their defaults."""
 
     endpoint_id: str
     tenant_id: str
@@ -482,6 +492,12 @@ class EndpointSignal:
     signal: str
     detail: str
     at_ms: int
+    event_type: str = ""
+    sequence: int = 0
+    delivery_id: str = ""
+    event_id: str = ""
+    http_status: int | None = None
+    attempts: int = 0
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -500,6 +516,12 @@ class EndpointSignal:
             signal=str(d["signal"]),
             detail=str(d["detail"]),
             at_ms=int(d["at_ms"]),
+            event_type=str(d.get("event_type", "")),
+            sequence=int(d.get("sequence", 0)),
+            delivery_id=str(d.get("delivery_id", "")),
+            event_id=str(d.get("event_id", "")),
+            http_status=None if d.get("http_status") is None else int(d["http_status"]),
+            attempts=int(d.get("attempts", 0)),
         )
 
 

@@ -7,6 +7,8 @@ CatalogSettingsRecord, SchemaPinsRecord), so it is read in order with configs an
 event                                           decision
 =============================================  ============================================
 ``webhook.*`` (the platform's ping, challenge)  sent, never checked
+``webhooks.*`` (operational events)             sent: the platform's own catalog
+                                                (core.operational_events), not the tenant's
 tenant without a catalog on the topic           sent unchecked, as before the catalog
 type or version not in the catalog              tenant's ``unknown_types``: ``reject`` ->
                                                 dead letter ``schema_unknown``; ``warn`` ->
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 
 from core import strict_json
 from core.event_schemas import SchemaVersion, SchemaVersionError, ValidatorCache
+from core.operational_events import is_operational
 from core.records import CatalogRecord, CatalogSettingsRecord, CatalogTypeRecord, EventRecord, SchemaPinsRecord
 
 PLATFORM_PREFIX = "webhook."
@@ -126,7 +129,7 @@ def _version(text: str) -> SchemaVersion | None:
 
 
 def check_event(event: EventRecord, catalog: TenantCatalog | None, validators: ValidatorCache) -> Send | Refuse:
-    if event.event_type.startswith(PLATFORM_PREFIX) or catalog is None:
+    if event.event_type.startswith(PLATFORM_PREFIX) or is_operational(event.event_type) or catalog is None:
         return SEND
     kind = catalog.types.get(event.event_type)
     version = _version(event.schema_version)

@@ -285,6 +285,9 @@ class ControlPlaneSettings(BaseModel):
     # gaps); gaps are logged as a warning with their counts. Its cost grows with the deliveries in
     # the window (about three point reads each), so benchmarks turn it off.
     reconcile_interval_s: float = Field(default=600.0, ge=0)
+    # How often the control plane looks at failing endpoints' auto-disable clocks
+    # (control_plane.operational_events): warnings and disables are at most this late.
+    auto_disable_interval_s: float = Field(default=5.0, gt=0)
     reconcile_window_s: int = Field(default=3600, ge=60)
     reconcile_settle_s: int = Field(default=120, ge=0)
     # Prometheus /metrics of the standalone server (control_plane.metrics), on `host`; 0: off.

@@ -7,6 +7,10 @@ that never subscribed to its type. So the control plane attaches a proof -- HMAC
 tenant, event id and endpoint id under a key derived from the master key -- and the job refuses
 (dead-letters) a targeted event whose proof does not verify. The proof is bound to the event id,
 so a captured one cannot aim another event.
+
+The platform's operational events (``webhooks.*``, core.operational_events) carry a proof too,
+over :data:`OPERATIONAL` in place of an endpoint id: a producer cannot make a tenant's receivers
+believe the platform disabled or failed something.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import json
 from core.secrets import derive_key
 
 _LABEL = b"webhooks.event-target/v1"
+# What an operational event's proof is bound to instead of an endpoint (no endpoint id has a '*').
+OPERATIONAL = "*operational*"
 
 
 def target_key(master_key: bytes) -> bytes:

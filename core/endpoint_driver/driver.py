@@ -16,6 +16,7 @@ from collections import Counter
 from core import breaker as brk
 from core import dispatch as d
 from core import key_order, ratelimit, telemetry
+from core import operational_events as ops
 from core.dispatch import Pending, Stage, replace
 from core.endpoint_driver.backlog import Backlog
 from core.endpoint_driver.decision import Check, Decision, IoKind, Load, Persist, Record, Reserve
@@ -236,6 +237,11 @@ class EndpointDriver(SendPath):
             nxt = d.after_check(p, result, self.rng, now_ms)
             if nxt is None:
                 self.counts["final_not_resent"] += 1
+                if result.status in ("failed", "expired"):
+                    # Its signal may have been lost with the incarnation that ended it (emitted
+                    # after the last checkpoint): again, with the same delivery id.
+                    self._exhausted(replace(p, attempt_count=max(p.attempt_count, result.attempt_count)),
+                                    result.status, None, p.delivery.endpoint_config_version, now_ms)
                 self._forget(key)
             else:
                 self._put(nxt)
@@ -301,6 +307,9 @@ class EndpointDriver(SendPath):
         top = self._top(self._deadlines)
         if top is not None:
             dec.wake_at(top.delivery.expires_at_ms, "deadline")
+        # What this step observed itself (deliveries that expired) leaves with it, not a step later.
+        dec.signals.extend(self._signals)
+        self._signals = []
         return dec
 
     @property
@@ -405,6 +414,7 @@ class EndpointDriver(SendPath):
                 self._put(replace(p, stage=Stage.CHECK))
                 continue
             self._put(d.end_without_sending(p, now_ms, "expired", "expired", "retry deadline passed while waiting"))
+            self._exhausted(p, "expired", None, p.delivery.endpoint_config_version, now_ms)
         nxt = self._top(self._deadlines)
         if nxt is not None and nxt.delivery.expires_at_ms <= now_ms:
             dec.wake_at(now_ms, "more deliveries past their deadline")
@@ -512,6 +522,10 @@ class EndpointDriver(SendPath):
         p, self.breaker = d.apply_result(p, report, before, self.policy.breaker, self.policy.schedule, self.rng)
         if self.breaker != before:
             self.store.put_breaker(self.breaker)
+            moved = ops.breaker_signal(self.endpoint_id, p.delivery.tenant_id, report.endpoint_config_version,
+                                       before, self.breaker, p.delivery.event.event_type, now_ms)
+            if moved is not None:
+                self._signals.append(moved)
         if report.result.error is not ErrorClass.INTERNAL:
             self._hold_failures = 0
         r = p.record
@@ -524,6 +538,8 @@ class EndpointDriver(SendPath):
             first_ms = report.started_at_ms - p.delivery.created_at_ms
             for le in telemetry.bucket_labels(first_ms):
                 self.counts[f"first_attempt_latency_ms:{le}"] += 1
+        if r.delivery_status in ("failed", "expired") and not r.manual and not r.disable_endpoint:
+            self._exhausted(p, r.delivery_status, report.result.status, report.endpoint_config_version, now_ms)
         if r.disable_endpoint:
             # Stop sending at once; the control plane makes it a real, audited disable.
             self.gone_at = report.endpoint_config_version
@@ -534,6 +550,12 @@ class EndpointDriver(SendPath):
                 config_version=report.endpoint_config_version, signal="gone",
                 detail=f"receiver answered 410 Gone for delivery {p.delivery_id}", at_ms=now_ms))
         self._put(p)
+
+    def _exhausted(self, p: Pending, outcome: str, status: int | None, config_version: int, now_ms: int) -> None:
+        """A delivery ended without success: the control plane makes it an operational event."""
+        self._signals.append(ops.exhausted_signal(
+            self.endpoint_id, p.delivery.tenant_id, config_version, p.delivery_id, p.delivery.event.event_id,
+            p.delivery.event.event_type, outcome, status, p.attempt_count, now_ms))
 
     def _failed_before_leaving(self, p: Pending, detail: str, now_ms: int) -> None:
         """No request left (dispatch.failed_before_leaving): no attempt, and no news of the endpoint."""

@@ -13,6 +13,7 @@ import pytest
 
 from control_plane.catalog import EventTypeEntry, VersionEntry
 from control_plane.catalog_export import asyncapi
+from control_plane.catalog_model import operational_entries
 from core.event_schemas import SchemaVersion
 from tests.support.asyncapi import asyncapi_3_errors
 
@@ -44,6 +45,7 @@ CATALOGS = {
         event_type("invoice.old", version("1"), status="deprecated"),
         event_type("order.created", version("1", examples=({"id": "o1"}, {"id": "o2", "total": {"amount": 1}}))),
     ],
+    "the platform's operational event types": operational_entries("acme"),
 }
 
 

@@ -24,6 +24,7 @@ def check(filters: list[str], *names: str) -> None:
 
 @pytest.mark.parametrize("filters", [
     ["invoice.paid"], ["invoice.*"], ["*"], ["webhook.ping"], ["invoice.paid", "order.*"],
+    ["webhooks.*"], ["webhooks.endpoint.*"], ["webhooks.delivery.exhausted"],  # the platform's operational events
 ])
 def test_filters_matching_a_catalogued_type_pass(filters: list[str]) -> None:
     check(filters, "invoice.paid", "order.created")
@@ -43,6 +44,11 @@ def test_a_filter_matching_nothing_is_refused_with_the_close_names(filters: list
     with pytest.raises(InvalidArgument) as info:
         check(filters, "invoice.paid", "order.created")
     assert message in info.value.message
+
+
+def test_a_filter_under_the_reserved_prefix_naming_no_operational_event_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="webhooks.endpoint.failng"):
+        check(["webhooks.endpoint.failng"], "invoice.paid")
 
 
 def test_every_refused_filter_is_named() -> None:

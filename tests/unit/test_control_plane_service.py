@@ -1122,6 +1122,7 @@ def test_a_restricted_tenant_subscribes_only_within_its_allow_list(w: World) -> 
     assert tenant.allowed_event_types == ("invoice.*", "order.shipped") and outside == [wide.endpoint_id]
     assert narrow.endpoint_id not in outside
     create(w, event_types=("invoice.*", "invoice.paid.v2.*", "order.shipped"))  # covered
+    create(w, event_types=("webhooks.*",))  # operational events, about its own endpoints: always allowed
     for refused in (("*",), ("order.*",), ("customer.created",), ("invoice.paid", "refund.created")):
         with pytest.raises(errors.PermissionDenied, match="not allowed for this tenant"):
             create(w, event_types=refused)

@@ -318,13 +318,14 @@ def test_apply_result_drives_the_breaker(results: list[HttpResult], state: brk.C
 
 def test_a_successful_probe_closes_the_breaker() -> None:
     _, half_open = brk.allow(open_breaker(NOW - 30_000), NOW)
-    assert run_results([HttpResult(200)], half_open) == brk.CLOSED
+    # Closed, its failure history forgotten; the count of failing episodes stays.
+    assert run_results([HttpResult(200)], half_open) == brk.BreakerState(episodes=1)
 
 
 def test_a_manual_success_while_open_closes_the_breaker() -> None:
     _, breaker = apply_result(sending(manual=True), report(HttpResult(200)), open_breaker(),
                               BREAKER_CFG, SCHEDULE, HALF)
-    assert breaker == brk.CLOSED
+    assert breaker == brk.BreakerState(episodes=1)
 
 
 # -- ending without a request ----------------------------------------------------------------------

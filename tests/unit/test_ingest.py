@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -337,6 +338,28 @@ def test_a_targeted_event_needs_the_control_planes_proof() -> None:
     check_target(parse_event(proved.to_json(), LIMIT), [key])
     with pytest.raises(IngestError):
         check_target(parse(plain(target_endpoint_id="ep_8", target_proof=good)), [key])
+
+
+def test_an_operational_event_needs_the_platforms_proof() -> None:
+    """Only the control plane emits webhooks.* events: a producer's is dead-lettered."""
+    from core import operational_events as ops
+    from core import target_proof
+    from core.ingest import check_target
+
+    key = target_proof.target_key(b"k" * 32)
+    forged = parse(plain(event_type="webhooks.endpoint.disabled"))
+    with pytest.raises(IngestError) as err:
+        check_target(forged, [key])
+    assert err.value.reason == "untrusted_operational"
+    made = ops.build(ops.ENDPOINT_DISABLED, "t_1", "ep_1", "evt_ops_1", 1_000, {"reason": "gone", "detail": "410"})
+    proof = target_proof.prove(key, "t_1", "evt_ops_1", target_proof.OPERATIONAL)
+    signed = parse_event(replace(made, target_proof=proof).to_json(), LIMIT)
+    check_target(signed, [key])
+    with pytest.raises(IngestError):  # a proof for one event does not carry over to another
+        check_target(parse_event(replace(made, event_id="evt_ops_2", target_proof=proof).to_json(), LIMIT), [key])
+    with pytest.raises(IngestError):  # nor does an endpoint's targeting proof
+        aimed = target_proof.prove(key, "t_1", "evt_ops_1", "ep_1")
+        check_target(parse_event(replace(made, target_proof=aimed).to_json(), LIMIT), [key])
 
 
 # -- values the history schema cannot hold ---------------------------------------

@@ -47,6 +47,8 @@ def catalog(enforcement: str = "reject", unknown: str | None = "reject") -> Tena
     ("valid, version without minor", event(version="2"), catalog(), SEND),
     ("tenant without a catalog: unchecked", event(payload={}), None, SEND),
     ("platform event: unchecked", event("webhook.ping", "2026-01-01", {}), catalog(), SEND),
+    ("operational event: the platform's catalog, not the tenant's", event("webhooks.endpoint.failing", "1.0", {}),
+     catalog(), SEND),
     ("invalid, reject", event(payload={"amount": "1"}), catalog(),
      Refuse("schema_invalid", "payload does not match invoice.paid 1.0 at /amount: '1' is not of type 'integer'",
             "/amount", "1.0")),

@@ -1,0 +1,263 @@
+"""Operational events on the real stack: a tenant's operations endpoint (subscribed to
+``webhooks.*``) receives signed ``webhooks.*`` events about its other endpoints -- failing then
+recovered, disabled by a 410 with its reason, deliveries exhausted (retries ended, or the
+deadline passed) -- none about itself when it fails too, none twice across a TaskManager kill,
+and auto-disable with a short window (warnings, then disabled; dry-run only warns).
+
+The session job's schedule (conftest): 4 attempts, breaker opens after 5 failures for 2 s.
+The control plane's auto-disable loop runs every 5 s (control_plane.auto_disable_interval_s).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from control_plane.api import pb, rpc
+from core import operational_events as ops
+from protogen.webhooks.v1 import operations_pb2 as opb
+from protogen.webhooks.v1 import operations_pb2_grpc as orpc
+from tests.integration.helpers import auth, event, eventually, new_tenant, produce, read_dead_letters
+from tests.support.receiver import Receiver, verify_signature
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Endpoint:
+    endpoint_id: str
+    path: str
+    secret: str
+
+
+class Tenant:
+    """A tenant with an operations endpoint (``webhooks.*``) and business endpoints on the
+    session's receiver."""
+
+    def __init__(self, settings: Any, channel: grpc.Channel, receiver: Receiver, name: str,
+                 ops_behaviour: str = "ok") -> None:
+        self.settings, self.receiver = settings, receiver
+        self.tenant_id, self.api_key = new_tenant(channel, settings)
+        self.cp = rpc.ControlPlaneStub(channel)
+        self.operations = orpc.OperationsStub(channel)
+        self.name = name
+        self.ops = self.endpoint("ops", ["webhooks.*"], ops_behaviour)
+
+    def endpoint(self, name: str, event_types: list[str], behaviour: str) -> Endpoint:
+        path = f"/ep/{self.tenant_id}/{self.name}-{name}"
+        self.receiver.set_behaviour(path, behaviour)
+        created = self.cp.CreateEndpoint(pb.CreateEndpointRequest(url=self.receiver.base_url + path,
+                                                                  event_types=event_types), metadata=auth(self.api_key))
+        return Endpoint(created.endpoint.endpoint_id, path, created.signing_secret)
+
+    def send(self, n: int, event_type: str = "invoice.paid") -> list[str]:
+        evs = [event(self.tenant_id, event_type, json.dumps({"n": i}).encode()) for i in range(n)]
+        produce(self.settings, [e.to_json() for e in evs], keys=[e.event_id for e in evs])
+        return [e.event_id for e in evs]
+
+    def received(self, at: Endpoint | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """(webhook-id, body) of every request the operations endpoint (or ``at``) got, each
+        verified with its signing secret (an unverified one fails the test)."""
+        at = at or self.ops
+        out = []
+        for r in self.receiver.requests(at.path):
+            assert verify_signature(r, [at.secret]), f"unverified request to {at.path}: {r.headers}"
+            out.append((r.webhook_id or "", r.json()))
+        return out
+
+    def wait_event(self, type_name: str, about: str, timeout: float = 90, at: Endpoint | None = None,
+                   **data: Any) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            for _, body in self.received(at):
+                if body["type"] == type_name and body["endpoint_id"] == about and all(
+                        body["data"].get(k) == v for k, v in data.items()):
+                    return body
+            return None
+        return eventually(found, timeout=timeout, what=f"{type_name} about {about} {data}")
+
+    def status(self, endpoint: Endpoint) -> int:
+        return int(self.cp.GetEndpoint(pb.GetEndpointRequest(endpoint_id=endpoint.endpoint_id),
+                                       metadata=auth(self.api_key)).status)
+
+    def set_auto_disable(self, window_s: int, warn_at: list[float], dry_run: bool = False) -> None:
+        self.operations.SetAutoDisable(opb.SetAutoDisableRequest(window_seconds=window_s, warn_at=warn_at,
+                                                                 dry_run=dry_run), metadata=auth(self.api_key))
+
+
+def _occurrence(body: dict[str, Any]) -> tuple[str, ...]:
+    """What one operational event is about: two different ids for one of these is a double emission."""
+    d = body["data"]
+    return (body["type"], body["endpoint_id"], str(d.get("reason", "")), str(d.get("share", "")),
+            str(d.get("delivery_id", "")))
+
+
+def assert_no_event_twice(t: Tenant, at: Endpoint | None = None) -> None:
+    ids: dict[tuple[str, ...], set[str]] = defaultdict(set)
+    for webhook_id, body in t.received(at):
+        ids[_occurrence(body)].add(body["event_id"])
+        assert webhook_id  # the delivery id, which receivers dedupe on
+    doubled = {k: v for k, v in ids.items() if len(v) > 1}
+    assert not doubled, f"operational events emitted twice: {doubled}"
+
+
+def test_a_failing_endpoint_gives_failing_then_recovered(settings, grpc_channel, receiver, delivery_job):
+    t = Tenant(settings, grpc_channel, receiver, "flap")
+    biz = t.endpoint("biz", ["invoice.*"], "503")
+    t.send(6)  # 5 consecutive failures open the breaker
+    failing = t.wait_event(ops.ENDPOINT_FAILING, biz.endpoint_id, reason=ops.BREAKER_OPENED)
+    assert failing["tenant_id"] == t.tenant_id and failing["event_id"].startswith("evt_ops_")
+    receiver.set_behaviour(biz.path, "ok")
+    t.send(1)  # held behind the open breaker: its probe succeeds
+    t.wait_event(ops.ENDPOINT_RECOVERED, biz.endpoint_id)
+    assert_no_event_twice(t)
+
+
+def test_a_410_disables_with_its_reason(settings, grpc_channel, receiver, delivery_job):
+    t = Tenant(settings, grpc_channel, receiver, "gone")
+    biz = t.endpoint("biz", ["invoice.*"], "gone")
+    t.send(1)
+    body = t.wait_event(ops.ENDPOINT_DISABLED, biz.endpoint_id, reason=ops.GONE)
+    assert "410" in body["data"]["detail"]
+    assert t.status(biz) == pb.ENDPOINT_STATUS_DISABLED
+
+
+def test_retries_that_end_without_success_give_delivery_exhausted(settings, grpc_channel, receiver, delivery_job):
+    t = Tenant(settings, grpc_channel, receiver, "exhaust")
+    biz = t.endpoint("biz", ["invoice.*"], "404")  # permanent: one attempt, then failed
+    (event_id,) = t.send(1)
+    body = t.wait_event(ops.DELIVERY_EXHAUSTED, biz.endpoint_id)
+    assert body["data"]["event_id"] == event_id
+    assert (body["data"]["outcome"], body["data"]["last_status"], body["data"]["attempts"]) == ("failed", 404, 1)
+
+
+@pytest.fixture(scope="module")
+def deadline_stack(job_env: dict[str, str]) -> Iterator[tuple[Any, str, Any]]:
+    """A second job whose retry deadline is 5 s (the session's keeps 24 h)."""
+    from tests.integration.conftest import second_stack
+
+    with second_stack(job_env, "test-ops-deadline", {
+            "WEBHOOKS_DISPATCH__RETRY_DEADLINE_S": "5", "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "100",
+            "WEBHOOKS_DISPATCH__RETRY_CAP_S": "1", "WEBHOOKS_DISPATCH__BREAKER_FAILURE_THRESHOLD": "100"}) as stack:
+        yield stack
+
+
+def test_a_delivery_past_its_deadline_gives_delivery_exhausted(deadline_stack, receiver):
+    settings, address, _session = deadline_stack
+    with grpc.insecure_channel(address) as channel:
+        t = Tenant(settings, channel, receiver, "deadline")
+        biz = t.endpoint("biz", ["invoice.*"], "503")
+        t.send(1)
+        body = t.wait_event(ops.DELIVERY_EXHAUSTED, biz.endpoint_id, outcome="expired")
+        assert body["data"]["attempts"] >= 2 and body["data"]["last_status"] in (503, None)
+
+
+def test_an_operations_endpoint_that_fails_produces_no_events_about_itself(settings, grpc_channel, receiver,
+                                                                            delivery_job):
+    t = Tenant(settings, grpc_channel, receiver, "opsfail", ops_behaviour="503")
+    observer = t.endpoint("observer", ["webhooks.*"], "ok")  # sees every operational event of the tenant
+    biz = t.endpoint("biz", ["invoice.*"], "503")
+    t.send(6)
+    t.wait_event(ops.ENDPOINT_FAILING, biz.endpoint_id, at=observer)
+    # The failing operations endpoint is retried (4 attempts per event), opens its own breaker
+    # and exhausts its deliveries: none of that may become an event.
+    eventually(lambda: len(receiver.requests(t.ops.path)) >= 8 or None, timeout=90,
+               what="the operations endpoint retried and failed")
+    time.sleep(15)  # exhaustion and breaker signals reach the control plane; nothing may follow
+    about = {body["endpoint_id"] for _, body in t.received(observer)}
+    assert t.ops.endpoint_id not in about and observer.endpoint_id not in about, about
+    assert about == {biz.endpoint_id}
+    # Bounded: the events about biz, each retried at most 4 times -- no amplification.
+    distinct = {body["event_id"] for _, body in t.received(observer)}
+    assert len(receiver.requests(t.ops.path)) <= 4 * len(distinct)
+
+
+def test_auto_disable_warns_then_disables(settings, grpc_channel, receiver, delivery_job):
+    t = Tenant(settings, grpc_channel, receiver, "auto")
+    t.set_auto_disable(window_s=30, warn_at=[0.5])
+    biz = t.endpoint("biz", ["invoice.*"], "503")
+    t.send(6)
+    t.wait_event(ops.ENDPOINT_FAILING, biz.endpoint_id, reason=ops.BREAKER_OPENED)
+    warning = t.wait_event(ops.ENDPOINT_FAILING, biz.endpoint_id, reason=ops.AUTO_DISABLE_WARNING, timeout=60)
+    assert warning["data"]["share"] == 0.5 and warning["data"]["dry_run"] is False
+    disabled = t.wait_event(ops.ENDPOINT_DISABLED, biz.endpoint_id, reason=ops.AUTO_DISABLED, timeout=60)
+    assert "auto_disabled" in disabled["data"]["detail"]
+    assert t.status(biz) == pb.ENDPOINT_STATUS_DISABLED
+    versions = t.cp.ListEndpointVersions(pb.GetEndpointRequest(endpoint_id=biz.endpoint_id),
+                                         metadata=auth(t.api_key)).versions
+    assert versions[0].changed_by == "auto-disable"
+    # Enabling it again resets the count: no disable within the first half of a new window.
+    t.cp.EnableEndpoint(pb.GetEndpointRequest(endpoint_id=biz.endpoint_id), metadata=auth(t.api_key))
+    t.wait_event(ops.ENDPOINT_ENABLED, biz.endpoint_id)
+    time.sleep(10)
+    assert t.status(biz) == pb.ENDPOINT_STATUS_ACTIVE
+    assert_no_event_twice(t)
+
+
+def test_auto_disable_dry_run_only_warns(settings, grpc_channel, receiver, delivery_job):
+    t = Tenant(settings, grpc_channel, receiver, "dry")
+    t.set_auto_disable(window_s=20, warn_at=[0.5], dry_run=True)
+    biz = t.endpoint("biz", ["invoice.*"], "503")
+    t.send(6)
+    t.wait_event(ops.ENDPOINT_FAILING, biz.endpoint_id, reason=ops.AUTO_DISABLE_WARNING, dry_run=True, timeout=60)
+    t.wait_event(ops.ENDPOINT_FAILING, biz.endpoint_id, reason=ops.AUTO_DISABLE_DRY_RUN, timeout=60)
+    time.sleep(6)
+    assert t.status(biz) == pb.ENDPOINT_STATUS_ACTIVE
+    assert not [b for _, b in t.received() if b["type"] == ops.ENDPOINT_DISABLED]
+
+
+@pytest.mark.chaos_full
+def test_a_taskmanager_kill_emits_no_operational_event_twice(settings, grpc_channel, receiver, delivery_job,
+                                                              job_env):
+    from tests.integration.conftest import job_script
+    from tests.integration.faults import kill_taskmanager
+
+    t = Tenant(settings, grpc_channel, receiver, "tmkill")
+    flapping = [t.endpoint(f"biz{i}", ["invoice.*"], "503") for i in range(3)]
+    t.send(6)
+    t.wait_event(ops.ENDPOINT_FAILING, flapping[0].endpoint_id, reason=ops.BREAKER_OPENED)
+    # Killed while breakers are open and deliveries are being exhausted: the job restores from
+    # a checkpoint and observes some of it again.
+    kill_taskmanager(job_script(job_env, "id").strip())
+    for ep in flapping:
+        receiver.set_behaviour(ep.path, "ok")
+    t.send(3)
+    for ep in flapping:
+        t.wait_event(ops.ENDPOINT_RECOVERED, ep.endpoint_id, timeout=180)
+    time.sleep(10)
+    assert_no_event_twice(t)
+
+
+def test_the_api_reserves_the_prefix_and_keeps_the_setting(settings, grpc_channel, receiver, delivery_job):
+    from control_plane.catalog_api import cpb, crpc
+
+    t = Tenant(settings, grpc_channel, receiver, "api")
+    md = auth(t.api_key)
+    default = t.operations.GetAutoDisable(opb.GetAutoDisableRequest(), metadata=md)
+    assert (default.is_default, default.window_seconds, list(default.warn_at)) == (True, 5 * 86400, [0.5, 0.7, 0.9])
+    got = t.operations.SetAutoDisable(opb.SetAutoDisableRequest(window_seconds=3600, dry_run=True), metadata=md)
+    assert (got.is_default, got.window_seconds, got.dry_run) == (False, 3600, True)
+    assert t.operations.GetAutoDisable(opb.GetAutoDisableRequest(), metadata=md).window_seconds == 3600
+    with pytest.raises(grpc.RpcError) as bad:
+        t.operations.SetAutoDisable(opb.SetAutoDisableRequest(warn_at=[0.9, 0.5]), metadata=md)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    names = [x.name for x in t.operations.ListOperationalEventTypes(opb.ListOperationalEventTypesRequest(),
+                                                                     metadata=md).types]
+    assert names == sorted(ops.CATALOG)
+    admin_md = auth(settings.control_plane.admin_token.get_secret_value())
+    with pytest.raises(grpc.RpcError) as reserved:
+        crpc.EventCatalogStub(grpc_channel).CreateEventType(
+            cpb.CreateEventTypeRequest(tenant_id=t.tenant_id, name="webhooks.mine"), metadata=admin_md)
+    assert reserved.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A producer cannot emit them: the job dead-letters a webhooks.* event without the platform's proof.
+    everything = t.endpoint("all", ["*", "webhooks.*"], "ok")
+    (forged,) = t.send(1, event_type=ops.ENDPOINT_DISABLED)
+    letters = read_dead_letters(settings, lambda raw: forged if forged.encode() in raw else None, 1)
+    assert letters[forged]["reason"] == "untrusted_operational"
+    assert receiver.requests(everything.path) == []
