@@ -15,11 +15,10 @@ import sys
 import time
 from typing import Any
 
-import grpc
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from control_plane.cli_common import Auth, Timeout, open_channel, table, ts, when
+from control_plane.cli_common import call, table, ts, when
 from protogen.webhooks.v1 import account_pb2 as apb
 from protogen.webhooks.v1 import account_pb2_grpc as arpc
 
@@ -77,15 +76,10 @@ def main(args: argparse.Namespace) -> int:
     if not key:
         print("webhookctl: set WEBHOOKCTL_API_KEY (the account is the key's tenant's)", file=sys.stderr)
         return 2
-    channel = grpc.intercept_channel(open_channel(args.target, args.ca, args.insecure), Auth(key),
-                                     Timeout(args.timeout))
-    try:
-        account = arpc.TenantAccountStub(channel).GetAccount(request(args, time.time_ns() // 1_000_000))
-    except grpc.RpcError as err:
-        print(f"webhookctl: {err.code().name}: {err.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+    account = call(args, key, lambda channel: arpc.TenantAccountStub(channel).GetAccount(
+        request(args, time.time_ns() // 1_000_000)))
+    if account is None:
         return 1
-    finally:
-        channel.close()
     if args.json:
         print(json.dumps(MessageToDict(account, preserving_proto_field_name=True,
                                        always_print_fields_with_no_presence=True), indent=2))

@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import grpc
 from google.protobuf.json_format import MessageToDict
 
 from control_plane.catalog_api import cpb, crpc
-from control_plane.cli_common import Auth, Timeout, open_channel, table, ts, when
+from control_plane.cli_common import call, table, ts, when
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -181,15 +180,9 @@ def main(args: argparse.Namespace) -> int:
     if not token:
         print("webhookctl: set WEBHOOKCTL_API_KEY (or WEBHOOKCTL_ADMIN_TOKEN with --tenant)", file=sys.stderr)
         return 2
-    channel = grpc.intercept_channel(open_channel(args.target, args.ca, args.insecure), Auth(token),
-                                     Timeout(args.timeout))
-    try:
-        result = run(args, crpc.EventCatalogStub(channel))
-    except grpc.RpcError as err:
-        print(f"webhookctl: {err.code().name}: {err.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+    result = call(args, token, lambda channel: run(args, crpc.EventCatalogStub(channel)))
+    if result is None:
         return 1
-    finally:
-        channel.close()
     if isinstance(result, str):
         print(result)
     elif args.json:

@@ -7,13 +7,17 @@ imports it rather than another group's private helpers.
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+
+T = TypeVar("T")
 
 
 def when(stamp: Timestamp) -> str:
@@ -93,3 +97,17 @@ def _is_loopback(target: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def call(args: argparse.Namespace, token: str, fn: Callable[[grpc.Channel], T]) -> T | None:
+    """``fn`` over a channel to ``args.target`` carrying ``token`` and ``args.timeout``, closed after.
+    An RPC error is printed as webhookctl prints them and answers None (the caller exits 1)."""
+    channel = grpc.intercept_channel(open_channel(args.target, args.ca, args.insecure), Auth(token),
+                                     Timeout(args.timeout))
+    try:
+        return fn(channel)
+    except grpc.RpcError as err:
+        print(f"webhookctl: {err.code().name}: {err.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        return None
+    finally:
+        channel.close()

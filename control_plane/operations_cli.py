@@ -14,10 +14,9 @@ import re
 import sys
 from typing import Any
 
-import grpc
 from google.protobuf.json_format import MessageToDict
 
-from control_plane.cli_common import Auth, Timeout, open_channel, table, when
+from control_plane.cli_common import call, table, when
 from protogen.webhooks.v1 import operations_pb2 as opb
 from protogen.webhooks.v1 import operations_pb2_grpc as orpc
 
@@ -78,15 +77,9 @@ def main(args: argparse.Namespace) -> int:
     if not token:
         print("webhookctl: set WEBHOOKCTL_API_KEY", file=sys.stderr)
         return 2
-    channel = grpc.intercept_channel(open_channel(args.target, args.ca, args.insecure), Auth(token),
-                                     Timeout(args.timeout))
-    try:
-        result = run(args, orpc.OperationsStub(channel))
-    except grpc.RpcError as err:
-        print(f"webhookctl: {err.code().name}: {err.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+    result = call(args, token, lambda channel: run(args, orpc.OperationsStub(channel)))
+    if result is None:
         return 1
-    finally:
-        channel.close()
     if args.json:
         print(json.dumps(MessageToDict(result, preserving_proto_field_name=True), indent=2))
     else:
