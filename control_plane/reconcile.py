@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +34,8 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import PreparedStatement
-from confluent_kafka import Consumer, TopicPartition
 
+from control_plane import topic_window
 from control_plane.archive_store import ArchiveStore
 from control_plane.errors import InvalidArgument
 from control_plane.publisher import Publisher
@@ -57,13 +56,16 @@ MAX_WINDOW_MS = 30 * 24 * 3_600_000
 
 
 
-def check_window(since_ms: int | None, until_ms: int | None) -> tuple[int, int]:
+def check_window(since_ms: int | None, until_ms: int | None, max_ms: int = MAX_WINDOW_MS,
+                 too_long: str = "the window is longer than the 30-day history: reconcile it in parts",
+                 ) -> tuple[int, int]:
+    """Both ends given, in order, and at most ``max_ms`` apart (else ``too_long``)."""
     if since_ms is None or until_ms is None:
         raise InvalidArgument("start_time and end_time are required")
     if not since_ms < until_ms:
         raise InvalidArgument("start_time must be before end_time")
-    if until_ms - since_ms > MAX_WINDOW_MS:
-        raise InvalidArgument("the window is longer than the 30-day history: reconcile it in parts")
+    if until_ms - since_ms > max_ms:
+        raise InvalidArgument(too_long)
     return since_ms, until_ms
 
 
@@ -212,63 +214,21 @@ class Reconciler:
         """Events that arrived in the window, by id (a re-published event counts once, at its
         first arrival), and how many records there the job cannot parse."""
         topic = self._settings.kafka.events_topic
-        consumer = Consumer({
-            "bootstrap.servers": self._settings.kafka.bootstrap_servers,
-            "group.id": f"webhooks-reconcile-{uuid.uuid4().hex}",  # reads only; commits nothing
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        })
         events: dict[str, tuple[EventRecord, int]] = {}
         dead = 0
-        try:
-            meta = consumer.list_topics(topic, timeout=10).topics[topic]
-            if meta.error is not None:
-                raise RuntimeError(f"events topic {topic}: {meta.error}")
-            parts = sorted(meta.partitions)
-            starts = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in parts], timeout=10)
-            ends = consumer.offsets_for_times([TopicPartition(topic, p, until_ms) for p in parts], timeout=10)
-            stop: dict[int, int] = {}
-            assign = []
-            for start, end in zip(starts, ends, strict=True):
-                high = consumer.get_watermark_offsets(TopicPartition(topic, start.partition), timeout=10)[1]
-                last = end.offset if end.offset >= 0 else high  # none at or after until: to the end
-                if 0 <= start.offset < last:
-                    stop[start.partition] = last
-                    assign.append(TopicPartition(topic, start.partition, start.offset))
-            consumer.assign(assign)
-            limit = self._settings.ingest.max_payload_bytes
-            quiet = 0
-            while stop:
-                msg = consumer.poll(1.0)
-                if msg is None:
-                    # The last offsets may be control records (no message): done once the
-                    # consumer's position reached each partition's end.
-                    for tp in consumer.position([TopicPartition(topic, p) for p in stop]):
-                        if tp.offset >= stop[tp.partition]:
-                            del stop[tp.partition]
-                    quiet += 1
-                    if stop and quiet >= 10:
-                        raise RuntimeError(f"events topic {topic}: partitions {sorted(stop)} stopped short "
-                                           "of the window's end")
-                    continue
-                quiet = 0
-                if msg.error() is not None:
-                    raise RuntimeError(f"events topic {topic}: {msg.error()}")
-                p, off = msg.partition(), msg.offset()
-                if p in stop and off + 1 >= stop[p]:
-                    del stop[p]
-                at = msg.timestamp()[1]
-                if not since_ms <= at < until_ms:
-                    continue
-                try:
-                    event = parse_event(msg.value() or b"", limit)
-                except IngestError:
-                    dead += 1
-                    continue
-                if tenant_id in (None, event.tenant_id) and event.event_id not in events:
-                    events[event.event_id] = (event, at)
-        finally:
-            consumer.close()
+        limit = self._settings.ingest.max_payload_bytes
+        for msg in topic_window.records(self._settings.kafka.bootstrap_servers, topic, since_ms, until_ms,
+                                        "webhooks-reconcile"):
+            at = msg.timestamp()[1]
+            if not since_ms <= at < until_ms:
+                continue
+            try:
+                event = parse_event(msg.value() or b"", limit)
+            except IngestError:
+                dead += 1
+                continue
+            if tenant_id in (None, event.tenant_id) and event.event_id not in events:
+                events[event.event_id] = (event, at)
         return events, dead
 
     def _snapshots(self, since_ms: int, until_ms: int) -> list[fanout.FanoutSnapshot]:

@@ -21,15 +21,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, TopicPartition
-
+from control_plane import topic_window
 from control_plane.deliveries import DeliveryService
 from control_plane.domain import DeliveryStatus, Principal
-from control_plane.errors import InvalidArgument, Unavailable
+from control_plane.errors import Unavailable
+from control_plane.reconcile import check_window
 from control_plane.service import EndpointService
 from core import account as acc
 from core import reconcile as rc
@@ -82,12 +81,8 @@ class TenantAccountService:
         self._dead_letters = dead_letters
 
     def account(self, principal: Principal, since_ms: int | None, until_ms: int | None) -> acc.Account:
-        if since_ms is None or until_ms is None:
-            raise InvalidArgument("start_time and end_time are required")
-        if not since_ms < until_ms:
-            raise InvalidArgument("start_time must be before end_time")
-        if until_ms - since_ms > MAX_WINDOW_MS:
-            raise InvalidArgument("the window is longer than 7 days: ask for it in parts")
+        since_ms, until_ms = check_window(since_ms, until_ms, MAX_WINDOW_MS,
+                                          "the window is longer than 7 days: ask for it in parts")
         tenant = principal.tenant_id  # never a tenant the caller names
         inputs, report, types = self._window.tenant_window(since_ms, until_ms, tenant)
         letters = self._dead_letters(tenant, since_ms, until_ms)
@@ -131,50 +126,20 @@ class KafkaDeadLetters:
 
     def __call__(self, tenant_id: str, since_ms: int, until_ms: int) -> dict[str, str]:
         topic = self._settings.kafka.dlq_topic
-        consumer = Consumer({"bootstrap.servers": self._settings.kafka.bootstrap_servers,
-                             "group.id": f"webhooks-account-{uuid.uuid4().hex}",  # reads only
-                             "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        limit = self._settings.ingest.max_payload_bytes
         out: dict[str, str] = {}
         try:
-            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-            if meta is None or meta.error is not None:
-                return out  # no dead-letter topic yet: no letters
-            parts = sorted(meta.partitions)
-            starts = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in parts], timeout=10)
-            ends = consumer.offsets_for_times([TopicPartition(topic, p, until_ms + self._slack_ms) for p in parts],
-                                              timeout=10)
-            stop: dict[int, int] = {}
-            assign = []
-            for start, end in zip(starts, ends, strict=True):
-                high = consumer.get_watermark_offsets(TopicPartition(topic, start.partition), timeout=10)[1]
-                last = end.offset if end.offset >= 0 else high  # none at or after the end: to the topic's end
-                if 0 <= start.offset < last:
-                    stop[start.partition] = last
-                    assign.append(TopicPartition(topic, start.partition, start.offset))
-            consumer.assign(assign)
-            limit = self._settings.ingest.max_payload_bytes
-            quiet = 0
-            while stop and quiet < 10:
-                msg = consumer.poll(1.0)
-                if msg is None:
-                    for tp in consumer.position([TopicPartition(topic, p) for p in stop]):
-                        if tp.offset >= stop[tp.partition]:
-                            del stop[tp.partition]
-                    quiet += 1
-                    continue
-                quiet = 0
-                if msg.error() is not None:
-                    raise RuntimeError(f"dead-letter topic {topic}: {msg.error()}")
-                if msg.offset() + 1 >= stop.get(msg.partition(), 0):
-                    stop.pop(msg.partition(), None)
+            for msg in topic_window.records(self._settings.kafka.bootstrap_servers, topic, since_ms,
+                                            until_ms + self._slack_ms, "webhooks-account"):
                 found = letter_event(msg.value() or b"", limit)
                 if found is not None and found[1] == tenant_id:
                     out.setdefault(found[0], found[2])
-            if stop:  # an account missing letters would show refused events as merely unsubscribed
-                raise Unavailable(f"dead-letter topic {topic}: partitions {sorted(stop)} stopped short of the "
-                                  "window's end; retry")
-        finally:
-            consumer.close()
+        except topic_window.TopicMissing:
+            return {}  # no dead-letter topic yet: no letters
+        except topic_window.WindowShort as short:
+            # an account missing letters would show refused events as merely unsubscribed
+            raise Unavailable(f"dead-letter topic {topic}: partitions {short.partitions} stopped short of the "
+                              "window's end; retry") from None
         return out
 
 

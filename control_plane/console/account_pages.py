@@ -5,12 +5,10 @@ and the history for it, so the page offers no window longer than the service all
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from aiohttp import web
 
 from control_plane import errors
-from control_plane.console.context import CONSOLE, blocking
+from control_plane.console.context import CONSOLE, blocking, form_time
 from core import account as acc
 
 HOUR_MS = 3_600_000
@@ -20,24 +18,13 @@ CHOICES = (1, 6, 24)
 def window(query: dict[str, str], now_ms: int) -> tuple[int, int]:
     """(since, until) from the page's query: ``since``/``until`` (UTC date and time), else the
     last ``hours`` (one of CHOICES, default 1)."""
-    since, until = _time(query.get("since", ""), "since"), _time(query.get("until", ""), "until")
+    since, until = form_time(query.get("since", ""), "since"), form_time(query.get("until", ""), "until")
     if since is not None or until is not None:
         return since if since is not None else (until or now_ms) - HOUR_MS, until if until is not None else now_ms
     hours = query.get("hours", "1")
     if not hours.isdigit() or int(hours) not in CHOICES:
         raise errors.InvalidArgument(f"hours must be one of {', '.join(map(str, CHOICES))}")
     return now_ms - int(hours) * HOUR_MS, now_ms
-
-
-def _time(text: str, name: str) -> int | None:
-    """A datetime-local field (UTC) as unix ms; None when empty."""
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise errors.InvalidArgument(f"{name} is not a date and time") from None
-    return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 def add_routes(app: web.Application, base: str) -> None:

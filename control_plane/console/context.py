@@ -122,3 +122,16 @@ def _ms_time(ms: int) -> str:
 
 def _num(value: object) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def form_time(text: str, name: str) -> int | None:
+    """A datetime-local field (UTC) as unix ms; None when empty."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise errors.InvalidArgument(f"{name} is not a date and time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -14,7 +13,7 @@ from multidict import MultiDictProxy
 
 from control_plane import errors
 from control_plane.console import health
-from control_plane.console.context import BASE, CHANGED, CONSOLE, FORM, SESSION, blocking
+from control_plane.console.context import BASE, CHANGED, CONSOLE, FORM, SESSION, blocking, form_time
 from control_plane.console.portal import PATH_PREFIX, PATH_SESSION, SESSION_TTL_S
 from control_plane.console.sessions import LOGIN_TTL_MS, Kind, Session
 from control_plane.domain import DeliveryStatus, EndpointSpec
@@ -196,7 +195,7 @@ async def _deliveries(request: web.Request) -> web.StreamResponse:
     if endpoint_id:
         statuses = [DeliveryStatus(filters["status"])] if filters["status"] in set(DeliveryStatus) else []
         listed = await blocking(c.services.deliveries.list, principal, endpoint_id, statuses,
-                                _time(filters["since"], "since"), _time(filters["until"], "until"), LOG_PAGE,
+                                form_time(filters["since"], "since"), form_time(filters["until"], "until"), LOG_PAGE,
                                 q.get("cursor", ""))
         next_cursor = listed.next_cursor
         wanted = [d for d in listed.items
@@ -284,19 +283,6 @@ def _required_reason(request: web.Request) -> str:
 def _request_id() -> str:
     """An idempotency key per rendered form: submitting it twice is one change."""
     return "con_" + uuid.uuid4().hex
-
-
-def _time(text: str, name: str) -> int | None:
-    """A datetime-local field (UTC) as unix ms; None when empty."""
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise errors.InvalidArgument(f"{name} is not a date and time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
 
 
 def status_label(status: EndpointStatus) -> str:
