@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -37,6 +36,7 @@ from google.protobuf.message import Message
 
 from control_plane import http_problems, http_transcoding, openapi_doc
 from control_plane.http_idempotency import (
+    IDEMPOTENCY_KEY_FORM,
     IdempotencyStore,
     InProgress,
     Kept,
@@ -53,9 +53,7 @@ from control_plane.servicer import ERROR_CLASS_KEY
 log = logging.getLogger(__name__)
 
 IDEMPOTENCY_KEY = "Idempotency-Key"
-_IDEMPOTENT_KEY_FORM = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # also a valid request_id
 _ENDPOINT = "webhooks.v1.Endpoint"
-_ETAG = re.compile(r'^(?:W/)?"(-?[0-9]{1,19})"$')
 _KEPT_HEADERS = ("ETag", "Location")
 
 
@@ -174,9 +172,9 @@ class HttpApi:
         key = headers.get(IDEMPOTENCY_KEY.lower())
         if key is None or verb not in ("POST", "PATCH"):
             return self._call(route, params, query, headers, body, path, peer, None)
-        if not _IDEMPOTENT_KEY_FORM.fullmatch(key):
+        if not IDEMPOTENCY_KEY_FORM.fullmatch(key):
             return _problem_answer(problem("invalid-argument",
-                                           "Idempotency-Key must be 1-128 of A-Z a-z 0-9 . _ : -", path))
+                                           "Idempotency-Key must be 1-128 of A-Z a-z 0-9 _ - (a UUID fits)", path))
         scope = scope_of(headers.get("authorization", ""))
         begun = self.idempotency.begin(scope, key, fingerprint(verb, path, query, body))
         if isinstance(begun, Replay):
@@ -208,11 +206,17 @@ class HttpApi:
         if body.strip() and not headers.get("content-type", "application/json").startswith(
                 ("application/json", "application/merge-patch+json")):
             return _problem_answer(problem("unsupported-media-type", "send Content-Type: application/json", path))
+        if not headers.get("authorization"):
+            # Before the request is read: an anonymous caller learns nothing about it.
+            return _problem_answer(problem("unauthenticated", "send Authorization: Bearer <api key>", path),
+                                   ("WWW-Authenticate", "Bearer"))
         try:
             request = http_transcoding.build_request(route, params, query, body)
             self._bind_headers(route, request, headers, key)
         except BadRequest as exc:
             return _problem_answer(problem("invalid-argument", str(exc), path))
+        except (ValueError, TypeError) as exc:  # a value the message cannot hold that a check above missed
+            return _problem_answer(problem("invalid-argument", f"a value does not fit its field: {exc}", path))
         context = HttpContext(headers.get("authorization"), peer)
         handler = self.handlers[(route.service, route.name)]
         try:
@@ -239,7 +243,7 @@ class HttpApi:
         if if_match is not None and if_match.strip() != "*":
             if not route.takes_if_match():
                 raise BadRequest(f"If-Match is not taken by {route.verb} {route.template}")
-            m = _ETAG.match(if_match.strip())
+            m = http_transcoding.ETAG_FORM.match(if_match.strip())
             if m is None:
                 raise BadRequest('If-Match must be one ETag, as the endpoint\'s read answered it ("3")')
             setattr(request, http_transcoding.IF_MATCH_FIELD, int(m.group(1)))
@@ -269,6 +273,20 @@ def _keep(answer: Answer) -> bool:
 
 
 def build_app(api: HttpApi) -> web.Application:
+    @web.middleware
+    async def problems(request: web.Request, handler: Any) -> web.StreamResponse:
+        """aiohttp's own refusals (a path it cannot route, a body too large) as problem+json too."""
+        try:
+            return cast(web.StreamResponse, await handler(request))
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            known = {404: "no-route", 405: "method-not-allowed", 413: "request-too-large",
+                     415: "unsupported-media-type"}
+            slug = known.get(exc.status, "internal" if exc.status >= 500 else "invalid-argument")
+            p = problem(slug, exc.reason)
+            return web.Response(status=p.status, body=p.body(), content_type=PROBLEM_JSON)
+
     async def dispatch(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -280,8 +298,8 @@ def build_app(api: HttpApi) -> web.Application:
         response.headers["Cache-Control"] = "no-store"
         return response
 
-    app = web.Application(client_max_size=1024 * 1024)
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    app = web.Application(client_max_size=1024 * 1024, middlewares=[problems])
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)  # every path, newlines included
     return app
 
 

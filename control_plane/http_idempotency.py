@@ -25,6 +25,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from core import identifiers
+
+# A key is also the RPC's request_id where it has one, which is an id: 1-128 of A-Z a-z 0-9 _ -.
+IDEMPOTENCY_KEY_FORM = identifiers.ID
+
 
 @dataclass(frozen=True)
 class Kept:

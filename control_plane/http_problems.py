@@ -18,7 +18,8 @@ way (gRPC -> HTTP) and the same for every route:
     INTERNAL and anything else   500   internal
 
 and the HTTP layer's own: no-route 404, method-not-allowed 405, unsupported-media-type 415,
-idempotency-key-reused 422 (same key, another request), idempotency-key-in-progress 409.
+request-too-large 413, idempotency-key-reused 422 (same key, another request),
+idempotency-key-in-progress 409.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ TYPES = _types(
     ProblemType("internal", 500, "Internal error"),
     ProblemType("no-route", 404, "No such route"),
     ProblemType("method-not-allowed", 405, "The route does not take this method"),
+    ProblemType("request-too-large", 413, "The body is larger than the API takes (1 MiB)"),
     ProblemType("unsupported-media-type", 415, "The body must be application/json"),
     ProblemType("idempotency-key-reused", 422, "The Idempotency-Key was used for another request"),
     ProblemType("idempotency-key-in-progress", 409, "A request with this Idempotency-Key is still running"),

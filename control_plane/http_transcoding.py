@@ -35,6 +35,7 @@ from protogen.google.api import annotations_pb2
 _VERBS = ("get", "put", "post", "delete", "patch")
 # The request field the If-Match header sets (the ETag of an endpoint is its config_version).
 IF_MATCH_FIELD = "expected_config_version"
+ETAG_FORM = re.compile(r'^(?:W/)?"([0-9]{1,18})"$')
 _PARAM = re.compile(r"\{(\w+)\}")
 _TIMESTAMP = "google.protobuf.Timestamp"
 _FIELD_MASK = "google.protobuf.FieldMask"
@@ -192,6 +193,14 @@ def short_enum_names(field: FieldDescriptor) -> list[str]:
     return [n[len(prefix):].lower() for n, v in zip(names, field.enum_type.values, strict=True) if v.number != 0]
 
 
+def integer_range(field: FieldDescriptor) -> tuple[int, int]:
+    """The values an integer field holds (its wire type's)."""
+    bits = 64 if field.cpp_type in (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64) else 32
+    if field.cpp_type in (FieldDescriptor.CPPTYPE_UINT32, FieldDescriptor.CPPTYPE_UINT64):
+        return 0, 2**bits - 1
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
 def _scalar(field: FieldDescriptor, text: str) -> Any:
     name = query_name(field)
     if field.type == FieldDescriptor.TYPE_ENUM:
@@ -199,6 +208,9 @@ def _scalar(field: FieldDescriptor, text: str) -> Any:
     if field.type in _INTEGERS:
         if not re.fullmatch(r"-?[0-9]{1,20}", text):
             raise BadRequest(f"{name}: {text!r} is not an integer")
+        low, high = integer_range(field)
+        if not low <= int(text) <= high:
+            raise BadRequest(f"{name}: {text} is out of range")
         return int(text)
     if field.type in _FLOATS:
         try:

@@ -25,10 +25,12 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescr
 
 from control_plane.api import pb
 from control_plane.deliveries import MAX_DELIVERY_PAGE
+from control_plane.http_idempotency import IDEMPOTENCY_KEY_FORM
 from control_plane.http_problems import PROBLEM_JSON, TYPES
-from control_plane.http_transcoding import Route, query_name, routes, short_enum_names
+from control_plane.http_transcoding import ETAG_FORM, Route, integer_range, query_name, routes, short_enum_names
 from control_plane.ordering import DEFAULT_KEY_PAGE, MAX_KEY_PAGE
 from control_plane.service import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from core import identifiers
 from protogen.webhooks.v1 import catalog_pb2, portal_pb2
 
 DOCUMENT_PATH = "/v1/openapi.json"
@@ -38,6 +40,10 @@ _INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescript
           FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
 _INT32 = {FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_SINT32,
           FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_SFIXED32}
+
+# What a path parameter holds (the services refuse anything else with 400).
+_PATH_PATTERNS = {"endpoint_id": identifiers.ID, "delivery_id": identifiers.ID, "tenant_id": identifiers.TENANT_ID,
+                  "name": identifiers.EVENT_TYPE}
 
 # Page sizes: 0 (or absent) is the default; above the maximum is refused.
 _LIMITS = {
@@ -153,14 +159,16 @@ def _query_schema(route: Route, f: FieldDescriptor) -> dict[str, Any]:
     if limit is not None:
         one = {"type": "integer", "minimum": 0, "maximum": limit[1],
                "description": f"page size, at most {limit[1]}; 0 or absent: {limit[0]}"}
-    if f.type in _INT64:
-        one = {"type": "integer"}
+    elif f.type in _INT64 or f.type in _INT32:
+        low, high = integer_range(f)
+        one = {"type": "integer", "minimum": low, "maximum": high}
     return {"type": "array", "items": one} if f.label == FieldDescriptor.LABEL_REPEATED else one
 
 
 def _operation(route: Route, schemas: _Schemas) -> dict[str, Any]:
     params: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+        {"name": name, "in": "path", "required": True,
+         "schema": {"type": "string", "pattern": f"^{_PATH_PATTERNS[name].pattern}$"}}
         for name in route.path_fields]
     for f in route.query_fields():
         params.append({"name": query_name(f), "in": "query", "required": False, "schema": _query_schema(route, f),
@@ -169,12 +177,12 @@ def _operation(route: Route, schemas: _Schemas) -> dict[str, Any]:
         params.append({"name": "Idempotency-Key", "in": "header", "required": False,
                        "description": "the same key and request answer the first response again; "
                                       "the same key with another request is refused (422)",
-                       "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}})
+                       "schema": {"type": "string", "pattern": f"^{IDEMPOTENCY_KEY_FORM.pattern}$"}})
     if route.takes_if_match():
         params.append({"name": "If-Match", "in": "header", "required": False,
                        "description": "the ETag of the endpoint as read: the change applies only to that "
                                       "config version (412 stale-version otherwise)",
-                       "schema": {"type": "string", "pattern": '^(W/)?"-?[0-9]{1,19}"$'}})
+                       "schema": {"type": "string", "pattern": ETAG_FORM.pattern}})
     request_example, response_example = EXAMPLES.get(route.name, (None, None))
     op: dict[str, Any] = {
         "operationId": route.name,

@@ -204,6 +204,18 @@ def test_no_route_is_404_and_another_verb_is_405_with_allow(api: Api) -> None:
     assert (status, body["type"], headers["Allow"]) == (405, "/v1/problems/method-not-allowed", "POST, GET")
 
 
+@pytest.mark.parametrize("query", [[("limit", "-15605198215507")], [("limit", "99999999999999999999")]])
+def test_integers_beyond_their_fields_range_are_refused_not_failed(api: Api, query: list[tuple[str, str]]) -> None:
+    status, body, _ = api.call("GET", E, query=query)
+    assert (status, body["type"]) == (400, "/v1/problems/invalid-argument")
+
+
+def test_without_a_credential_the_answer_is_401_before_the_request_is_read(api: Api) -> None:
+    answer = api.api.handle("PATCH", f"{E}/ep_1", [], {"if-match": "junk"}, b"not json")
+    assert answer.status == 401 and json.loads(answer.body)["type"] == "/v1/problems/unauthenticated"
+    assert dict(answer.headers)["WWW-Authenticate"] == "Bearer"
+
+
 # -- Idempotency-Key ---------------------------------------------------------------------------
 
 
@@ -296,7 +308,7 @@ def test_a_patch_with_a_stale_if_match_is_refused_and_changes_nothing(api: Api) 
     assert api.call("PATCH", path, {"description": "any"}, If_Match="*")[0] == 200
 
 
-@pytest.mark.parametrize("value", ['1', '"one"', '"1", "2"'])
+@pytest.mark.parametrize("value", ['1', '"one"', '"1", "2"', '"-1"', '"9480894584746934169"'])
 def test_a_malformed_if_match_is_refused(api: Api, value: str) -> None:
     e = created(api)
     status, body, _ = api.call("PATCH", f"{E}/{e['endpoint_id']}", {"description": "x"}, If_Match=value)
@@ -379,6 +391,10 @@ def test_over_a_real_http_server_media_types_headers_and_the_document(api: Api) 
                 assert r.headers["ETag"] == '"1"' and r.headers["Cache-Control"] == "no-store"
             async with s.post(base + E, data=b"url=x", headers={**auth, "Content-Type": "text/plain"}) as r:
                 assert (r.status, r.content_type) == (415, "application/problem+json")
+            async with s.post(base + "/v1/webhook-endpoints/%0A/enable", headers=auth) as r:  # a newline in the id
+                assert (r.status, r.content_type) == (400, "application/problem+json")
+            async with s.post(base + E, data=b"x" * (1024 * 1024 + 1), headers=auth) as r:  # aiohttp's own refusal
+                assert (r.status, r.content_type) == (413, "application/problem+json")
             async with s.get(base + "/v1/openapi.json") as r:
                 assert r.status == 200 and (await r.json())["openapi"] == "3.1.0"
 
