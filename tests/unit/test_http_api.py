@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
@@ -191,6 +192,31 @@ def test_another_tenants_ids_answer_404_like_ids_that_do_not_exist(api: Api) -> 
                                query=[("endpoint_id", e["endpoint_id"])])
     assert status == 404, page
     assert api.call("GET", f"{E}/{e['endpoint_id']}")[1]["description"] == "orders"  # untouched
+
+
+def valid_body(rpc: str, delivery_id: str, now_ms: int) -> dict[str, Any] | None:
+    """A body each route would take from the id's own tenant, so only the id decides the answer."""
+    def rfc3339(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    window = {"start_time": rfc3339(now_ms - 3_600_000), "end_time": rfc3339(now_ms + 60_000)}
+    return {"UpdateEndpoint": {"description": "bob"}, "RotateSecret": {}, "ReplayDelivery": {"reason": "bob"},
+            "RecoverFailedDeliveries": {"reason": "bob", **window},
+            "SkipOrderingHead": {"ordering_key": "k", "delivery_id": delivery_id, "reason": "bob"}}.get(rpc)
+
+
+def test_another_tenants_ids_answer_404_on_every_route_that_takes_one(api: Api) -> None:
+    e = created(api)
+    did = add_delivery(api.w, api.w.endpoints.get(_principal(api), e["endpoint_id"]), 1, DeliveryStatus.FAILED)
+    ids = {"endpoint_id": e["endpoint_id"], "delivery_id": did}
+    tried = []
+    for route in http_transcoding.routes([CONTROL_PLANE]):
+        if route.path_fields and set(route.path_fields) <= ids.keys():
+            status, body, _ = api.call(route.verb, route.template.format(**ids),
+                                       valid_body(route.name, did, api.w.clock.now), token=api.bob)
+            assert (status, body["type"]) == (404, "/v1/problems/not-found"), (route.template, body)
+            tried.append(route.name)
+    assert len(tried) == 15  # every ControlPlane route with an id in its path
 
 
 def _principal(api: Api) -> Any:

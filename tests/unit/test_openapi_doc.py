@@ -22,7 +22,7 @@ from tests.unit.test_http_api import NEW, Api, E, _principal, api  # noqa: F401 
 DOC = openapi_doc.document(http_transcoding.routes(openapi_doc.services()))
 
 
-def _check(schema: dict[str, Any], value: Any) -> None:
+def check_against_document(schema: dict[str, Any], value: Any) -> None:
     registry: Registry = Registry().with_resource("urn:doc", Resource.from_contents(
         {"$schema": "https://json-schema.org/draft/2020-12/schema", **DOC}))
     resolved = json.loads(json.dumps(schema).replace('"#/components', '"urn:doc#/components'))
@@ -59,12 +59,12 @@ def test_the_examples_are_valid_against_their_schemas() -> None:
         for op in item.values():
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
             if "example" in body:
-                _check(body["schema"], body["example"])
+                check_against_document(body["schema"], body["example"])
                 seen += 1
             for response in op["responses"].values():
                 content = response.get("content", {}).get("application/json", {})
                 if "example" in content:
-                    _check(content["schema"], content["example"])
+                    check_against_document(content["schema"], content["example"])
                     seen += 1
     assert seen == 9  # the five routes of the brief; ListDeliveries has no body
 
@@ -74,7 +74,7 @@ def test_the_document_links_the_catalogs_webhooks_export() -> None:
     assert "/v1/event-catalog/export" in DOC["paths"]
 
 
-def _response_schema(verb: str, template: str, status: int) -> dict[str, Any]:
+def response_schema(verb: str, template: str, status: int) -> dict[str, Any]:
     op = DOC["paths"][template][verb.lower()]
     response = op["responses"].get(str(status)) or op["responses"]["default"]
     return dict(next(iter(response["content"].values()))["schema"])
@@ -107,7 +107,7 @@ def test_the_apis_answers_match_the_document(api: Api) -> None:  # noqa: F811
     call("DELETE", one, path)
     assert [s for *_, s, _ in answers].count(404) == 1
     for verb, template, status, answer in answers:
-        _check(_response_schema(verb, template, status), answer)
+        check_against_document(response_schema(verb, template, status), answer)
 
 
 def test_the_command_writes_the_document(tmp_path: Path) -> None:
