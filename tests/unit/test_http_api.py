@@ -428,3 +428,33 @@ def test_over_a_real_http_server_media_types_headers_and_the_document(api: Api) 
         asyncio.run(run())
     finally:
         server.stop()
+
+
+def test_the_registry_passes_every_registration_on_so_grpc_serves_what_http_serves(w: World) -> None:  # noqa: F811
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    real = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    registry = MethodRegistry(real)
+    server = registry.as_server()
+    rpc.add_ControlPlaneServicer_to_server(
+        ControlPlaneServicer(w.auth, w.endpoints, w.deliveries, w.ordering, w.clock), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    reflection.enable_server_reflection((CONTROL_PLANE.full_name, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        key = _key(w, "tenant-a")
+        api = Api(HttpApi(http_transcoding.routes([CONTROL_PLANE]), registry.handlers,
+                          MemoryIdempotency(60, 100, lambda: 0.0)), w, key, key)
+        over_http = created(api)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            got = rpc.ControlPlaneStub(channel).GetEndpoint(pb.GetEndpointRequest(endpoint_id=over_http["endpoint_id"]),
+                                                            metadata=[("authorization", f"Bearer {key}")], timeout=10)
+            assert got.url == over_http["url"]
+            assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status == 1
+        assert (CONTROL_PLANE.full_name, "CreateEndpoint") in registry.handlers
+    finally:
+        server.stop(0)
