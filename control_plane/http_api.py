@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -34,7 +35,7 @@ from aiohttp import web
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
-from control_plane import http_problems, http_transcoding, openapi_doc
+from control_plane import http_problems, http_transcoding, metrics, openapi_doc
 from control_plane.http_idempotency import (
     IDEMPOTENCY_KEY_FORM,
     IdempotencyStore,
@@ -156,6 +157,14 @@ class HttpApi:
     # Blocking: runs on a worker thread.
     def handle(self, verb: str, path: str, query: Sequence[tuple[str, str]], headers: dict[str, str],
                body: bytes, peer: str = "") -> Answer:
+        start = time.perf_counter()
+        answer = self._answer(verb, path, query, headers, body, peer)
+        route = http_transcoding.match(self.table, verb, path)[0]
+        metrics.http_request(route.name if route is not None else "-", answer.status, time.perf_counter() - start)
+        return answer
+
+    def _answer(self, verb: str, path: str, query: Sequence[tuple[str, str]], headers: dict[str, str],
+                body: bytes, peer: str) -> Answer:
         if verb == "GET" and path == openapi_doc.DOCUMENT_PATH:
             return Answer(200, self._document_bytes)
         if verb == "GET" and path.startswith(http_problems.TYPE_PREFIX):

@@ -242,6 +242,18 @@ def test_without_a_credential_the_answer_is_401_before_the_request_is_read(api: 
     assert dict(answer.headers)["WWW-Authenticate"] == "Bearer"
 
 
+def test_requests_are_counted_by_rpc_and_status(api: Api) -> None:
+    from control_plane import metrics
+
+    def count(method: str, status: str) -> float:
+        return metrics.HTTP_REQUESTS.labels(method, status)._value.get()  # type: ignore[attr-defined, no-any-return]
+
+    before = (count("GetEndpoint", "404"), count("-", "404"))
+    api.call("GET", f"{E}/ep_nope")
+    api.call("GET", "/v1/nowhere")
+    assert (count("GetEndpoint", "404"), count("-", "404")) == (before[0] + 1, before[1] + 1)
+
+
 # -- Idempotency-Key ---------------------------------------------------------------------------
 
 
