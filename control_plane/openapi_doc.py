@@ -165,7 +165,7 @@ def _query_schema(route: Route, f: FieldDescriptor) -> dict[str, Any]:
     return {"type": "array", "items": one} if f.label == FieldDescriptor.LABEL_REPEATED else one
 
 
-def _operation(route: Route, schemas: _Schemas) -> dict[str, Any]:
+def _operation(route: Route, table: Sequence[Route], schemas: _Schemas) -> dict[str, Any]:
     params: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True,
          "schema": {"type": "string", "pattern": f"^{_PATH_PATTERNS[name].pattern}$"}}
@@ -208,6 +208,9 @@ def _operation(route: Route, schemas: _Schemas) -> dict[str, Any]:
     if route.response.full_name == "webhooks.v1.Endpoint":
         success["headers"] = {"ETag": {"description": "the endpoint's config_version, quoted",
                                        "schema": {"type": "string"}}}
+    links = _links(route, table)
+    if links:
+        success["links"] = links
     status = "201" if route.verb == "POST" and route.name.startswith("Create") else "200"
     problem = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
     op["responses"] = {status: success, "default": {"description": "an error (RFC 9457)", "content": problem}}
@@ -216,6 +219,35 @@ def _operation(route: Route, schemas: _Schemas) -> dict[str, Any]:
                              "OpenAPI 3.1 document whose `webhooks` are the tenant's event types, in "
                              "document_json.")
     return op
+
+
+def _pointer_to(message: Descriptor, name: str) -> str | None:
+    """Where a response holds an id of ``name``: the field itself, in a message field, or in the
+    first element of a repeated one (``/deliveries/0/delivery_id``)."""
+    if name in message.fields_by_name:
+        return f"/{name}"
+    for f in message.fields:
+        if f.type != FieldDescriptor.TYPE_MESSAGE or f.message_type.GetOptions().map_entry:
+            continue
+        if name in f.message_type.fields_by_name and f.name != name:
+            first = "/0" if f.label == FieldDescriptor.LABEL_REPEATED else ""
+            return f"/{f.name}{first}/{name}"
+    return None
+
+
+def _links(route: Route, table: Sequence[Route]) -> dict[str, Any]:
+    """OpenAPI links from this operation's answer to the operations that take an id it holds
+    (a created endpoint's id to its routes; a listed delivery's to the delivery's)."""
+    links: dict[str, Any] = {}
+    for target in table:
+        # Within one service: names alone are not enough across them (a header's name is no event type's).
+        if target is route or len(target.path_fields) != 1 or target.service != route.service:
+            continue
+        name = target.path_fields[0]
+        pointer = _pointer_to(route.response, name)
+        if pointer is not None:
+            links[target.name] = {"operationId": target.name, "parameters": {name: f"$response.body#{pointer}"}}
+    return links
 
 
 _PROBLEM = {
@@ -235,7 +267,7 @@ def document(table: Sequence[Route], server_url: str = "") -> dict[str, Any]:
     schemas = _Schemas()
     paths: dict[str, dict[str, Any]] = {}
     for route in table:
-        paths.setdefault(route.template, {})[route.verb.lower()] = _operation(route, schemas)
+        paths.setdefault(route.template, {})[route.verb.lower()] = _operation(route, table, schemas)
     return {
         "openapi": "3.1.0",
         "info": {

@@ -69,6 +69,16 @@ def test_the_examples_are_valid_against_their_schemas() -> None:
     assert seen == 9  # the five routes of the brief; ListDeliveries has no body
 
 
+def test_answers_link_to_the_operations_that_take_the_ids_they_hold() -> None:
+    created = DOC["paths"]["/v1/webhook-endpoints"]["post"]["responses"]["201"]["links"]
+    assert created["GetEndpoint"] == {"operationId": "GetEndpoint",
+                                      "parameters": {"endpoint_id": "$response.body#/endpoint/endpoint_id"}}
+    listed = DOC["paths"]["/v1/webhook-deliveries"]["get"]["responses"]["200"]["links"]
+    assert listed["ReplayDelivery"]["parameters"] == {"delivery_id": "$response.body#/deliveries/0/delivery_id"}
+    endpoint = DOC["paths"]["/v1/webhook-endpoints/{endpoint_id}"]["get"]["responses"]["200"]["links"]
+    assert "AddSchemaVersion" not in endpoint  # a header's name is no event type's: links stay in one service
+
+
 def test_the_document_links_the_catalogs_webhooks_export() -> None:
     assert DOC["externalDocs"]["url"] == "/v1/event-catalog/export?format=openapi"
     assert "/v1/event-catalog/export" in DOC["paths"]
