@@ -90,7 +90,8 @@ class RpcAbort(Exception):
 
 
 class HttpContext:
-    """The grpc.ServicerContext a servicer sees when called over HTTP."""
+    """The grpc.ServicerContext a servicer sees when called over HTTP: the part of it servicers use
+    (the credential's metadata, the peer, the error's class and the abort)."""
 
     def __init__(self, authorization: str | None, peer: str) -> None:
         self._metadata = (("authorization", authorization),) if authorization is not None else ()
@@ -103,12 +104,6 @@ class HttpContext:
     def peer(self) -> str:
         return self._peer
 
-    def is_active(self) -> bool:
-        return True
-
-    def time_remaining(self) -> float | None:
-        return None
-
     def set_trailing_metadata(self, metadata: Iterable[tuple[str, str]]) -> None:
         for key, value in metadata:
             if key == ERROR_CLASS_KEY:
@@ -116,12 +111,6 @@ class HttpContext:
 
     def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise RpcAbort(code, details, self._error_class)
-
-    def set_code(self, code: grpc.StatusCode) -> None:  # servicers abort; kept for the protocol
-        pass
-
-    def set_details(self, details: str) -> None:
-        pass
 
 
 # -- the API -----------------------------------------------------------------------------------
