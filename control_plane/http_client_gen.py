@@ -24,7 +24,8 @@ from core.settings import REPO_ROOT
 
 OUT = REPO_ROOT / "build" / "http-client"
 PACKAGE = "webhooks_http_client"
-_CONFIG = f"project_name_override: webhooks-http-client\npackage_name_override: {PACKAGE}\n"
+# No post hooks: they would run whichever ruff is on PATH over generated code nobody edits.
+_CONFIG = f"project_name_override: webhooks-http-client\npackage_name_override: {PACKAGE}\npost_hooks: []\n"
 
 
 def generate(out: Path = OUT, force: bool = False, generator: Path | None = None) -> bool:
