@@ -1,10 +1,11 @@
 """Schemathesis over the HTTP API's OpenAPI document, against the session's control plane on the
 real stack: every route, examples, boundary ("coverage") and random inputs, valid and not, and
-stateful sequences following the responses. Every check but positive_data_acceptance must hold
-(no 5xx, every answer as documented: status, media type, schema, headers; schema-invalid input
-refused; requests without a credential refused). positive_data_acceptance is left out because the
-document cannot say everything the services check (that a URL resolves to a public address, that
-a cursor's signature verifies, that an event type is the tenant's).
+stateful sequences following the responses' links. Every check must hold (no 5xx, every answer as
+documented: status, media type, schema, headers; schema-invalid input refused; requests without a
+credential refused) but two left out on purpose: positive_data_acceptance, because the document
+cannot say everything the services check (that a URL resolves to a public address, that a cursor's
+signature verifies, that an event type is the tenant's); use_after_free, because a deleted
+endpoint's versions stay readable by design (its audit trail: GET .../versions).
 
 Bounded for `make test` (WEBHOOKS_API_FUZZ_EXAMPLES, default 10 per operation and phase); `make
 api-fuzz` runs 500. The run's summary ("N generated, N passed") is printed and its JUnit report
@@ -44,7 +45,7 @@ def test_schemathesis_finds_nothing_and_tenants_stay_isolated(http_api_base, grp
     run = subprocess.run(
         [str(cli), "run", f"{http_api_base}{openapi_doc.DOCUMENT_PATH}", "--url", http_api_base,
          "-H", f"Authorization: Bearer {key}", "--max-examples", examples, "--seed", "1",
-         "--checks", "all", "--exclude-checks", "positive_data_acceptance", "--request-timeout", "30",
+         "--checks", "all", "--exclude-checks", "positive_data_acceptance,use_after_free", "--request-timeout", "30",
          "--report", "junit", "--report-dir", str(REPORT), "--no-color"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=3600)
     summary = [line for line in run.stdout.splitlines() if " generated" in line or "passed" in line]
