@@ -62,6 +62,13 @@ lint: ## ruff, mypy, the import contracts (pyproject.toml, [tool.importlinter]) 
 	@.venv/bin/lint-imports --no-cache
 	@$(PY) -m stack.doc_links
 
+.PHONY: http-client api-fuzz
+http-client: ## the HTTP API's Python client, generated from its OpenAPI document into build/http-client/ (make setup runs it)
+	@$(PY) -m control_plane.http_client_gen
+
+api-fuzz: setup up ## Schemathesis over the HTTP API's document, long (make test runs a bounded one; API_FUZZ_EXAMPLES=500)
+	@WEBHOOKS_API_FUZZ_EXAMPLES=$${API_FUZZ_EXAMPLES:-500} $(PY) -m pytest -q -s -p no:cacheprovider tests/integration/test_http_api_schema.py
+
 proto: ## regenerate the gRPC and protobuf code of proto/ into protogen/ (only what is stale; make setup runs it)
 	@$(PY) -m protogen
 

@@ -208,9 +208,10 @@ def control_plane(settings: Settings) -> Iterator[grpc.Channel]:
 
 def control_plane_env(env: dict[str, str], port: int) -> dict[str, str]:
     """The run's env for its control plane process: its gRPC API on ``port``, no /metrics, and no
-    console (the stack's control plane serves it on its default port: binding it again failed)."""
+    console or HTTP API (the stack's control plane serves them on their default ports: binding them
+    again failed)."""
     return {**env, "WEBHOOKS_CONTROL_PLANE__PORT": str(port), "WEBHOOKS_CONTROL_PLANE__METRICS_PORT": "0",
-            "WEBHOOKS_CONTROL_PLANE__CONSOLE_PORT": "0"}
+            "WEBHOOKS_CONTROL_PLANE__CONSOLE_PORT": "0", "WEBHOOKS_CONTROL_PLANE__HTTP_PORT": "0"}
 
 
 @contextmanager

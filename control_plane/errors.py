@@ -5,6 +5,7 @@
     ├── NotFound             unknown id, or another tenant's id (existence is not leaked)
     ├── AlreadyExists        a name or idempotency key already taken by something else
     ├── FailedPrecondition   valid request, wrong state (endpoint disabled, outside window)
+    │   └── StaleVersion     a conditional change named a version that is no longer current
     ├── Aborted              lost a race with a concurrent change; retrying is safe
     ├── Unauthenticated      no credential, or an unknown/revoked one
     ├── PermissionDenied     a real credential that may not do this
@@ -35,6 +36,10 @@ class AlreadyExists(ControlPlaneError):
 
 
 class FailedPrecondition(ControlPlaneError):
+    pass
+
+
+class StaleVersion(FailedPrecondition):
     pass
 
 

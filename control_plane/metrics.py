@@ -25,6 +25,10 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 RPCS = Counter("webhooks_cp_rpc", "gRPC calls by method and status code", ["method", "code"])
 RPC_SECONDS = Histogram("webhooks_cp_rpc_seconds", "gRPC call duration", ["method"],
                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+# The HTTP API (control_plane.http_api): by RPC ("-" when no route matched), and HTTP status.
+HTTP_REQUESTS = Counter("webhooks_cp_http", "HTTP API requests by RPC and HTTP status", ["method", "status"])
+HTTP_SECONDS = Histogram("webhooks_cp_http_seconds", "HTTP API request duration", ["method"],
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 LOOP_OK = Gauge("webhooks_cp_loop_last_success_timestamp_seconds", "last successful step of a loop", ["loop"])
 LOOP_FAILURES = Counter("webhooks_cp_loop_failures", "failed steps of a background loop", ["loop"])
 RECONCILE_GAPS = Gauge("webhooks_reconcile_gaps", "gaps found by the last periodic reconciliation", ["kind"])
@@ -34,6 +38,11 @@ RECONCILE_RUNS = Counter("webhooks_reconcile_runs", "periodic reconciliations co
 def serve(host: str, port: int) -> None:
     """Expose /metrics on host:port (a daemon thread)."""
     start_http_server(port, addr=host)
+
+
+def http_request(method: str, status: int, seconds: float) -> None:
+    HTTP_REQUESTS.labels(method, str(status)).inc()
+    HTTP_SECONDS.labels(method).observe(seconds)
 
 
 def loop_step(name: str, ok: bool) -> None:

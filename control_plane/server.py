@@ -2,7 +2,9 @@
 
 `python -m control_plane.server` serves on settings.control_plane.host:port with health and
 reflection, runs the republisher and config-clock loops, and stops gracefully on SIGTERM/SIGINT
-(in-flight calls get a grace period, then the loops stop and the producer flushes).
+(in-flight calls get a grace period, then the loops stop and the producer flushes). The same
+services answer over HTTP+JSON on http_port (control_plane.http_api) and as the web console on
+console_port.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionP
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from control_plane import console, faults, metrics
+from control_plane import console, faults, http_api, metrics
 from control_plane.account_servicer import SERVICE_NAME as ACCOUNT_SERVICE
 from control_plane.account_servicer import TenantAccountServicer
 from control_plane.account_servicer import add_to_server as add_account
@@ -40,6 +42,7 @@ from control_plane.catalog_store import CassandraCatalogStore
 from control_plane.cursor import Cursors
 from control_plane.deliveries import DeliveryDeps, DeliveryService
 from control_plane.errors import Unavailable
+from control_plane.http_idempotency import MemoryIdempotency
 from control_plane.operational_events import OperationalEvents
 from control_plane.operational_store import CassandraOperationalStore
 from control_plane.operations_servicer import SERVICE_NAME as OPERATIONS_SERVICE
@@ -125,6 +128,7 @@ class ControlPlaneServer:
     health: health.HealthServicer
     signals: SignalConsumer
     console: console.ConsoleServices  # the same services, for the web console (control_plane.console)
+    http: http_api.HttpApi  # the same handlers, over HTTP+JSON (control_plane.http_api)
 
     def start(self) -> None:
         self.server.start()
@@ -198,8 +202,11 @@ def build(
     )
     auth = Authenticator(store, cp.admin_token.get_secret_value())
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
-                         interceptors=[metrics.RpcMetrics()])
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
+                              interceptors=[metrics.RpcMetrics()])
+    # Every servicer is added through the registry, which keeps their handlers for the HTTP API.
+    registry = http_api.MethodRegistry(grpc_server)
+    server = registry.as_server()
     rpc.add_ControlPlaneServicer_to_server(
         ControlPlaneServicer(auth, endpoints, deliveries, ordering, now_ms), server
     )
@@ -253,8 +260,10 @@ def build(
         *([Loop("reconciler", cp.reconcile_interval_s, lambda: _reconcile_and_export(reconciler))]
           if cp.reconcile_interval_s else []),
     )
-    return ControlPlaneServer(server, bound, publication, publisher, loops, health_servicer, signals,
-                              console_services)
+    idempotency = MemoryIdempotency(cp.idempotency_ttl_s, cp.idempotency_max_entries, time.monotonic)
+    http = http_api.wire(registry, idempotency)
+    return ControlPlaneServer(grpc_server, bound, publication, publisher, loops, health_servicer, signals,
+                              console_services, http)
 
 
 def _reconcile_and_export(reconciler: Reconciler) -> None:
@@ -309,7 +318,11 @@ def main() -> None:
     signal.signal(signal.SIGINT, on_signal)
     server.start()
     web = console.serve(settings, server.console) if settings.control_plane.console_port else None
+    cp = settings.control_plane
+    api = http_api.serve(server.http, cp.host, cp.http_port) if cp.http_port else None
     stopped.wait()
+    if api is not None:
+        api.stop()
     if web is not None:
         web.stop()
     server.stop()

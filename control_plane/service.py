@@ -47,6 +47,7 @@ from control_plane.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    StaleVersion,
     Unavailable,
 )
 from control_plane.publication import ConfigPublication
@@ -317,7 +318,10 @@ class EndpointService:
     def update(
         self, principal: Principal, endpoint_id: str, values: EndpointSpec, mask: Sequence[str],
         schema_majors: Sequence[int] = (), headers: Sequence[HeaderInput] = (),
+        expected_version: int | None = None,
     ) -> Endpoint:
+        """``expected_version``: apply only to that config version (checked against the row the
+        conditional write replaces, so a concurrent change in between is never overwritten)."""
         require_write(principal)
         paths = set(mask)
         if not paths:
@@ -361,6 +365,10 @@ class EndpointService:
 
         def apply(current: Endpoint) -> Endpoint | None:
             issued.clear()
+            if expected_version is not None and current.config_version != expected_version:
+                raise StaleVersion(
+                    f"the endpoint is at config_version {current.config_version}, not {expected_version}: "
+                    "read it again and apply the change to what it is now")
             payload: dict[str, object] = {}
             if paths & {"payload_mode", "payload_fields"}:
                 # Checked together: a mode and the allow-list it needs (or must not have).

@@ -47,6 +47,7 @@ _CODES: dict[type[errors.ControlPlaneError], grpc.StatusCode] = {
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.StaleVersion: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
@@ -70,8 +71,14 @@ _DELIVERY_FROM_PB = {v: k for k, v in _DELIVERY_TO_PB.items()}
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Trailing metadata naming the domain error's class (``StaleVersion``): a code can stand for more
+# than one class, and the HTTP API answers each class with its own problem type and status.
+ERROR_CLASS_KEY = "webhooks-error-class"
+
+
 def _abort(context: grpc.ServicerContext, exc: Exception) -> None:
     if isinstance(exc, errors.ControlPlaneError):
+        context.set_trailing_metadata(((ERROR_CLASS_KEY, type(exc).__name__),))
         context.abort(_CODES[type(exc)], redact(exc.message))
     log.error("unexpected error in %s", type(exc).__name__, exc_info=exc)
     context.abort(grpc.StatusCode.INTERNAL, "internal error; it has been logged")
@@ -323,6 +330,8 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
             list(request.update_mask.paths),
             list(request.endpoint.schema_majors),
             headers_of(request.endpoint.headers),
+            expected_version=(request.expected_config_version
+                              if request.HasField("expected_config_version") else None),
         )
         return self._endpoint(updated)
 

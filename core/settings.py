@@ -298,6 +298,12 @@ class ControlPlaneSettings(BaseModel):
     # browsers use (portal links start with it; https:// makes its cookies Secure); "" =
     # http://host:console_port. console_frame_ancestors: origins that may frame it (the portal).
     console_port: int = Field(default=8090, ge=0)
+    # The HTTP+JSON API (control_plane.http_api: the gRPC services' routes, /v1/openapi.json),
+    # HTTP on `host`; 0: off. Idempotency-Key answers are kept idempotency_ttl_s, at most
+    # idempotency_max_entries of them (per replica; the oldest go first).
+    http_port: int = Field(default=8088, ge=0)
+    idempotency_ttl_s: int = Field(default=86_400, ge=60)
+    idempotency_max_entries: int = Field(default=10_000, ge=100)
     console_url: str = ""
     console_frame_ancestors: list[str] = []
     # Where the console reads the jobs' health and the breaker gauges ("": it does not).

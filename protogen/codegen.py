@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 GEN_DIR = Path(__file__).resolve().parent
 PACKAGE = GEN_DIR.name
-# The top-level proto packages under proto/ (webhooks): their imports are rewritten; others
-# (google.protobuf) come from the protobuf runtime as they are.
+# The proto packages under proto/ (webhooks.v1, and the vendored google.api of the HTTP
+# annotations): their imports are rewritten; others (google.protobuf) come from the protobuf
+# runtime as they are.
 _IMPORT = re.compile(r"^from (?P<package>[\w.]+) import (?P<rest>.*)$", re.MULTILINE)
 _BUILD = re.compile(r"BuildTopDescriptorsAndMessages\(DESCRIPTOR, '[\w.]+', _globals\)")
 
@@ -41,11 +42,12 @@ def _stale(proto: Path) -> bool:
 
 def package_relative(source: str, module_package: str, proto_roots: set[str]) -> str:
     """``source``, a module generated into ``module_package`` (``webhooks.v1``), with its imports
-    of the protos' own packages made to resolve inside this package."""
+    of the protos' own packages (``proto_roots`` and the packages under them) made to resolve
+    inside this package."""
 
     def rewrite(m: re.Match[str]) -> str:
         package = m.group("package")
-        if package.split(".")[0] not in proto_roots:
+        if not any(package == root or package.startswith(root + ".") for root in proto_roots):
             return m.group(0)
         if package == module_package:
             return f"from . import {m.group('rest')}"
@@ -87,7 +89,8 @@ def generate() -> list[Path]:
         ]
         if protoc.main(args) != 0:
             raise RuntimeError(f"protoc failed for {', '.join(map(str, stale))}")
-        roots = {p.relative_to(PROTO_DIR).parts[0] for p in protos}
+        # Whole package paths: google.api is ours (vendored), google.protobuf the runtime's.
+        roots = {".".join(p.relative_to(PROTO_DIR).parent.parts) for p in protos}
         for proto in stale:
             _rewrite(proto, roots)
     _ensure_packages()

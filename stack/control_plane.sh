@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Start/stop the gRPC control plane (health + reflection on) on 127.0.0.1: one, or in the cluster
 # topology WEBHOOKS_CONTROL_PLANE_REPLICAS of them (parts control-plane, control-plane-2, ...),
-# replica n on the gRPC, metrics and console ports + (n-1) (stack/topologies/cluster.env).
+# replica n on the gRPC, metrics, console and HTTP API ports + (n-1) (stack/topologies/cluster.env).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/local_receivers.sh"
 PORT="${WEBHOOKS_CONTROL_PLANE__PORT:-50051}"
 METRICS_PORT="${WEBHOOKS_CONTROL_PLANE__METRICS_PORT:-9464}"
 CONSOLE_PORT="${WEBHOOKS_CONTROL_PLANE__CONSOLE_PORT:-8090}"
+HTTP_PORT="${WEBHOOKS_CONTROL_PLANE__HTTP_PORT:-8088}"
 
 replica() { case "$1" in control-plane) echo 1 ;; *) echo "${1##*-}" ;; esac; }
 shifted() { if (( $1 == 0 )); then echo 0; else echo $(( $1 + $2 - 1 )); fi; }  # 0 stays off
@@ -22,6 +23,7 @@ start_one() {
   WEBHOOKS_CONTROL_PLANE__PORT=$((PORT + n - 1)) \
   WEBHOOKS_CONTROL_PLANE__METRICS_PORT="$(shifted "$METRICS_PORT" "$n")" \
   WEBHOOKS_CONTROL_PLANE__CONSOLE_PORT="$(shifted "$CONSOLE_PORT" "$n")" \
+  WEBHOOKS_CONTROL_PLANE__HTTP_PORT="$(shifted "$HTTP_PORT" "$n")" \
     start_bg "$part" "$dir/control-plane.log" "$PY" -m control_plane.server
 }
 

@@ -68,5 +68,7 @@ if [ ! -f "$specs/.version-$ASYNCAPI_SPECS_VERSION" ]; then
 fi
 
 "$PY" -m protogen
+# The HTTP API's Python client, from its OpenAPI document (build/http-client, git-ignored).
+"$PY" -m control_plane.http_client_gen >/dev/null || fail "could not generate the HTTP API's client"
 "$PY" -m stack.certs --out "$RUN/certs" >/dev/null
 say "setup complete"

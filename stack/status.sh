@@ -23,6 +23,7 @@ fi
 cat <<TXT
   Flink dashboard  http://127.0.0.1:${WEBHOOKS_FLINK_REST_PORT:-8081}
   gRPC API         127.0.0.1:${WEBHOOKS_CONTROL_PLANE__PORT:-50051}$( ((CONTROL_PLANES > 1)) && echo " to $((${WEBHOOKS_CONTROL_PLANE__PORT:-50051} + CONTROL_PLANES - 1)), one per replica")   (webhookctl --help; grpcurl -plaintext 127.0.0.1:50051 list)
+  HTTP API         http://127.0.0.1:${WEBHOOKS_CONTROL_PLANE__HTTP_PORT:-8088}/v1   (OpenAPI 3.1: /v1/openapi.json; Authorization: Bearer <api key>)
   Console          http://127.0.0.1:${WEBHOOKS_CONTROL_PLANE__CONSOLE_PORT:-8090}   (web console: log in with a tenant API key or the admin token; webhookctl portal link)
   Kafka            ${WEBHOOKS_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:${WEBHOOKS_KAFKA_PORT:-9092}}   topics webhooks.events, webhooks.endpoints, webhooks.replays, webhooks.events.dlq
   Cassandra        $(seq -f "127.0.0.%g" 1 "$CASSANDRA_NODES" | paste -sd,):${WEBHOOKS_CASSANDRA_PORT:-9042}   keyspace webhooks

@@ -178,21 +178,23 @@ def _key_live(console: Console, session: Session) -> bool:
 
 
 class ConsoleServer:
-    """The console on its own thread and event loop (the gRPC server keeps its thread pool)."""
+    """The console on its own thread and event loop (the gRPC server keeps its thread pool); the
+    HTTP API (control_plane.http_api) runs on one too, under its own ``name``."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(self, app: web.Application, host: str, port: int, name: str = "console") -> None:
         self._app = app
         self._host = host
         self._port = port
+        self._name = name
         self._loop = asyncio.new_event_loop()
         self._runner = web.AppRunner(app, access_log=None)
-        self._thread = threading.Thread(target=self._loop.run_forever, name="console", daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self.port = port
 
     def start(self) -> int:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        log.info("console serving on http://%s:%d", self._host, self.port)
+        log.info("%s serving on http://%s:%d", self._name, self._host, self.port)
         return self.port
 
     async def _start(self) -> None:

@@ -149,6 +149,16 @@ def control_plane(control_plane_server: Any) -> str:
 
 
 @pytest.fixture(scope="session")
+def http_api_base(control_plane_server: Any) -> Iterator[str]:
+    """The same control plane's HTTP+JSON API (control_plane.http_api), on a port of its own."""
+    from control_plane import http_api
+
+    server = http_api.serve(control_plane_server.http, "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{server.port}"
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def grpc_channel(control_plane: str) -> Iterator[grpc.Channel]:
     ch = grpc.insecure_channel(control_plane)
     grpc.channel_ready_future(ch).result(timeout=10)

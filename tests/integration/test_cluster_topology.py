@@ -196,7 +196,8 @@ def test_the_readme_tour_works_against_the_cluster(cluster_env: dict[str, str], 
     switch = dict(word.split("=", 1) for word in make[2:])
     assert switch["LOCAL_RECEIVERS"] == cluster_env["LOCAL_RECEIVERS"], (switch, cluster_env["LOCAL_RECEIVERS"])
     s = cluster_settings
-    walk_tour(commands, fresh_terminal(s.control_plane.port, s.outbox.dsn, listen_port))
+    walk_tour(commands, fresh_terminal(s.control_plane.port, s.outbox.dsn, listen_port),
+              f"127.0.0.1:{s.control_plane.http_port}")
 
 
 def _get(url: str) -> dict:  # type: ignore[type-arg]

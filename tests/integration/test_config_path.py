@@ -55,9 +55,10 @@ class ControlPlaneProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, kill_at: str = "") -> None:
-        # The console off: the stack's own control plane serves it on its default port already.
+        # The console and HTTP API off: the stack's own control plane serves them on their default ports.
         env = {**os.environ, **self.env, "WEBHOOKS_CONTROL_PLANE__PORT": str(self.port),
-               "WEBHOOKS_CONTROL_PLANE__CONSOLE_PORT": "0", "WEBHOOKS_CONTROL_PLANE__KILL_AT": kill_at}
+               "WEBHOOKS_CONTROL_PLANE__CONSOLE_PORT": "0", "WEBHOOKS_CONTROL_PLANE__HTTP_PORT": "0",
+               "WEBHOOKS_CONTROL_PLANE__KILL_AT": kill_at}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([str(REPO_ROOT / ".venv/bin/python"), "-m", "control_plane.server"],
                                          env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -7,6 +7,8 @@ environment the lines before it left, as in a terminal; `webhookctl listen` runs
 and listener port (environment variables webhookctl already reads), and `<delivery_id>` by the
 id the listener printed, as a reader would.
 
+The tour's `curl` line calls the HTTP API at the stack's address (127.0.0.1:8088), which becomes
+the session's, as webhookctl's addresses do.
 `make run LOCAL_RECEIVERS=1` is not run (it would start or reconfigure the shared stack): the
 session's own job and control plane stand in for it, with the same loopback allowance, and the
 test checks that the tour's switch is the one the stack scripts turn that allowance on with.
@@ -14,6 +16,7 @@ test checks that the tour's switch is the one the stack scripts turn that allowa
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -108,8 +111,12 @@ def _placeholders(line: str, seen: dict[str, str]) -> str:
     return re.sub(r"<(\w+)>", value, line)
 
 
+HTTP_API = "127.0.0.1:8088"  # the address the tour's curl line names (control_plane.http_port's default)
+
+
 def test_the_readme_tour_works_as_written(control_plane: str, delivery_job: str, relay: OutboxRelay,
-                                          listen_port: int, job_env: dict[str, str], tmp_path: Path) -> None:
+                                          listen_port: int, job_env: dict[str, str], tmp_path: Path,
+                                          http_api_base: str) -> None:
     commands = tour_commands(README.read_text())
 
     # 1. `make run` with the switch: the stack scripts turn on exactly the allowance the session's
@@ -121,7 +128,8 @@ def test_the_readme_tour_works_as_written(control_plane: str, delivery_job: str,
     assert out.returncode == 0, out.stderr
     assert exported["WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS"] == job_env["WEBHOOKS_EGRESS__DEV_ALLOW_CIDRS"]
 
-    walk_tour(commands, fresh_terminal(int(control_plane.rsplit(":", 1)[1]), relay.settings.outbox.dsn, listen_port))
+    walk_tour(commands, fresh_terminal(int(control_plane.rsplit(":", 1)[1]), relay.settings.outbox.dsn, listen_port),
+              http_api_base.removeprefix("http://"))
 
 
 def fresh_terminal(control_plane_port: int, outbox_dsn: str, listen_port: int) -> dict[str, str]:
@@ -138,15 +146,19 @@ def fresh_terminal(control_plane_port: int, outbox_dsn: str, listen_port: int) -
     return env
 
 
-def walk_tour(commands: list[str], env: dict[str, str]) -> None:
+def walk_tour(commands: list[str], env: dict[str, str], http_api: str) -> None:
     """Run the tour's lines after `make run` in a terminal with ``env`` (`webhookctl listen` in a
-    second one), asserting what a reader sees at each step."""
+    second one; ``http_api`` the HTTP API's host:port for the curl line), asserting what a reader
+    sees at each step."""
     term = Terminal(env)
     listener: Background | None = None
     seen: dict[str, str] = {}
     try:
         for raw in commands:
             line = _placeholders(raw, seen)
+            if line.startswith("curl "):
+                assert HTTP_API in line, f"the tour's curl names another address: {line}"
+                line = line.replace(HTTP_API, http_api)
             words = shlex.split(line, comments=True)
             if words[:2] == ["webhookctl", "listen"]:
                 listener = Background(line, dict(term.env))  # the second terminal, set up like the first
@@ -168,12 +180,17 @@ def walk_tour(commands: list[str], env: dict[str, str]) -> None:
                     time.sleep(0.5)
                     out_text = term.run(line)
                 assert "succeeded" in out_text, out_text
+            elif words[0] == "curl":
+                got = json.loads(out_text)
+                assert (got["delivery"]["delivery_id"], got["delivery"]["status"]) == (
+                    seen["delivery_id"], "DELIVERY_STATUS_SUCCEEDED"), out_text
+                seen["curl"] = out_text
             elif words[:3] == ["webhookctl", "deliveries", "replay"]:
                 assert listener is not None
                 listener.wait_for("the replay: attempt 2, verified", lambda s: seen["delivery_id"] in s
                                   and " attempt 2 " in s and "verified yes" in s)
         assert listener is not None, "the tour never starts webhookctl listen"
-        assert {"delivery_id"} <= seen.keys(), "the tour never showed a delivery"
+        assert {"delivery_id", "curl"} <= seen.keys(), "the tour never showed a delivery, over gRPC and HTTP"
         assert listener.interrupt() == 0, "\n".join(listener.lines)
         assert any("deleted endpoint" in s for s in listener.lines), "\n".join(listener.lines)
         print("\nthe listener's terminal:\n" + "\n".join(listener.lines))  # what a reader sees (-s)

@@ -478,6 +478,35 @@ def test_update_retries_on_a_concurrent_change(w: World) -> None:
     assert (u.config_version, u.spec.description, u.spec.metadata) == (3, "mine", {"by": "them"})
 
 
+def test_an_update_naming_a_stale_version_is_refused_and_changes_nothing(w: World) -> None:
+    e = create(w)
+    w.endpoints.update(ALICE, e.endpoint_id, spec(description="first"), ["description"])  # now v2
+    with pytest.raises(errors.StaleVersion, match="config_version 2, not 1"):
+        w.endpoints.update(ALICE, e.endpoint_id, spec(description="lost"), ["description"], expected_version=1)
+    current = w.endpoints.get(ALICE, e.endpoint_id)
+    assert (current.config_version, current.spec.description) == (2, "first")
+    done = w.endpoints.update(ALICE, e.endpoint_id, spec(description="second"), ["description"], expected_version=2)
+    assert (done.config_version, done.spec.description) == (3, "second")
+
+
+def test_an_expected_version_is_checked_against_the_row_the_write_replaces(w: World) -> None:
+    e = create(w)
+    real_replace = w.store.replace_endpoint
+    raced = []
+
+    def racing_replace(endpoint: Endpoint, expected: int) -> bool:
+        if not raced:  # another writer commits version 2 between our read of v1 and our write
+            raced.append(True)
+            real_replace(replace(endpoint, spec=replace(endpoint.spec, description="theirs")), expected)
+            return False
+        return real_replace(endpoint, expected)
+
+    w.store.replace_endpoint = racing_replace  # type: ignore[method-assign]
+    with pytest.raises(errors.StaleVersion):
+        w.endpoints.update(ALICE, e.endpoint_id, spec(description="mine"), ["description"], expected_version=1)
+    assert w.endpoints.get(ALICE, e.endpoint_id).spec.description == "theirs"  # their update is not lost
+
+
 def test_disable_enable_delete(w: World) -> None:
     e = create(w)
     d = w.endpoints.set_enabled(ALICE, e.endpoint_id, enabled=False)

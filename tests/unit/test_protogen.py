@@ -25,6 +25,15 @@ def test_imports_of_the_protos_own_packages_are_made_package_relative() -> None:
     ]
 
 
+def test_the_vendored_google_api_package_is_ours_and_google_protobuf_stays_the_runtimes() -> None:
+    generated = ("from google.api import http_pb2 as google_dot_api_dot_http__pb2\n"
+                 "from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2\n")
+    assert codegen.package_relative(generated, "webhooks.v1", {"webhooks.v1", "google.api"}).splitlines() == [
+        "from protogen.google.api import http_pb2 as google_dot_api_dot_http__pb2",
+        "from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2",
+    ]
+
+
 def test_the_stubs_import_with_nothing_added_to_the_path() -> None:
     probe = ("import sys; before = list(sys.path)\n"
              "from protogen.webhooks.v1 import catalog_pb2_grpc, control_plane_pb2, portal_pb2\n"
