@@ -28,7 +28,7 @@ from pyflink.table import StreamTableEnvironment
 
 from core.settings import Settings, for_taskmanagers, load_settings_or_exit
 from jobs import uids
-from operators.dispatcher import DISPATCH_INPUT, Dispatcher, key_config
+from operators.dispatcher import ARCHIVE_FACTS, DISPATCH_INPUT, Dispatcher, key_config
 from operators.endpoint_configs import ENDPOINT_CONFIGS, ParseEndpointRecord
 from operators.fanout import FanOut
 from operators.keyed import KEYED_RECORD
@@ -174,6 +174,11 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                .process(Dispatcher(for_taskmanagers(settings)), Types.STRING())
                .uid(uids.DISPATCH).name("dispatch (per endpoint)"))
     signals.sink_to(_string_sink(settings, k.signals_topic)).uid(uids.SIGNALS_SINK).name("Kafka: " + k.signals_topic)
+    if settings.archive.stream:
+        # The history's facts for the archive writer (control_plane/archive_writer.py), flushed on
+        # every checkpoint like the signals: what a checkpoint acknowledges is in Kafka.
+        (signals.get_side_output(ARCHIVE_FACTS).sink_to(_string_sink(settings, k.archive_facts_topic))
+         .uid(uids.ARCHIVE_FACTS_SINK).name("Kafka: " + k.archive_facts_topic))
 
 
 def make_env(settings: Settings) -> StreamExecutionEnvironment:
