@@ -36,9 +36,8 @@ from pyflink.common.typeinfo import Types
 from pyflink.datastream import OutputTag
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
-from core import archive_facts
+from core import archive_facts, dispatch, telemetry
 from core import breaker as brk
-from core import dispatch, telemetry
 from core import endpoint_health as health
 from core.catch_up import CatchUp
 from core.egress import EgressPolicy
@@ -251,7 +250,8 @@ class Dispatcher(KeyedProcessFunction):
         never loses a fact whose write it does not redo."""
         facts = self._facts
         if facts:
-            yield ARCHIVE_FACTS, archive_facts.encode(facts)
+            # Latin-1: one char per byte, which the sink's ISO-8859-1 schema turns back into the same bytes.
+            yield ARCHIVE_FACTS, archive_facts.encode(facts).decode("latin-1")
             facts.clear()
 
     def _element(self, value: Any, ctx: KeyedProcessFunction.Context):  # type: ignore[no-untyped-def]

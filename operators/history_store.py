@@ -235,7 +235,7 @@ class CassandraHistory:
                                         created, d.delivery_id, e.event_id, e.event_type, wts)),
         ]
         if self.facts is not None:
-            self.facts.append(archive_facts.created_fact(d))
+            self.facts.append(archive_facts.created_fact(d, wts))
             if write_event:
                 self.facts.append(archive_facts.event_fact(e, created))
         if not write_event:
@@ -264,7 +264,7 @@ class CassandraHistory:
                 s.tenant_id, k.endpoint_id, _day(at), bucket_of(k.delivery_id), at, k.delivery_id, s.event_id,
                 k.event_type, at, wts)))
         if self.facts is not None and s.skipped:
-            self.facts.extend(archive_facts.skipped_facts(s))
+            self.facts.extend(archive_facts.skipped_facts(s, wts))
         return self._batcher.add(statements)
 
     def report_backlog(self, r: EndpointReport) -> Completion:
@@ -290,6 +290,7 @@ class CassandraHistory:
         statements: list[Statement] = []
         facts = self.facts
         if r.intent is not None:
+            attempt_wts = r.finished_at_ms * 1000 + BAND_US
             # A record that sent nothing knows no URL or config version: keep the reservation's
             # (the delivery's). Every cell the reservation wrote is written again, so none of
             # them outlives the attempt's hot TTL.
@@ -298,9 +299,9 @@ class CassandraHistory:
                 r.endpoint_config_version or d.endpoint_config_version, r.url or UNSET_VALUE, r.started_at_ms, now,
                 r.http_status, r.latency_ms, r.outcome, r.error_class, r.response_sha256, r.response_prefix,
                 list(r.signing_key_versions), r.manual, r.requested_by, r.request_id,
-                r.finished_at_ms * 1000 + BAND_US, self._hot_ttl_s)))
+                attempt_wts, self._hot_ttl_s)))
             if facts is not None:
-                facts.append(archive_facts.attempt_fact(d, r))
+                facts.append(archive_facts.attempt_fact(d, r, attempt_wts))
             # The hour index is of requests that did not succeed ("this endpoint's failures in
             # the last hour"); a success is found by its delivery, and a row not sent only there.
             if r.sent and r.outcome != "succeeded":
@@ -317,7 +318,7 @@ class CassandraHistory:
                 wts, r.delivery_status, attempt_count, r.http_status, now, d.tenant_id, d.endpoint_id,
                 _day(d.created_at_ms), bucket_of(d.delivery_id), d.created_at_ms, d.delivery_id)))
             if facts is not None:
-                facts.append(archive_facts.status_fact(d, r, attempt_count))
+                facts.append(archive_facts.status_fact(d, r, attempt_count, wts))
         if next_intent is not None:
             statements.append(self._reserved(d, next_intent, r.finished_at_ms))
         if key_row is not None:
