@@ -19,10 +19,13 @@ stops consuming (its partitions paused, still in the group) and Kafka keeps the 
 Its lag (the age of the oldest fact not yet committed) is pushed to the Pushgateway with the time
 of its last commit: alerts ArchiveLagHigh and ArchiveWriterDown (docs/archive.md).
 
-**Recovery** (``--from TIME``): a one-off run that reads every partition from the offsets of TIME
-up to the end as it is when the run starts, with no consumer group, and writes that range as
-segments of its own; then exits. What the audit (control_plane/archive_audit.py) finds missing
-is rewritten so while the facts topic still holds it.
+**Recovery**, one-off runs with no consumer group, while the facts topic still holds the facts
+(what the audit, control_plane/archive_audit.py, finds missing):
+
+* ``--repair HOUR``: every committed segment of the hour whose files are missing or changed is
+  read again from its own offsets and written again -- the same names, the same files;
+* ``--from TIME``: every partition from the offsets of TIME to the end as it is when the run
+  starts, written as segments of its own (for facts no segment holds).
 """
 
 from __future__ import annotations
@@ -304,17 +307,74 @@ def run_recovery(settings: Settings, from_ms: int, stop: threading.Event) -> int
         consumer.close()
 
 
+def damaged_segments(store: ArchiveStore, hour_ms: int) -> dict[str, tuple[tuple[int, int, int], ...]]:
+    """Segments committed to the hour with a file missing or not as written: name -> ranges."""
+    out = {}
+    for b in layout.ALL_BUCKETS:
+        sizes = store.sizes(layout.bucket_prefix(hour_ms, b))
+        for c in store.commits(hour_ms, b):
+            if any(sizes.get(f.path) != f.bytes for f in c.files):
+                out[c.segment] = c.ranges
+    return out
+
+
+def read_ranges(consumer: Any, topic: str, ranges: tuple[tuple[int, int, int], ...]) -> Buffer:
+    """Exactly these offsets (partition, first, last), as the buffer a roll wrote them from."""
+    from confluent_kafka import TopicPartition
+
+    consumer.assign([TopicPartition(topic, p, first) for p, first, _ in ranges])
+    last = {p: b for p, _, b in ranges}
+    buffer = Buffer()
+    done: set[int] = set()
+    deadline = time.monotonic() + 300
+    while len(done) < len(last):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"archive repair: offsets {ranges} not readable (expired from the facts topic?)")
+        for m in consumer.consume(num_messages=1000, timeout=1.0):
+            p = m.partition()
+            if m.error() or p in done or m.offset() > last[p]:
+                continue
+            buffer.add(p, m.offset(), m.timestamp()[1], m.value(), time.monotonic())
+            if m.offset() == last[p]:
+                done.add(p)
+    return buffer
+
+
+def run_repair(settings: Settings, hour_ms: int) -> int:
+    from confluent_kafka import Consumer
+
+    store = ArchiveStore.from_settings(settings.archive)
+    damaged = damaged_segments(store, hour_ms)
+    consumer = Consumer(consumer_config(settings, None))
+    try:
+        for segment, ranges in sorted(damaged.items()):
+            buffer = read_ranges(consumer, settings.kafka.archive_facts_topic, ranges)
+            if layout.segment_id(buffer.ranges) != segment:
+                raise RuntimeError(f"archive repair: segment {segment} read back under another name")
+            write_segment(store, buffer)
+            log.info("archive segment %s written again (%d facts)", segment, buffer.facts)
+    finally:
+        consumer.close()
+    print(f"archive repair: {len(damaged)} segments written again", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m control_plane.archive_writer",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--from", dest="from_", metavar="TIME",
                         help="recovery: write the facts topic from TIME (ISO, UTC) to its current end, then exit")
+    parser.add_argument("--repair", metavar="HOUR",
+                        help="recovery: write the hour's damaged segments again from their own offsets, then exit")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if args.repair:
+        t = datetime.fromisoformat(args.repair.replace("Z", "+00:00"))
+        return run_repair(settings, layout.hour_start(int(t.timestamp() * 1000)))
     if args.from_:
         t = datetime.fromisoformat(args.from_.replace("Z", "+00:00"))
         return run_recovery(settings, int(t.timestamp() * 1000), stop)
