@@ -165,6 +165,8 @@ class CassandraHistory:
             "UPDATE delivery_history USING TIMESTAMP ? SET status=?, attempt_count=?, next_attempt_at=?,"
             " last_http_status=?, last_error_class=?, auto_retry_active=?, updated_at=? WHERE delivery_id=?"
         )
+        self._update_last_number = p(
+            "UPDATE delivery_history USING TIMESTAMP ? SET last_attempt_number=? WHERE delivery_id=?")
         self._update_by_endpoint = p(
             "UPDATE endpoint_deliveries USING TIMESTAMP ? SET status=?, attempt_count=?, last_http_status=?,"
             " updated_at=? WHERE tenant_id=? AND endpoint_id=? AND day=? AND bucket=? AND created_at=?"
@@ -300,6 +302,8 @@ class CassandraHistory:
                 r.http_status, r.latency_ms, r.outcome, r.error_class, r.response_sha256, r.response_prefix,
                 list(r.signing_key_versions), r.manual, r.requested_by, r.request_id,
                 attempt_wts, self._hot_ttl_s)))
+            # On the delivery's row, which outlives the attempt rows (019_last_attempt_number.cql).
+            statements.append((self._update_last_number, (attempt_wts, r.intent.number, d.delivery_id)))
             if facts is not None:
                 facts.append(archive_facts.attempt_fact(d, r, attempt_wts))
             # The hour index is of requests that did not succeed ("this endpoint's failures in
@@ -437,8 +441,9 @@ def _durable(row: dict[str, Any] | None, attempts: list[dict[str, Any]]) -> Dura
         status=status, attempt_count=row["attempt_count"] or 0,
         next_attempt_at_ms=None if row["next_attempt_at"] is None else _ms(row["next_attempt_at"]),
         auto_retry_active=row["auto_retry_active"] is not False and status not in FINAL_STATUSES,
-        # Attempt rows expire before the delivery's (the hot TTL): numbers up to its count are taken.
-        max_attempt_number=max(max_number, row["attempt_count"] or 0))
+        # Attempt rows expire before the delivery's row (the hot TTL), which keeps the highest
+        # number used and the count of automatic attempts: no number is used twice.
+        max_attempt_number=max(max_number, row.get("last_attempt_number") or 0, row["attempt_count"] or 0))
 
 
 def _ms(value: dt.datetime | None) -> int:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,12 +20,12 @@ from typing import Any
 
 import pytest
 from cassandra.cluster import Session
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from control_plane.archive_audit import AUDITED, FAILED, Auditor
 from control_plane.archive_store import ArchiveStore
-from control_plane.archive_writer import ArchiveWriter, consumer_config, run_repair
+from control_plane.archive_writer import run_repair
 from control_plane.history_query import run_query
 from core import archive_facts
 from core import archive_layout as layout
@@ -37,6 +35,7 @@ from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, ArchiveSettings, Settings
 from operators.history_store import CassandraHistory
 from stack.isolation import isolated_env, settings_with
+from tests.integration.archive_support import S3Server, WriterThread, committed, end_offsets
 from tests.integration.helpers import durable
 
 pytestmark = pytest.mark.integration
@@ -153,63 +152,6 @@ def write_hour(history: CassandraHistory, session: Session, facts: Facts, hour_m
 
 def archive_settings(root: Path | None, **kw: Any) -> ArchiveSettings:
     return ArchiveSettings(**({"uri": str(root)} if root is not None else {}), pushgateway="", roll_s=0.5, **kw)
-
-
-def end_offsets(s: Settings) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": s.kafka.bootstrap_servers, "group.id": "probe"})
-    try:
-        return {p: c.get_watermark_offsets(TopicPartition(s.kafka.archive_facts_topic, p), timeout=10)[1]
-                for p in (0, 1)}
-    finally:
-        c.close()
-
-
-def committed(s: Settings, group: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": s.kafka.bootstrap_servers, "group.id": group})
-    try:
-        tps = c.committed([TopicPartition(s.kafka.archive_facts_topic, p) for p in (0, 1)], timeout=10)
-        return {tp.partition: max(tp.offset, 0) for tp in tps}
-    finally:
-        c.close()
-
-
-class WriterThread:
-    """The archive writer's service loop in a thread, with a consumer group of its own."""
-
-    def __init__(self, s: Settings, archive: ArchiveSettings) -> None:
-        self.settings = s.model_copy(update={"archive": archive.model_copy(
-            update={"writer_group": f"arch-writer-{uuid.uuid4().hex[:8]}"})})
-        self.stop = threading.Event()
-        self.consumer = Consumer(consumer_config(self.settings, self.settings.archive.writer_group))
-        self.writer = ArchiveWriter(self.consumer, ArchiveStore.from_settings(self.settings.archive),
-                                    self.settings.archive, s.kafka.archive_facts_topic, wait=self.stop.wait)
-        self.consumer.subscribe([s.kafka.archive_facts_topic], on_revoke=self.writer.on_revoke)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.error: BaseException | None = None
-
-    def _run(self) -> None:
-        try:
-            while not self.stop.is_set() and self.writer.step():
-                pass
-        except BaseException as exc:  # noqa: BLE001 -- the test reports it
-            self.error = exc
-
-    def __enter__(self) -> WriterThread:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=60)
-        self.consumer.close()
-
-    def caught_up(self, timeout: float = 90) -> None:
-        want = end_offsets(self.settings)
-        deadline = time.monotonic() + timeout
-        while committed(self.settings, self.settings.archive.writer_group) != want:
-            assert self.error is None, self.error
-            assert time.monotonic() < deadline, f"writer not caught up to {want}"
-            time.sleep(0.2)
 
 
 def archived(store: ArchiveStore, hour: int, kind: str) -> list[dict[str, Any]]:
@@ -349,27 +291,6 @@ def test_a_writer_killed_mid_run_writes_its_uncommitted_range_again_and_nothing_
     store = ArchiveStore.from_settings(archive_settings(tmp_path))
     assert {d["delivery_id"] for d in archived(store, hour, "deliveries")} == set(dids)
     assert Auditor(archive_settings(tmp_path), session, store).audit(hour, int(time.time() * 1000)).state == AUDITED
-
-
-class S3Server:
-    """A real S3-compatible server (S3Proxy) of this module's own, started and stopped by the
-    project's script (stack/s3proxy.sh) in a run directory of its own."""
-
-    def __init__(self, run_dir: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.run_dir = run_dir
-        self.data = run_dir / "s3proxy" / "data"
-
-    def script(self, action: str) -> None:
-        env = {**os.environ, "WEBHOOKS_RUN_DIR": str(self.run_dir), "WEBHOOKS_S3PROXY_PORT": str(self.port)}
-        subprocess.run([str(REPO_ROOT / "stack/s3proxy.sh"), action], env=env, check=True, capture_output=True,
-                       timeout=120)
-
-    def settings(self, prefix: str) -> dict[str, Any]:
-        return {"uri": f"s3://archive/{prefix}", "s3_endpoint": f"127.0.0.1:{self.port}", "s3_scheme": "http",
-                "s3_access_key": "local-identity", "s3_secret_key": "local-credential"}
 
 
 @pytest.fixture(scope="module")
