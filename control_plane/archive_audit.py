@@ -37,13 +37,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import PreparedStatement
 
+from control_plane.archive_rows import SCHEMAS
 from control_plane.archive_store import ArchiveStore
-from core import archive_facts, archive_schedule
 from core import archive_layout as layout
+from core import archive_schedule
 from core.fanout import SNAPSHOT_BUCKETS
 from core.history_buckets import HISTORY_BUCKETS
 from core.settings import ArchiveSettings, Settings
@@ -111,7 +114,9 @@ class HotIndex:
 
 def archived_keys(store: ArchiveStore, hour_ms: int) -> tuple[list[layout.Commit], list[layout.Stored],
                                                              dict[str, int], set[str], dict[str, set[int]]]:
-    """The hour's commits, its files as stored, and the archive's keys, reduced by key."""
+    """The hour's commits, its files as stored, and the archive's keys, reduced by key: each
+    delivery's attempt_count (it only grows, so the highest is the latest's), its automatic
+    attempts' numbers, the event ids. Key columns only, reduced in Arrow."""
     commits = [c for b in layout.ALL_BUCKETS for c in store.commits(hour_ms, b)]
     sizes: dict[str, int] = {}
     for b in layout.ALL_BUCKETS:
@@ -119,17 +124,22 @@ def archived_keys(store: ArchiveStore, hour_ms: int) -> tuple[list[layout.Commit
     stored = [layout.Stored(f.path, sizes.get(f.path)) for c in commits for f in c.files]
     present = {s.path for s in stored if s.bytes is not None}
 
-    def rows(kind: str, columns: list[str]) -> list[dict[str, Any]]:
-        return [r for c in commits for f in c.files_of(kind) if f.path in present
-                for r in store.read_table(f.path, columns=columns).to_pylist()]
+    def rows(kind: str, columns: list[str]) -> pa.Table:
+        tables = [store.read_table(f.path, columns=columns) for c in commits for f in c.files_of(kind)
+                  if f.path in present]
+        return pa.concat_tables(tables) if tables else SCHEMAS[kind].empty_table().select(columns)
 
-    deliveries = {r["delivery_id"]: r["attempt_count"] or 0 for r in archive_facts.latest(
-        "deliveries", rows("deliveries", ["delivery_id", "attempt_count", "write_ts"]))}
-    events = {r["event_id"] for r in rows("events", ["event_id"])}
+    counted = rows("deliveries", ["delivery_id", "attempt_count"]).group_by("delivery_id").aggregate(
+        [("attempt_count", "max")])
+    deliveries = dict(zip(counted["delivery_id"].to_pylist(),
+                          (n or 0 for n in counted["attempt_count_max"].to_pylist()), strict=True))
+    events = set(pc.unique(rows("events", ["event_id"])["event_id"]).to_pylist())
+    auto = rows("attempts", ["delivery_id", "attempt_number", "manual"])
+    auto = auto.filter(pc.invert(pc.fill_null(auto["manual"], False))).group_by(["delivery_id", "attempt_number"]
+                                                                                 ).aggregate([])
     attempts: dict[str, set[int]] = {}
-    for r in rows("attempts", ["delivery_id", "attempt_number", "manual"]):
-        if not r["manual"]:
-            attempts.setdefault(r["delivery_id"], set()).add(r["attempt_number"])
+    for did, number in zip(auto["delivery_id"].to_pylist(), auto["attempt_number"].to_pylist(), strict=True):
+        attempts.setdefault(did, set()).add(number)
     return commits, stored, deliveries, events, attempts
 
 
@@ -161,7 +171,7 @@ class Auditor:
         hot_deliveries, hot_events = self._hot.read(hour_ms)
         found = layout.problems(commits, stored, layout.HourAudit(hot_deliveries, hot_events, deliveries, events,
                                                                   attempts))
-        counts = {"deliveries": len(deliveries), "events": len(events),
+        counts = {"deliveries": len(deliveries), "listed": len(hot_deliveries), "events": len(events),
                   "attempts": sum(len(a) for a in attempts.values()), "segments": len(commits)}
         state, detail = (FAILED, "; ".join(found)) if found else (AUDITED, "")
         self._s.execute(self._w_state, (_ts(hour_ms), state, json.dumps(counts, sort_keys=True), detail or None,

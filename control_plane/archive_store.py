@@ -1,5 +1,5 @@
 """The archive tier's storage: one pyarrow filesystem (a local directory or any S3-compatible
-store) under a root, and the few operations the archiver and the readers need.
+store) under a root, and the few operations the archive writer, the audit and the readers need.
 
 Every byte of archive I/O passes here, through pyarrow's own filesystems: no S3 SDK, and nothing
 downloaded at run time (the query engine gets Arrow tables read here, not URLs).

@@ -248,7 +248,9 @@ class ArchiveWriter:
 
 def consumer_config(settings: Settings, group: str | None) -> dict[str, Any]:
     cfg: dict[str, Any] = {"bootstrap.servers": settings.kafka.bootstrap_servers, "enable.auto.commit": False,
-                           "auto.offset.reset": "earliest", "enable.partition.eof": False}
+                           "auto.offset.reset": "earliest", "enable.partition.eof": False,
+                           # Few large fetches: the writer rolls every roll_s, a second's wait costs nothing.
+                           "fetch.min.bytes": 1 << 20, "fetch.wait.max.ms": 1000}
     cfg["group.id"] = group or f"{settings.archive.writer_group}-recovery-{int(time.time())}"
     return cfg
 

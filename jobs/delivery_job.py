@@ -101,19 +101,27 @@ def _one_subtask(j_transformation: Any) -> None:
         _one_subtask(j_input)
 
 
-def _string_sink(settings: Settings, topic: str) -> KafkaSink:
+def _string_sink(settings: Settings, topic: str, properties: dict[str, str] | None = None) -> KafkaSink:
     # At-least-once: flushed on every checkpoint, so nothing acknowledged by a checkpoint is lost.
-    return (KafkaSink.builder()
-            .set_bootstrap_servers(settings.kafka.bootstrap_servers)
-            .set_record_serializer(KafkaRecordSerializationSchema.builder()
-                                   .set_topic(topic).set_value_serialization_schema(RAW).build())
-            .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
-            # What every producer of the platform uses (the Kafka client's own default, stated
-            # here): a write is acknowledged once min.insync.replicas replicas have it, and the
-            # producer's retries neither duplicate nor reorder.
-            .set_property("acks", "all")
-            .set_property("enable.idempotence", "true")
-            .build())
+    builder = (KafkaSink.builder()
+               .set_bootstrap_servers(settings.kafka.bootstrap_servers)
+               .set_record_serializer(KafkaRecordSerializationSchema.builder()
+                                      .set_topic(topic).set_value_serialization_schema(RAW).build())
+               .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
+               # What every producer of the platform uses (the Kafka client's own default, stated
+               # here): a write is acknowledged once min.insync.replicas replicas have it, and the
+               # producer's retries neither duplicate nor reorder.
+               .set_property("acks", "all")
+               .set_property("enable.idempotence", "true"))
+    for key, value in (properties or {}).items():
+        builder = builder.set_property(key, value)
+    return builder.build()
+
+
+# The archive facts: nobody waits for them (the writer rolls every archive.roll_s), so they
+# travel in few large, compressed produce requests -- the broker's cost is per request and byte,
+# and a batch the producer compressed is stored as it is.
+ARCHIVE_FACTS_PRODUCER = {"linger.ms": "200", "batch.size": str(1 << 20)}
 
 
 def keyed_by_first_field(stream: DataStream, key_type: TypeInformation, value_type: TypeInformation) -> KeyedStream:
@@ -177,7 +185,8 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
     if settings.archive.stream:
         # The history's facts for the archive writer (control_plane/archive_writer.py), flushed on
         # every checkpoint like the signals: what a checkpoint acknowledges is in Kafka.
-        (signals.get_side_output(ARCHIVE_FACTS).sink_to(_string_sink(settings, k.archive_facts_topic))
+        (signals.get_side_output(ARCHIVE_FACTS)
+         .sink_to(_string_sink(settings, k.archive_facts_topic, ARCHIVE_FACTS_PRODUCER))
          .uid(uids.ARCHIVE_FACTS_SINK).name("Kafka: " + k.archive_facts_topic))
 
 

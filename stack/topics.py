@@ -43,7 +43,7 @@ def topic_specs(k: KafkaSettings) -> list[NewTopic]:
         # least as long as the hot rows (archive.hot_ttl_s, checked by the settings), so an
         # archive outage within that budget loses nothing.
         NewTopic(k.archive_facts_topic, num_partitions=k.partitions, replication_factor=rf,
-                 config={**durable, "retention.ms": str(k.archive_facts_retention_ms), "compression.type": "zstd"}),
+                 config={**durable, "retention.ms": str(k.archive_facts_retention_ms)}),
     ]
 
 
