@@ -47,10 +47,12 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
-def table(kind: str, rows: list[dict[str, Any]]) -> pa.Table:
-    """Facts of one kind (core/archive_facts.decode: timestamps as UTC ms) as an Arrow table."""
+def table(kind: str, rows: list[list[Any]]) -> pa.Table:
+    """Facts of one kind, each its values in column order (core/archive_facts.decode_values:
+    timestamps as UTC ms), as an Arrow table."""
     schema = SCHEMAS[kind]
-    return pa.table([pa.array([r[f.name] for r in rows], type=f.type) for f in schema], schema=schema)
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+    return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
 
 
 def utc(value: Any) -> datetime | None:

@@ -4,11 +4,10 @@ store) under a root, and the few operations the archive writer, the audit and th
 Every byte of archive I/O passes here, through pyarrow's own filesystems: no S3 SDK, and nothing
 downloaded at run time (the query engine gets Arrow tables read here, not URLs).
 
-Publishing is write-then-move: a file is written under a temporary name and moved to its final
-name once closed. Locally that move is a rename (atomic); on S3 it is a server-side copy, which
-makes the object appear whole or not at all. Readers trust only files a segment's commit record
-lists, and the record is published last, so a torn or abandoned file is never taken for part of
-an hour (core/archive_layout.py).
+Publishing makes a file appear whole or not at all (:meth:`ArchiveStore.put`): locally it is
+written under a temporary name and renamed; on S3 an upload is atomic by itself. Readers trust
+only files a segment's commit record lists, and the record is published last, so a torn or
+abandoned file is never taken for part of an hour (core/archive_layout.py).
 """
 
 from __future__ import annotations
@@ -65,20 +64,22 @@ class ArchiveStore:
         except OSError as exc:
             raise ArchiveUnavailable(f"archive store: cannot write {tmp}: {exc}") from exc
 
+    def put(self, final: str, data: bytes) -> None:
+        """``data`` under ``final``, whole or not at all: locally written under a temporary name
+        and renamed; on S3 one upload, which makes the object appear only once complete (a
+        temporary object and a server-side copy would triple the requests)."""
+        if self._local:
+            tmp = layout.tmp_path(final, self.new_run_id())
+            self.put_bytes(tmp, data)
+            self.publish(tmp, final)
+        else:
+            self.put_bytes(final, data)
+
     def publish(self, tmp: str, final: str) -> None:
         try:
             self.fs.move(self._abs(tmp), self._abs(final))
         except OSError as exc:
             raise ArchiveUnavailable(f"archive store: cannot publish {final}: {exc}") from exc
-
-    def remove_leftovers(self, prefix: str) -> int:
-        """Delete temporary files a killed run left under ``prefix``; how many."""
-        gone = 0
-        for path in self.files(prefix):
-            if layout.is_tmp(path):
-                self.fs.delete_file(self._abs(path))
-                gone += 1
-        return gone
 
     # -- reading ------------------------------------------------------------------------------
     def files(self, prefix: str) -> list[str]:

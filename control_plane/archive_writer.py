@@ -31,6 +31,7 @@ of its last commit: alerts ArchiveLagHigh and ArchiveWriterDown (docs/archive.md
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import logging
 import signal
@@ -63,7 +64,7 @@ class Buffer:
     oldest_ms: int | None = None  # the Kafka timestamp of the oldest record held
     first_at_s: float | None = None  # when the first record was added (the writer's clock)
     ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
-    groups: dict[Group, list[dict[str, Any]]] = field(default_factory=dict)
+    groups: dict[Group, list[list[Any]]] = field(default_factory=dict)
     undecodable: int = 0
 
     def add(self, partition: int, offset: int, timestamp_ms: int, value: bytes, now_s: float) -> None:
@@ -74,21 +75,31 @@ class Buffer:
         if self.oldest_ms is None or timestamp_ms < self.oldest_ms:
             self.oldest_ms = timestamp_ms
         try:
-            facts = archive_facts.decode(value)
+            facts = archive_facts.decode_values(value)
         except ValueError:
             self.undecodable += 1  # not the job's: kept in Kafka, skipped here, counted in the log
             log.error("archive facts: partition %d offset %d is not a facts record; skipped", partition, offset)
             return
-        for kind, row in facts:
-            self.groups.setdefault((layout.hour_start(row["hour"]), layout.tenant_bucket(row["tenant_id"]), kind),
-                                   []).append(row)
+        hour_at, tenant_at = archive_facts.HOUR_AT, archive_facts.TENANT_AT
+        for kind, values in facts:
+            key = (layout.hour_start(values[hour_at[kind]]), _bucket(values[tenant_at[kind]]), kind)
+            group = self.groups.get(key)
+            if group is None:
+                self.groups[key] = [values]
+            else:
+                group.append(values)
         self.facts += len(facts)
 
     def due(self, now_s: float, roll_facts: int, roll_s: float) -> bool:
         return bool(self.ranges) and (self.facts >= roll_facts or now_s - (self.first_at_s or now_s) >= roll_s)
 
 
-def _parquet(kind: str, rows: list[dict[str, Any]]) -> bytes:
+@functools.lru_cache(maxsize=65536)
+def _bucket(tenant_id: str) -> int:
+    return layout.tenant_bucket(tenant_id)
+
+
+def _parquet(kind: str, rows: list[list[Any]]) -> bytes:
     sink = io.BytesIO()
     # Settings that make the bytes a function of the rows alone: same facts -> same file.
     pq.write_table(table(kind, rows), sink, compression="zstd", use_dictionary=True, write_statistics=True,
@@ -102,23 +113,18 @@ def write_segment(store: ArchiveStore, buffer: Buffer) -> list[layout.Commit]:
     before is overwritten with the same names by the retry."""
     segment = layout.segment_id(buffer.ranges)
     ranges = tuple((p, a, b) for p, (a, b) in sorted(buffer.ranges.items()))
-    run = store.new_run_id()
     files: dict[tuple[int, int], list[layout.FileEntry]] = {}
     for (hour, bucket, kind), rows in sorted(buffer.groups.items()):
         data = _parquet(kind, rows)
         final = layout.data_path(hour, bucket, kind, segment)
-        tmp = layout.tmp_path(final, run)
-        store.put_bytes(tmp, data)
-        store.publish(tmp, final)
+        store.put(final, data)
         files.setdefault((hour, bucket), []).append(
             layout.FileEntry(path=final, kind=kind, rows=len(rows), bytes=len(data), sha256=layout.sha256_of([data])))
     commits = []
     for (hour, bucket), entries in sorted(files.items()):
         c = layout.Commit(hour, bucket, segment, ranges, tuple(entries))
-        final = layout.commit_path(hour, bucket, segment)
-        tmp = layout.tmp_path(final, run)
-        store.put_bytes(tmp, c.to_json())
-        store.publish(tmp, final)  # last: the mark of the segment's files in this (hour, bucket)
+        # Last: the mark of the segment's files in this (hour, bucket).
+        store.put(layout.commit_path(hour, bucket, segment), c.to_json())
         commits.append(c)
     return commits
 

@@ -58,6 +58,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "attempts": ("delivery_id", "attempt_number"),
 }
 _PAYLOAD = COLUMNS["events"].index("payload")
+# Where each kind's partition columns are: the writer groups facts by them.
+HOUR_AT = {kind: columns.index("hour") for kind, columns in COLUMNS.items()}
+TENANT_AT = {kind: columns.index("tenant_id") for kind, columns in COLUMNS.items()}
 
 # A fact as the job builds it: (kind, values in COLUMNS order).
 Fact = tuple[str, tuple[Any, ...]]
@@ -120,24 +123,27 @@ def encode(facts: Iterable[Fact]) -> bytes:
     return orjson.dumps((SCHEMA_V1, out))
 
 
-def decode(raw: bytes | str) -> list[tuple[str, dict[str, Any]]]:
-    """A record's facts as (kind, {column: value}); ValueError for anything else."""
+def decode_values(raw: bytes | str) -> list[tuple[str, list[Any]]]:
+    """A record's facts as (kind, values in COLUMNS order), the payload as bytes; ValueError for
+    anything else. The writer's form: no dict per fact."""
     try:
         schema, facts = orjson.loads(raw)
     except (orjson.JSONDecodeError, TypeError, ValueError):
         raise ValueError("not an archive facts record") from None
     if schema != SCHEMA_V1:
         raise ValueError(f"unknown archive facts schema {schema!r}")
-    out: list[tuple[str, dict[str, Any]]] = []
     for kind, values in facts:
         columns = COLUMNS.get(kind)
         if columns is None or len(values) != len(columns):
             raise ValueError(f"archive fact of kind {kind!r} with {len(values)} values")
-        row = dict(zip(columns, values, strict=True))
         if kind == "events":
-            row["payload"] = base64.b64decode(row["payload"])
-        out.append((kind, row))
-    return out
+            values[_PAYLOAD] = base64.b64decode(values[_PAYLOAD])
+    return [(kind, values) for kind, values in facts]
+
+
+def decode(raw: bytes | str) -> list[tuple[str, dict[str, Any]]]:
+    """A record's facts as (kind, {column: value}); ValueError for anything else."""
+    return [(kind, dict(zip(COLUMNS[kind], values, strict=True))) for kind, values in decode_values(raw)]
 
 
 def key_of(kind: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
