@@ -346,3 +346,23 @@ def test_a_file_removed_by_hand_fails_the_audit_and_the_repair_writes_it_again(
     assert victim.exists()
     assert auditor.audit(hour, int(time.time() * 1000)).state == AUDITED
     assert auditor.failed_hours() == 0
+
+
+def test_a_delivery_created_again_after_its_hot_rows_expired_is_known_final_and_numbers_go_on(
+        history, session, facts):
+    """The re-fan-out guard with nothing written to let a delivery go: its row outlives its
+    attempts (the history window vs the hot TTL), so the job's check of a delivery fan-out
+    creates again (an old savepoint, the events topic read again) finds it final, and a later
+    attempt takes a number none of the archived ones has (manual ones included)."""
+    import asyncio
+
+    hour = hour_now() - 4 * HOUR_MS
+    written = time.monotonic()
+    dids = write_hour(history, session, facts, hour, 1, "g")  # dids[0]: 503, 200, then a manual 3
+    time.sleep(max(0.0, HOT_TTL_S + 1 - (time.monotonic() - written)))
+    rows = session.execute("SELECT attempt_number FROM delivery_history WHERE delivery_id=%s", (dids[0],))
+    assert [r.attempt_number for r in rows] == [None]  # the delivery's row alone: every attempt row expired
+    first = asyncio.run(history.check(dids[0]))
+    assert (first.status, first.auto_retry_active, first.max_attempt_number) == ("succeeded", False, 3)
+    other = asyncio.run(history.check(dids[1]))  # one automatic attempt, no manual one
+    assert (other.status, other.max_attempt_number) == ("succeeded", 1)
