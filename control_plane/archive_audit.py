@@ -20,7 +20,9 @@ ago (its deliveries are final: the retry deadline is shorter) and before its hot
 * records the hour in ``archive_hours`` (audited, or failed with the reason) and pushes the count
   of failed hours: alert ArchiveAuditFailed. A failed hour is audited again at every run; the
   repair is the writer's recovery run over the facts topic (docs/archive.md), which holds the
-  facts at least as long as the hot rows live.
+  facts at least as long as the hot rows live; for deliveries whose facts never reached the
+  topic (a row written by something other than the job: reconciliation's repair writes delivery
+  rows itself), ``--repair HOUR`` here writes them from their hot rows (:func:`repair_from_hot`).
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from cassandra.query import PreparedStatement
 
 from control_plane.archive_rows import SCHEMAS
 from control_plane.archive_store import ArchiveStore
+from core import archive_facts, archive_schedule, history_rows
 from core import archive_layout as layout
-from core import archive_schedule
 from core.fanout import SNAPSHOT_BUCKETS
 from core.history_buckets import HISTORY_BUCKETS
 from core.settings import ArchiveSettings, Settings
@@ -143,6 +145,67 @@ def archived_keys(store: ArchiveStore, hour_ms: int) -> tuple[list[layout.Commit
     return commits, stored, deliveries, events, attempts
 
 
+def _ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        v = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return int(v.timestamp() * 1000)
+    return int(value)
+
+
+def _hot_facts(session: Session, delivery_ids: Sequence[str]) -> list[tuple[str, list[Any]]]:
+    """The archive's rows of these deliveries, from their hot rows (and their events'), as facts
+    with write_ts 0: any fact the stream archives of them later outranks these."""
+    q_history = session.prepare(history_rows.SELECT_NEW)
+    q_event = session.prepare("SELECT * FROM events WHERE event_id=?")
+    out: list[tuple[str, list[Any]]] = []
+    events: set[str] = set()
+    for did in delivery_ids:
+        row, attempts = history_rows.split(session.execute(q_history, (did,)))
+        if row is None or row.get("created_at") is None:
+            continue
+        created = _ms(row["created_at"]) or 0
+        hour = layout.hour_start(created)
+        cells = {**row, **{c: _ms(row[c]) for c in ("created_at", "expires_at", "next_attempt_at", "updated_at")},
+                 "hour": hour, "write_ts": 0}
+        out.append(("deliveries", [cells.get(c) for c in archive_facts.COLUMNS["deliveries"]]))
+        for a in attempts:
+            if a.get("outcome") in (None, "reserved"):
+                continue
+            cells = {**a, "tenant_id": row["tenant_id"], "endpoint_id": row["endpoint_id"], "hour": hour, "write_ts": 0,
+                     "started_at": _ms(a["started_at"]), "finished_at": _ms(a["finished_at"]),
+                     "signing_key_versions": list(a["signing_key_versions"] or [])}
+            out.append(("attempts", [cells.get(c) for c in archive_facts.COLUMNS["attempts"]]))
+        if row["event_id"] not in events:
+            ev = session.execute(q_event, (row["event_id"],)).one()
+            if ev is not None:
+                events.add(row["event_id"])
+                cells = {**history_rows.as_dict(ev), "occurred_at": _ms(ev.occurred_at), "arrived_at": created,
+                         "payload": bytes(ev.payload), "hour": hour}
+                out.append(("events", [cells.get(c) for c in archive_facts.COLUMNS["events"]]))
+    return out
+
+
+def repair_from_hot(session: Session, store: ArchiveStore, hour_ms: int, delivery_ids: Sequence[str]) -> int:
+    """Write these deliveries of the hour (with their attempts and events) from Cassandra as a
+    segment of their own; how many were found hot."""
+    from control_plane.archive_writer import Buffer, write_segment
+
+    ids = sorted(delivery_ids)
+    facts = _hot_facts(session, ids)
+    if not facts:
+        return 0
+    buffer = Buffer()
+    # A name no topic range has (partition -1) and no other repair of the hour shares.
+    buffer.ranges[-1] = (hour_ms // 1000, int(layout.sha256_of(d.encode() for d in ids)[:12], 16))
+    for kind, values in facts:
+        buffer.groups.setdefault((hour_ms, layout.tenant_bucket(values[archive_facts.TENANT_AT[kind]]), kind),
+                                 []).append(values)
+    write_segment(store, buffer)
+    return sum(1 for kind, _ in facts if kind == "deliveries")
+
+
 @dataclass(frozen=True)
 class HourOutcome:
     hour_ms: int
@@ -180,6 +243,13 @@ class Auditor:
             log.error("archive hour %s failed its audit (recover with the writer's --from): %s", _ts(hour_ms), detail)
         return HourOutcome(hour_ms, state, counts, detail)
 
+    def repair(self, hour_ms: int) -> int:
+        """Deliveries Cassandra lists for the hour that the archive lacks, written from their hot
+        rows; how many."""
+        _, _, deliveries, _, _ = archived_keys(self._store, hour_ms)
+        hot, _ = self._hot.read(hour_ms)
+        return repair_from_hot(self._s, self._store, hour_ms, sorted(hot - deliveries.keys()))
+
     def due(self, now_ms: int) -> list[int]:
         """Hours old enough to audit and young enough to repair, not audited clean yet."""
         hours = layout.closed_hours(now_ms, self._settings.audit_after_s * 1000, self._settings.hot_ttl_s * 1000)
@@ -210,6 +280,20 @@ def push_metrics(gateway: str, failed_hours: int, outcomes: Sequence[HourOutcome
     Gauge("webhooks_archive_audited_deliveries", "Deliveries the last run found archived", registry=reg).set(
         sum(o.counts.get("deliveries", 0) for o in outcomes))
     push_to_gateway(gateway, job="webhooks_archive_audit", registry=reg)
+
+
+def run_repair(settings: Settings, hour: int) -> int:
+    from stack.isolation import harness_cluster
+
+    cluster = harness_cluster(settings)
+    try:
+        session = cluster.connect(settings.cassandra.keyspace)
+        auditor = Auditor(settings.archive, session, ArchiveStore.from_settings(settings.archive))
+        n = auditor.repair(hour)
+        print(f"archive repair from Cassandra: {n} deliveries of {_ts(hour):%Y-%m-%dT%H:00Z} written", flush=True)
+        return 0
+    finally:
+        cluster.shutdown()
 
 
 def run_once(settings: Settings, hour: int | None, stop: Callable[[], bool]) -> int:
@@ -244,6 +328,8 @@ def run_once(settings: Settings, hour: int | None, stop: Callable[[], bool]) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m control_plane.archive_audit", description=__doc__.split("\n")[0])
     parser.add_argument("--hour", help="one hour (ISO, e.g. 2026-11-29T19:00Z) instead of every hour due")
+    parser.add_argument("--repair", metavar="HOUR", help="write the deliveries Cassandra lists for the hour and the"
+                        " archive lacks from their hot rows (facts that never reached the topic), then exit")
     parser.add_argument("--every", type=int, metavar="SECONDS",
                         help="keep running: a run at each multiple of SECONDS (3600: each UTC hour) + --margin")
     parser.add_argument("--margin", type=int, default=300, metavar="SECONDS",
@@ -256,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
+    if args.repair:
+        t = datetime.fromisoformat(args.repair.replace("Z", "+00:00"))
+        return run_repair(settings, layout.hour_start(int(t.timestamp() * 1000)))
     hour = None
     if args.hour:
         hour = layout.hour_start(int(datetime.fromisoformat(args.hour.replace("Z", "+00:00")).timestamp() * 1000))

@@ -366,3 +366,33 @@ def test_a_delivery_created_again_after_its_hot_rows_expired_is_known_final_and_
     assert (first.status, first.auto_retry_active, first.max_attempt_number) == ("succeeded", False, 3)
     other = asyncio.run(history.check(dids[1]))  # one automatic attempt, no manual one
     assert (other.status, other.max_attempt_number) == ("succeeded", 1)
+
+
+def test_deliveries_whose_facts_never_reached_the_topic_fail_the_audit_and_are_written_from_their_hot_rows(
+        history, session, facts, own_settings, tmp_path):
+    from control_plane.store import CassandraStore
+
+    hour = hour_now() - 5 * HOUR_MS
+    dids = write_hour(history, session, facts, hour, 3, "m")
+    dropping = CassandraHistory(own_settings.cassandra, 300, [])  # a writer whose facts go nowhere
+    try:
+        lost = write_hour(dropping, session, facts, hour, 1, "n")
+    finally:
+        dropping.close()
+    archive = archive_settings(tmp_path)
+    with WriterThread(own_settings, archive) as w:
+        w.caught_up()
+    store = ArchiveStore.from_settings(archive)
+    auditor = Auditor(archive, session, store)
+    outcome = auditor.audit(hour, int(time.time() * 1000))
+    assert outcome.state == FAILED and "deliveries: 2 of 8 not archived" in outcome.detail
+    assert auditor.repair(hour) == 2
+    assert auditor.audit(hour, int(time.time() * 1000)).state == AUDITED
+    # What the repair archived reads as the hot tier had it.
+    hot = CassandraStore(session)
+    for did in lost:
+        archived_attempts = [a for a in archived(store, hour, "attempts") if a["delivery_id"] == did]
+        assert sorted(a["attempt_number"] for a in archived_attempts) == [
+            a.attempt_number for a in hot.get_delivery(did).attempts]
+    assert {d["delivery_id"] for d in archived(store, hour, "deliveries")} == set(dids + lost)
+    assert {e["event_id"] for e in archived(store, hour, "events")} >= {"evt_n_0000"}
