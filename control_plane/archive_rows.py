@@ -55,13 +55,6 @@ def table(kind: str, rows: list[list[Any]]) -> pa.Table:
     return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
 
 
-def utc(value: Any) -> datetime | None:
-    """A driver timestamp (naive UTC) or an aware one, as an aware UTC datetime."""
-    if value is None:
-        return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def naive(row: Mapping[str, Any]) -> dict[str, Any]:
     """An archive row as the driver gives rows (naive UTC datetimes), for readers that convert
     Cassandra rows: the two tiers then go through one conversion."""

@@ -40,9 +40,8 @@ class ArchiveSettings(BaseModel):
     # deliveries are final (the retry deadline is 24 h) and their rows still hot (hot_ttl_s), so
     # a gap it finds is repaired from Cassandra.
     audit_after_s: int = Field(default=26 * 3600, ge=3600)
-    # A repair (an hour re-read from Cassandra): rows per page, and rows per Parquet row group.
+    # The audit's reads of Cassandra's indexes: rows per page.
     page_size: int = Field(default=500, ge=1)
-    row_group_rows: int = Field(default=5_000, ge=1)
     # The Pushgateway the writer and the audit push their state to; "" = none.
     pushgateway: str = "127.0.0.1:9091"
 
