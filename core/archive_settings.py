@@ -12,9 +12,9 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 class ArchiveSettings(BaseModel):
     """The history's archive tier (docs/archive.md)."""
 
-    # Where Parquet files and manifests go: a local directory (the default, so `make run` needs
-    # nothing more; relative paths are under the repository) or s3://bucket/prefix on any
-    # S3-compatible store (s3_* below).
+    # Where Parquet files and their commit records go: a local directory (the default, so `make
+    # run` needs nothing more; relative paths are under the repository) or s3://bucket/prefix on
+    # any S3-compatible store (s3_* below).
     uri: str = ".run/archive"
     s3_endpoint: str = ""  # host:port; "" = AWS's
     s3_scheme: Literal["https", "http"] = "https"
