@@ -5,7 +5,7 @@ PY := .venv/bin/python
 .PHONY: run test setup up down job bench lint proto clean status
 
 run: setup up job ## install, start the local stack, submit the delivery job, say where things are (LOCAL_RECEIVERS=1: deliveries to 127.0.0.1 allowed, for `webhookctl listen`; stack/local_receivers.sh; TOPOLOGY=cluster: 3 Kafka, 3 Cassandra, 2 TaskManagers, 2 control planes, stack/topologies/cluster.env)
-	@bash stack/archiver.sh start && bash stack/archiver.sh ready  # the history archiver, hourly (not in make up: make test runs without it)
+	@bash stack/archive.sh start && bash stack/archive.sh ready  # the archive writer and its hourly audit (not in make up: make test runs without them)
 	@bash stack/status.sh
 
 test: setup ## bring up what is missing, run the whole suite, stop what this target started
@@ -49,12 +49,12 @@ bench-history: setup up ## Cassandra CPU per delivery of the history writes alon
 bench-backlog: setup up ## N pending deliveries behind a failing endpoint, TaskManager kill, drain (BACKLOG_ARGS="--pending 50000")
 	@$(PY) -m bench.backlog $(BACKLOG_ARGS)
 
-.PHONY: bench-archive archive
-bench-archive: setup up ## archive tier: bytes per delivery in Cassandra and in Parquet, archive/verify/release rates (ARCHIVE_ARGS="--events 5000")
+.PHONY: bench-archive archive-audit
+bench-archive: setup up ## archive tier: CPU per archived delivery of every process taking part (job facts on vs off, writer, S3), bytes per delivery (ARCHIVE_ARGS="--events 3000")
 	@$(PY) -m bench.archive_sizing $(ARCHIVE_ARGS)
 
-archive: setup up ## move every closed hour older than archive.archive_after_s to Parquet, verified, then released, once (make run keeps one doing it each hour: stack/archiver.sh)
-	@$(PY) -m control_plane.archiver
+archive-audit: setup up ## audit every closed hour due once: committed files present, every delivery and event Cassandra lists archived (make run keeps one doing it each hour: stack/archive.sh)
+	@$(PY) -m control_plane.archive_audit
 
 lint: ## ruff, mypy, the import contracts (pyproject.toml, [tool.importlinter]) and every relative link and anchor in README.md and docs/ (make test runs it first)
 	@$(PY) -m ruff check .

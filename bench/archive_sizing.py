@@ -1,219 +1,290 @@
-"""Archive tier sizing and throughput: bytes per delivery in Cassandra and in Parquet, on the
-bench's payload, and what letting the hot rows go costs (a TTL rewrite vs a partition DELETE).
+"""Archive tier cost: CPU per archived delivery of every process taking part, and bytes.
 
-    .venv/bin/python -m bench.archive_sizing [--events 5000] [--body-bytes 1536] [--random-body]
+    .venv/bin/python -m bench.archive_sizing [--events 3000] [--endpoints 10] [--rounds 1]
 
-A keyspace of its own. Two arrival hours five days ago get the same history, written by the
-job's own history store (operators/history_store.py): each event to two endpoints, 10 % of the
-deliveries retried once (the brief's peak: 2,315 retries per 23,148 deliveries), the bench's
-~1.5 KB body. Then, with Cassandra's files flushed and compacted before each measurement
-(nodetool through JMX, sizes summed from the keyspace's data directory):
+The archive is written once from the stream (docs/archive.md): the job sends its history facts
+to Kafka, the archive writer turns them into Parquet on an object store, the audit recounts an
+hour against Cassandra's indexes. So the archive's cost is spread over processes, and each is
+measured from /proc as `make bench` measures the delivery path (bench/cpu.py):
 
-* Cassandra bytes per delivery: every history table of the keyspace (events, delivery_history,
-  the endpoint indexes, snapshots), replication factor 1;
-* the archiver on hour A: archive (rows/s), verify, release (TTL rewrite) times, and the Parquet
-  bytes per delivery by kind from the manifest;
-* one archiver shard of ``--shards`` (0/N) on hour B: its share of the hour and how fast;
-* hour B let go by DELETE instead (one partition tombstone per delivery and per event, at a
-  timestamp above the job's status bands): the bytes each way adds as written (flushed) and
-  after a major compaction (what is left until the expired cells / tombstones are purged, after
-  gc_grace_seconds).
+* the job's share: the same phase (``--events`` events x ``--endpoints`` endpoints, the bench's
+  body) run by two jobs back to back, archive facts off then on (``archive.stream``), each on an
+  events topic of its own; the difference of the TaskManagers', the JobManager's, Kafka's and
+  Cassandra's CPU per delivery between the two is the job's, the broker's and Cassandra's share;
+  ``--rounds 2`` alternates off/on twice and averages;
+* the archive writer (a process of its own, with its settings' rolls: 100,000 facts or 60 s, on
+  S3Proxy, stack/s3proxy.sh) and the object store: all their CPU from the facts phase's start
+  until the writer, stopped at the phase's end, rolled and committed the last fact, plus Kafka's
+  and Cassandra's over that catch-up;
+* the audit of the phase's hours (in this process: its CPU time, plus Cassandra's and the
+  object store's meanwhile).
 
-The last line is the comparable summary (``archive-bench: ...``).
+``release_hot_bytes_per_delivery``: what is written to the hot tier to let a delivery go. No
+statement is: hot rows expire by the TTL they were written with. The Cassandra write counts of
+the two phases (facts off/on) show the history writes are the same statements.
+
+The last line is the comparable summary (``archive-bench: ...``); ``delivery_cpu_ms_per_delivery``
+is the facts-off phase's whole-stack figure (`make bench`'s ``cpu_ms_per_delivery`` measures the
+same thing on its own run).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from cassandra.cluster import Session
+from confluent_kafka import Consumer, TopicPartition
 
-from bench.raw_http import make_body
+from bench import cassandra_writes, cpu, raw_http
+from bench import run as bench
+from control_plane.archive_audit import Auditor
 from control_plane.archive_store import ArchiveStore
-from control_plane.archiver import Archiver
-from core.archive_settings import ArchiveSettings
-from core.dispatch import AttemptRecord, Intent
-from core.fanout import FanoutSnapshot, NewDelivery
-from core.records import EventRecord, delivery_id_for
+from core import archive_layout as layout
 from core.settings import REPO_ROOT, Settings
-from operators.history_store import BAND_US, CassandraHistory
-from stack.isolation import isolated_env, keyspace_session, settings_with
+from stack.isolation import keyspace_session, settings_with
+from stack.outbox_relay import free_port
 
-HOUR_MS = 3_600_000
-CASSANDRA_DATA = REPO_ROOT / ".run" / "cassandra" / "data"
-
-
-def nodetool(*args: str) -> None:
-    jpms = subprocess.run(["bash", "-c", "sed -n '/^JPMS=(/,/^)/p' stack/cassandra.sh | grep -v 'JPMS=(\\|^)'"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
-    port = os.environ.get("WEBHOOKS_CASSANDRA_JMX_PORT", "7199")
-    subprocess.run(["java", *jpms, "-cp", str(REPO_ROOT / "stack/.jars/cassandra/*"),
-                    "org.apache.cassandra.tools.NodeTool", "-h", "127.0.0.1", "-p", port, *args],
-                   check=True, capture_output=True, timeout=600)
+PY = str(REPO_ROOT / ".venv/bin/python")
 
 
-def table_bytes(keyspace: str, compact: bool) -> dict[str, int]:
-    """On-disk bytes of each table's files, flushed first (and compacted into one file each)."""
-    nodetool("flush", keyspace)
-    if compact:
-        nodetool("compact", keyspace)
-    out: dict[str, int] = {}
-    for table_dir in (CASSANDRA_DATA / keyspace).iterdir():
-        name = table_dir.name.rsplit("-", 1)[0]
-        out[name] = sum(f.stat().st_size for f in table_dir.rglob("*") if f.is_file() and "snapshots" not in f.parts)
-    return out
+def say(msg: str) -> None:
+    print(f"[archive-bench] {msg}", flush=True)
 
 
-def write_hour(history: CassandraHistory, hour_ms: int, events: int, body: bytes, random_body: bool) -> int:
-    waits = []
-    n_deliveries = 0
-    for n in range(events):
-        tenant = f"t-bench-{n % 20}"
-        arrived = hour_ms + 1000 + n * (3_000_000 // max(events, 1))
-        payload = os.urandom(len(body) // 2).hex().encode() if random_body else body
-        e = EventRecord(event_id=f"evt_{uuid.uuid4().hex}", tenant_id=tenant, event_type="bench.event",
-                        schema_version="2026-01-01", object_id="obj_bench", object_version=1,
-                        occurred_at_ms=arrived, payload=payload)
-        eps = (f"ep-{tenant}-1", f"ep-{tenant}-2")
-        waits.append(history.write_snapshot(FanoutSnapshot(e.event_id, tenant, arrived, tuple((p, 1) for p in eps))))
-        for k, ep in enumerate(eps):
-            d = NewDelivery(delivery_id=delivery_id_for(e.event_id, ep), event=e, endpoint_id=ep, tenant_id=tenant,
-                            endpoint_config_version=1, created_at_ms=arrived, expires_at_ms=arrived + 86_400_000)
-            n_deliveries += 1
-            i1 = Intent(1, str(uuid.uuid1()))
-            waits.append(history.persist(d, i1, write_event=k == 0))
-            if n_deliveries % 10 == 0:
-                i2 = Intent(2, str(uuid.uuid1()))
-                waits.append(history.record(d, _attempt(i1, arrived + 80, "retry", "pending", 503), 1, i2))
-                waits.append(history.record(d, _attempt(i2, arrived + 5100, "succeeded", "succeeded", 200), 2, None))
-            else:
-                waits.append(history.record(d, _attempt(i1, arrived + 80, "succeeded", "succeeded", 200), 1, None))
-        if len(waits) > 2000:
-            _wait(history, waits)
-    _wait(history, waits)
-    return n_deliveries
+@dataclass
+class Round:
+    mode: str  # "off" | "on"
+    deliveries: int
+    cpu_s: dict[str, float]  # per group over the phase
+    writes: int  # Cassandra writes to the keyspace over the phase
+    catch_up_cpu_s: dict[str, float]  # per group from the phase's end until the writer caught up ("on")
+    catch_up_s: float = 0.0
+    writer_cpu_s: float = 0.0  # the writer's whole life ("on"): it archived the warm-up's facts too
+    writer_deliveries: int = 0  # the deliveries whose facts it archived (warm-up burst + phase)
+
+    def per_delivery(self, group: str) -> float:
+        return self.cpu_s.get(group, 0.0) * 1000 / self.deliveries if self.deliveries else 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.cpu_s.values()) * 1000 / self.deliveries if self.deliveries else 0.0
 
 
-def _attempt(i: Intent, at_ms: int, outcome: str, status: str, http: int) -> AttemptRecord:
-    return AttemptRecord(
-        intent=i, sent=True, started_at_ms=at_ms - 60, finished_at_ms=at_ms, http_status=http, outcome=outcome,
-        error_class=None if http == 200 else "http_5xx", detail="", manual=False, delivery_status=status,
-        next_attempt_at_ms=at_ms + 5000 if status == "pending" else None, auto_retry_active=status == "pending",
-        url="https://hooks.example.com/in", endpoint_config_version=1, latency_ms=60, signing_key_versions=(1,),
-        response_sha256="e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", response_prefix="ok")
+@contextmanager
+def s3proxy(run_dir: Path) -> Iterator[tuple[int, Path]]:
+    port = free_port()
+    env = {**os.environ, "WEBHOOKS_RUN_DIR": str(run_dir), "WEBHOOKS_S3PROXY_PORT": str(port)}
+
+    def script(action: str) -> None:
+        subprocess.run([str(REPO_ROOT / "stack/s3proxy.sh"), action], env=env, check=True, capture_output=True,
+                       timeout=120)
+
+    script("start")
+    try:
+        script("ready")
+        yield port, run_dir / "s3proxy" / "pid"
+    finally:
+        script("stop")
 
 
-def _wait(history: CassandraHistory, waits: list[Any]) -> None:
-    history.flush()
-    for c in waits:
-        while not c.done():
-            time.sleep(0.002)
-        c.result()
-    waits.clear()
+@contextmanager
+def writer_process(env: dict[str, str], pid_file: Path) -> Iterator[subprocess.Popen[bytes]]:
+    log = pid_file.with_suffix(".log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([PY, "-m", "control_plane.archive_writer"], cwd=REPO_ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, **env})
+    pid_file.write_text(str(proc.pid))
+    try:
+        yield proc
+    finally:
+        bench.stop(proc, timeout_s=30)
+        pid_file.unlink(missing_ok=True)
 
 
-def delete_hour(session: Session, hour_ms: int) -> int:
-    """Hour B let go by partition DELETE: above every band the job writes in (its succeeded status
-    sits two bands ahead), which is what makes this the wrong tool (see control_plane/archiver.py)."""
-    ts = (int(time.time() * 1000)) * 1000 + 3 * BAND_US
-    d_hist = session.prepare("DELETE FROM delivery_history USING TIMESTAMP ? WHERE delivery_id=?")
-    d_event = session.prepare("DELETE FROM events USING TIMESTAMP ? WHERE event_id=?")
-    q = session.prepare("SELECT event_id, endpoints FROM fanout_snapshots WHERE hour=? AND bucket=?")
-    n = 0
-    for bucket in range(16):
-        for s in session.execute(q, (hour_ms, bucket)):
-            session.execute(d_event, (ts, s.event_id))
-            for ep in s.endpoints:
-                session.execute(d_hist, (ts, delivery_id_for(s.event_id, ep)))
-                n += 1
-    return n
+def facts_end(settings: Settings) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": "archive-bench-probe"})
+    try:
+        topic = settings.kafka.archive_facts_topic
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+    finally:
+        c.close()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--events", type=int, default=5000)
-    ap.add_argument("--body-bytes", type=int, default=1536)
-    ap.add_argument("--random-body", action="store_true", help="incompressible payloads (hex of random bytes)")
-    ap.add_argument("--shards", type=int, default=4,
-                    help="also time one archiver shard of this many (shard 0/N) on hour B: its share of the hour")
-    args = ap.parse_args()
-    settings: Settings = settings_with(isolated_env(f"archbench-{uuid.uuid4().hex[:6]}", own_keyspace=True))
-    ks = settings.cassandra.keyspace
-    body = make_body(args.body_bytes)
-    hour_a = (int(time.time() * 1000) - 5 * 86_400_000) // HOUR_MS * HOUR_MS
-    hour_b = hour_a - HOUR_MS
-    root = Path(REPO_ROOT / ".run" / "bench" / f"archive-{uuid.uuid4().hex[:6]}")
-    with keyspace_session(settings) as session:
-        session.set_keyspace(ks)
-        history = CassandraHistory(settings.cassandra)
-        t0 = time.monotonic()
-        n = write_hour(history, hour_a, args.events, body, args.random_body)
-        write_hour(history, hour_b, args.events, body, args.random_body)
-        history.close()
-        print(f"wrote 2 x {n} deliveries in {time.monotonic() - t0:.1f} s")
-        hot = table_bytes(ks, compact=True)
-        total = sum(hot.values())
-        print("cassandra bytes by table (both hours):", {k: v for k, v in sorted(hot.items()) if v})
+def writer_committed(settings: Settings) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": settings.archive.writer_group})
+    try:
+        topic = settings.kafka.archive_facts_topic
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return {tp.partition: max(tp.offset, 0)
+                for tp in c.committed([TopicPartition(topic, p) for p in parts], timeout=10)}
+    finally:
+        c.close()
 
-        archive = ArchiveSettings(uri=str(root), pushgateway="")
-        a = Archiver(archive, settings.cassandra.history_ttl_s, session, ArchiveStore.from_settings(archive))
-        t = time.monotonic()
-        manifest = a.archive(hour_a)
-        t_archive = time.monotonic() - t
-        assert manifest is not None  # one process, every bucket: the hour is complete
-        t = time.monotonic()
-        problems = a.verify(hour_a)
-        t_verify = time.monotonic() - t
-        assert not problems, problems
-        t = time.monotonic()
-        a._releaser.release(manifest, archive.release_ttl_s, settings.cassandra.history_ttl_s, int(time.time() * 1000))
-        t_release = time.monotonic() - t
-        # Added bytes as written (flushed, before any compaction could merge them with what they
-        # shadow), then after a major compaction.
-        ttl_flushed = sum(table_bytes(ks, compact=False).values()) - total
-        base = sum(table_bytes(ks, compact=True).values())
-        ttl_compacted = base - total
-        # One shard of N on hour B (archived only: the DELETE below lets it go): each shard pages
-        # through all the hour's snapshots but reads only its buckets' history, so its rate
-        # against its share of the deliveries says how far N processes divide the work.
-        shard_root = root.with_name(root.name + "-shard")
-        shard_settings = archive.model_copy(update={"uri": str(shard_root)})
-        shard = Archiver(shard_settings, settings.cassandra.history_ttl_s, session,
-                         ArchiveStore.from_settings(shard_settings), (0, args.shards))
-        t = time.monotonic()
-        shard.archive(hour_b)
-        t_shard = time.monotonic() - t
-        shard_n = sum(int(json.loads(p.read_text())["counts"]["deliveries"]) for p in shard_root.rglob("part.json"))
-        t = time.monotonic()
-        delete_hour(session, hour_b)
-        t_delete = time.monotonic() - t
-        del_flushed = sum(table_bytes(ks, compact=False).values()) - base
-        del_compacted = sum(table_bytes(ks, compact=True).values()) - base
 
-    by_kind: dict[str, int] = {}
-    for f in manifest.files:
-        by_kind[f.kind] = by_kind.get(f.kind, 0) + f.bytes
-    parquet = sum(by_kind.values())
-    cass_pd = total / (2 * n)
-    print(f"parquet bytes by kind (hour A, {len(manifest.files)} files):", by_kind)
-    print(f"archive {n / t_archive:.0f} deliveries/s ({t_archive:.1f} s), verify {t_verify:.1f} s, "
-          f"release by TTL rewrite {t_release:.1f} s, by DELETE {t_delete:.1f} s")
-    print(f"shard 0/{args.shards} on hour B: {shard_n} of {n} deliveries in {t_shard:.1f} s "
-          f"({shard_n / t_shard:.0f} deliveries/s of its share; one process on all: {n / t_archive:.0f}/s)")
-    print(f"archive-bench: deliveries={n} body_bytes={len(body)} random_body={args.random_body} "
-          f"cassandra_bytes_per_delivery={cass_pd:.0f} parquet_bytes_per_delivery={parquet / n:.0f} "
-          f"archive_deliveries_per_s={n / t_archive:.0f} verify_deliveries_per_s={n / t_verify:.0f} "
-          f"release_deliveries_per_s={n / t_release:.0f} "
-          f"ttl_rewrite_added_bytes_per_delivery={ttl_flushed / n:.0f}/{ttl_compacted / n:.0f} "
-          f"delete_added_bytes_per_delivery={del_flushed / n:.0f}/{del_compacted / n:.0f} (flushed/compacted)")
+def facts_bytes(settings: Settings) -> tuple[int, int]:
+    """(records, bytes) on the facts topic."""
+    topic = settings.kafka.archive_facts_topic
+    end = facts_end(settings)
+    c = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": f"ab-{uuid.uuid4().hex[:6]}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p, n in end.items() if n > 0])
+    seen = dict.fromkeys(end, 0)
+    records = size = 0
+    deadline = time.monotonic() + 120
+    try:
+        while any(seen[p] < end[p] for p in end) and time.monotonic() < deadline:
+            for m in c.consume(num_messages=1000, timeout=1.0):
+                if not m.error():
+                    records += 1
+                    size += len(m.value() or b"")
+                    seen[m.partition()] = m.offset() + 1
+    finally:
+        c.close()
+    return records, size
+
+
+def run(args: argparse.Namespace) -> int:
+    body = raw_http.make_body(args.body_bytes)
+    run_id = uuid.uuid4().hex[:8]
+    subprocess.run([PY, "-m", "stack.certs", "--out", str(bench.CERTS)], check=True, capture_output=True)
+    rounds: list[Round] = []
+    with ExitStack() as stack:
+        rxp = stack.enter_context(bench.receiver_process())
+        rx = rxp.control
+        port = int(rxp.base_url.rsplit(":", 1)[1])
+        env = bench.bench_env(f"arch-{run_id}", port, args.partitions)
+        s3_port, s3_pid = stack.enter_context(s3proxy(bench.RUN / f"bench-{run_id}-s3"))
+        env.update({"WEBHOOKS_ARCHIVE__URI": f"s3://archive/bench-{run_id}", "WEBHOOKS_ARCHIVE__S3_ENDPOINT":
+                    f"127.0.0.1:{s3_port}", "WEBHOOKS_ARCHIVE__S3_SCHEME": "http",
+                    "WEBHOOKS_ARCHIVE__S3_ACCESS_KEY": "local-identity",
+                    "WEBHOOKS_ARCHIVE__S3_SECRET_KEY": "local-credential", "WEBHOOKS_ARCHIVE__PUSHGATEWAY": "",
+                    "WEBHOOKS_ARCHIVE__WRITER_GROUP": f"archive-bench-{run_id}",
+                    "WEBHOOKS_ARCHIVE__ROLL_S": str(args.roll_s)})
+        settings = settings_with(env)
+        ks = stack.enter_context(keyspace_session(settings))
+        read_writes = lambda: cassandra_writes.read(ks, settings.cassandra.keyspace)  # noqa: E731
+        stack.enter_context(bench.topics(settings))
+        cp_pid = bench.RUN / f"bench-{run_id}-control-plane.pid"
+        channel = stack.enter_context(bench.control_plane_process(env, cp_pid))
+        bench.EXTRA_GROUPS["control-plane"] = [cp_pid]
+        bench.EXTRA_GROUPS["s3proxy"] = [s3_pid]
+        writer_pid = bench.RUN / f"bench-{run_id}-archive-writer.pid"
+        bench.EXTRA_GROUPS["archive-writer"] = [writer_pid]
+        tenants = [bench.create_tenant(channel, settings, rxp.base_url, args.endpoints, "arch")]
+        say(f"S3Proxy 127.0.0.1:{s3_port}; {args.endpoints} endpoints")
+        modes = ["off", "on"] * args.rounds
+        for i, mode in enumerate(modes):
+            m_env = {**env, "WEBHOOKS_ARCHIVE__STREAM": "true" if mode == "on" else "false",
+                     "WEBHOOKS_KAFKA__EVENTS_TOPIC": f"{settings.kafka.events_topic}.{i}",
+                     "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"{settings.kafka.consumer_group}-{i}",
+                     "WEBHOOKS_FLINK__JOB_NAME": f"{env['WEBHOOKS_FLINK__JOB_NAME']}-{mode}-{i}"}
+            m_settings = settings_with(m_env)
+            stack.enter_context(bench.topics(m_settings))  # its events topic, deleted at the end
+            with ExitStack() as round_stack:
+                job_id = round_stack.enter_context(bench.bench_job(m_env))
+                writer = round_stack.enter_context(writer_process(env, writer_pid)) if mode == "on" else None
+                say(f"round {i + 1}/{len(modes)}: archive facts {mode}, job {job_id}")
+                bench.warm_up(m_settings, rx, tenants, body, timeout_s=120)
+                warm = 0
+                if args.warm_events:
+                    warm = bench.phase(f"warm-{mode}-{i}", m_settings, rx, tenants, args.warm_events, body,
+                                       args.timeout)[0].delivered
+                before = cassandra_writes.settled(read_writes)
+                r, _ = bench.phase(f"facts-{mode}-{i}", m_settings, rx, tenants, args.events, body, args.timeout)
+                writes = sum(cassandra_writes.delta(before, cassandra_writes.settled(read_writes)).values())
+                catch_up: dict[str, float] = {}
+                waited = writer_cpu_s = 0.0
+                if writer is not None:
+                    # The writer's and the store's work after the phase: stopped (SIGTERM), it rolls
+                    # what it holds and commits, rather than waiting for its roll timer.
+                    t0 = time.monotonic()
+                    with cpu.StackSampler(bench._groups) as sampler:
+                        end = facts_end(m_settings)
+                        writer.terminate()
+                        # Its whole life's CPU from the kernel: /proc loses an exiting process's last ticks.
+                        _, _, usage = os.wait4(writer.pid, 0)
+                        writer.returncode = 0
+                    catch_up, waited = dict(sampler.usage.cpu_s), time.monotonic() - t0
+                    catch_up.pop("archive-writer", None)
+                    writer_cpu_s = usage.ru_utime + usage.ru_stime
+                    if writer_committed(m_settings) != end:
+                        raise RuntimeError("the archive writer stopped before committing every fact")
+                r.usage.cpu_s.pop("archive-writer", None)  # counted whole, from the kernel (writer_cpu_s)
+                rounds.append(Round(mode, r.delivered, dict(r.usage.cpu_s), writes, catch_up, waited, writer_cpu_s,
+                                    r.delivered + warm))
+                say(f"round {i + 1} ({mode}): {r.delivered} deliveries, {r.usage.summary(r.delivered)}"
+                    + (f"; writer caught up {waited:.1f}s after" if mode == "on" else ""))
+
+        # The audit of the hours the phases wrote, as the hourly audit would run it.
+        store = ArchiveStore.from_settings(settings.archive)
+        auditor = Auditor(settings.archive, ks, store)
+        now = int(time.time() * 1000)
+        hours = range(layout.hour_start(now - 2 * 3_600_000), now, layout.HOUR_MS)
+        t_cpu = time.process_time()
+        with cpu.StackSampler(bench._groups) as sampler:
+            outcomes = [auditor.audit(h, now) for h in hours]
+        audit_cpu_s = time.process_time() - t_cpu + sum(sampler.usage.cpu_s.get(g, 0.0)
+                                                        for g in ("cassandra", "s3proxy"))
+        # The facts-off phases' deliveries have no facts: the audit lists them missing, as it should.
+        audited = sum(o.counts.get("listed", 0) for o in outcomes)
+        for o in outcomes:
+            if o.counts.get("listed"):
+                say(f"audit {time.strftime('%H:00Z', time.gmtime(o.hour_ms / 1000))}: {o.state} {o.counts} "
+                    f"{o.detail[:160]}".rstrip())
+        parquet = sum(f.bytes for h in hours for b in layout.ALL_BUCKETS for c in store.commits(h, b)
+                      for f in c.files)
+        records, fact_bytes = facts_bytes(settings)
+
+    offs = [r for r in rounds if r.mode == "off"]
+    ons = [r for r in rounds if r.mode == "on"]
+    archived = sum(r.deliveries for r in ons)
+
+    def avg(rs: list[Round], group: str) -> float:
+        return sum(r.per_delivery(group) for r in rs) / len(rs)
+
+    shares = {g: avg(ons, g) - avg(offs, g) for g in ("taskmanagers", "jobmanager", "kafka", "cassandra")}
+    own = {"archive-writer": sum(r.writer_cpu_s for r in ons) * 1000 / sum(r.writer_deliveries for r in ons),
+           "s3proxy": sum(r.cpu_s.get("s3proxy", 0.0) + r.catch_up_cpu_s.get("s3proxy", 0.0) for r in ons) * 1000
+           / sum(r.writer_deliveries for r in ons)}
+    kafka_catch_up = sum(r.catch_up_cpu_s.get(g, 0.0) for r in ons for g in ("kafka", "cassandra")) * 1000 / archived
+    audit = audit_cpu_s * 1000 / audited if audited else 0.0  # per delivery the audit read
+    x = sum(shares.values()) + sum(own.values()) + kafka_catch_up + audit
+    delivery = sum(r.total_ms for r in offs) / len(offs)
+    writes_off = sum(r.writes for r in offs) / sum(r.deliveries for r in offs)
+    writes_on = sum(r.writes for r in ons) / archived
+    print(f"archive-bench: per archived delivery, ms of CPU: job (TaskManagers on-off)={shares['taskmanagers']:.3f} "
+          f"jobmanager={shares['jobmanager']:.3f} kafka={shares['kafka'] + kafka_catch_up:.3f} "
+          f"cassandra={shares['cassandra']:.3f} writer={own['archive-writer']:.3f} s3proxy={own['s3proxy']:.3f} "
+          f"audit={audit:.3f}; Cassandra writes per delivery off={writes_off:.2f} on={writes_on:.2f}; "
+          f"facts {records} records, {fact_bytes / archived:.0f} B/delivery on Kafka; "
+          f"Parquet {parquet / archived:.0f} B/delivery", flush=True)
+    print(f"archive-bench: archive_cpu_ms_per_delivery={x:.3f} release_hot_bytes_per_delivery=0 "
+          f"delivery_cpu_ms_per_delivery={delivery:.3f} ratio={x / delivery if delivery else float('nan'):.3f} "
+          f"deliveries_off={sum(r.deliveries for r in offs)} deliveries_on={archived} rounds={args.rounds}",
+          flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.archive_sizing", description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=3000, help="events per measured phase")
+    ap.add_argument("--endpoints", type=int, default=10, help="endpoints of the tenant (each event matches all)")
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--body-bytes", type=int, default=raw_http.DEFAULT_BODY_BYTES)
+    ap.add_argument("--warm-events", type=int, default=1000, help="a burst before each measured phase, not counted")
+    ap.add_argument("--rounds", type=int, default=1, help="facts off then on, this many times (averaged)")
+    ap.add_argument("--roll-s", type=float, default=60.0, help="the writer's archive.roll_s for the run")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,9 +1,10 @@
-"""The archive's Parquet schemas, one per kind of row (core/archive_layout.py KINDS).
+"""The archive's Parquet schemas, one per kind of row (core/archive_layout.py KINDS; the facts'
+columns: core/archive_facts.py COLUMNS).
 
 Column names are those of the Cassandra tables (and of core/history_rows.py's reader shape), so
 a row read back from the archive is handed to the same converters as a row read from Cassandra,
 and an operator's SQL over the archive reads like the cqlsh queries in the README. Timestamps
-are UTC milliseconds; ``hour`` (the archive partition) is added to every row for SQL.
+are UTC milliseconds; ``hour`` (the archive partition) is on every row for SQL.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ SCHEMAS: dict[str, pa.Schema] = {
     "events": pa.schema([
         ("event_id", pa.string()), ("tenant_id", pa.string()), ("event_type", pa.string()),
         ("schema_version", pa.string()), ("object_id", pa.string()), ("object_version", pa.int64()),
-        ("occurred_at", _TS), ("ingested_at", _TS), ("arrived_at", _TS),
-        # The immutable bytes every attempt signed, exactly as stored in Cassandra.
+        ("occurred_at", _TS), ("arrived_at", _TS),
+        # The immutable bytes every attempt signed, exactly as the job stored them.
         ("payload", pa.binary()), ("payload_sha256", pa.string()),
-        # What fan-out decided for it (its snapshot): endpoint id -> config version.
-        ("endpoints", pa.map_(pa.string(), pa.int64())),
         ("hour", _TS),
     ]),
     "deliveries": pa.schema([
@@ -33,6 +32,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("created_at", _TS), ("expires_at", _TS), ("status", pa.string()), ("attempt_count", pa.int32()),
         ("next_attempt_at", _TS), ("last_http_status", pa.int32()), ("last_error_class", pa.string()),
         ("auto_retry_active", pa.bool_()), ("updated_at", _TS), ("hour", _TS),
+        # The Cassandra write time of the status cells: the row with the highest is the delivery's state.
+        ("write_ts", pa.int64()),
     ]),
     "attempts": pa.schema([
         ("delivery_id", pa.string()), ("attempt_number", pa.int32()), ("tenant_id", pa.string()),
@@ -41,38 +42,17 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("latency_ms", pa.int32()), ("outcome", pa.string()), ("error_class", pa.string()),
         ("response_sha256", pa.string()), ("response_prefix", pa.string()),
         ("signing_key_versions", pa.list_(pa.int32())), ("manual", pa.bool_()),
-        ("requested_by", pa.string()), ("request_id", pa.string()), ("hour", _TS),
-    ]),
-    "replays": pa.schema([
-        ("delivery_id", pa.string()), ("request_id", pa.string()), ("tenant_id", pa.string()),
-        ("requested_by", pa.string()), ("requested_at", _TS), ("reason", pa.string()), ("action", pa.string()),
-        ("hour", _TS),
+        ("requested_by", pa.string()), ("request_id", pa.string()), ("hour", _TS), ("write_ts", pa.int64()),
     ]),
 }
 
 
-def utc(value: Any) -> datetime | None:
-    """A driver timestamp (naive UTC) or an aware one, as an aware UTC datetime."""
-    if value is None:
-        return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def shape(kind: str, row: Mapping[str, Any], hour: datetime) -> dict[str, Any]:
-    """A Cassandra row (column -> value) as an archive row of ``kind``: its columns, in order."""
-    out: dict[str, Any] = {}
-    for f in SCHEMAS[kind]:
-        v = hour if f.name == "hour" else row.get(f.name)
-        if isinstance(v, datetime):
-            v = utc(v)
-        elif f.name == "payload" and v is not None:
-            v = bytes(v)
-        elif f.name == "signing_key_versions" and v is not None:
-            v = list(v)
-        elif f.name == "endpoints" and v is not None:
-            v = sorted(dict(v).items())
-        out[f.name] = v
-    return out
+def table(kind: str, rows: list[list[Any]]) -> pa.Table:
+    """Facts of one kind, each its values in column order (core/archive_facts.decode_values:
+    timestamps as UTC ms), as an Arrow table."""
+    schema = SCHEMAS[kind]
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
+    return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
 
 
 def naive(row: Mapping[str, Any]) -> dict[str, Any]:

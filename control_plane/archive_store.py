@@ -1,29 +1,27 @@
 """The archive tier's storage: one pyarrow filesystem (a local directory or any S3-compatible
-store) under a root, and the few operations the archiver and the readers need.
+store) under a root, and the few operations the archive writer, the audit and the readers need.
 
 Every byte of archive I/O passes here, through pyarrow's own filesystems: no S3 SDK, and nothing
 downloaded at run time (the query engine gets Arrow tables read here, not URLs).
 
-Publishing is write-then-move: a file is written under a temporary name and moved to its final
-name once closed. Locally that move is a rename (atomic); on S3 it is a server-side copy, which
-makes the object appear whole or not at all. Readers trust only files a manifest lists, and the
-manifest is published last, so a torn or abandoned file is never taken for part of an hour.
+Publishing makes a file appear whole or not at all (:meth:`ArchiveStore.put`): locally it is
+written under a temporary name and renamed; on S3 an upload is atomic by itself. Readers trust
+only files a segment's commit record lists, and the record is published last, so a torn or
+abandoned file is never taken for part of an hour (core/archive_layout.py).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.fs as pafs  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from control_plane.archive_rows import SCHEMAS
 from core import archive_layout as layout
 from core.settings import REPO_ROOT, ArchiveSettings
-
-_CHUNK = 1 << 20
 
 
 class ArchiveUnavailable(Exception):
@@ -56,18 +54,6 @@ class ArchiveStore:
         return uuid.uuid4().hex[:12]
 
     # -- writing ------------------------------------------------------------------------------
-    def parquet_writer(self, tmp: str, schema: pa.Schema) -> pq.ParquetWriter:
-        """A Parquet writer onto ``tmp`` (a temporary name: see :meth:`publish`)."""
-        full = self._abs(tmp)
-        try:
-            if self._local:
-                self.fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
-            # Settings that make the bytes a function of the rows alone: same rows -> same file.
-            return pq.ParquetWriter(full, schema, filesystem=self.fs, compression="zstd", write_statistics=True,
-                                    use_dictionary=True, store_schema=True)
-        except OSError as exc:
-            raise ArchiveUnavailable(f"archive store: cannot write {tmp}: {exc}") from exc
-
     def put_bytes(self, tmp: str, data: bytes) -> None:
         full = self._abs(tmp)
         try:
@@ -78,20 +64,22 @@ class ArchiveStore:
         except OSError as exc:
             raise ArchiveUnavailable(f"archive store: cannot write {tmp}: {exc}") from exc
 
+    def put(self, final: str, data: bytes) -> None:
+        """``data`` under ``final``, whole or not at all: locally written under a temporary name
+        and renamed; on S3 one upload, which makes the object appear only once complete (a
+        temporary object and a server-side copy would triple the requests)."""
+        if self._local:
+            tmp = layout.tmp_path(final, self.new_run_id())
+            self.put_bytes(tmp, data)
+            self.publish(tmp, final)
+        else:
+            self.put_bytes(final, data)
+
     def publish(self, tmp: str, final: str) -> None:
         try:
             self.fs.move(self._abs(tmp), self._abs(final))
         except OSError as exc:
             raise ArchiveUnavailable(f"archive store: cannot publish {final}: {exc}") from exc
-
-    def remove_leftovers(self, prefix: str) -> int:
-        """Delete temporary files a killed run left under ``prefix``; how many."""
-        gone = 0
-        for path in self.files(prefix):
-            if layout.is_tmp(path):
-                self.fs.delete_file(self._abs(path))
-                gone += 1
-        return gone
 
     # -- reading ------------------------------------------------------------------------------
     def files(self, prefix: str) -> list[str]:
@@ -104,6 +92,38 @@ class ArchiveStore:
         cut = len(self.root) + 1
         return sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Size of every file under ``prefix`` (relative paths); empty if it does not exist."""
+        sel = pafs.FileSelector(self._abs(prefix), recursive=True, allow_not_found=True)
+        try:
+            infos = self.fs.get_file_info(sel)
+        except OSError as exc:
+            raise ArchiveUnavailable(f"archive store: cannot list {prefix}: {exc}") from exc
+        cut = len(self.root) + 1
+        return {i.path[cut:]: int(i.size or 0) for i in infos if i.type == pafs.FileType.File}
+
+    def commits(self, hour_ms: int, bucket: int) -> list[layout.Commit]:
+        """The segments committed to one (hour, bucket): the only files a reader trusts."""
+        out = []
+        for path in self.files(layout.segments_prefix(hour_ms, bucket)):
+            if not layout.is_tmp(path) and path.endswith(".json"):
+                raw = self.read_bytes(path)
+                if raw is not None:
+                    out.append(layout.Commit.from_json(raw))
+        return out
+
+    def read_kind(self, hour_ms: int, bucket: int, kind: str, columns: list[str] | None = None,
+                  filters: list[tuple[str, str, object]] | None = None) -> pa.Table:
+        """Every committed row of one kind in one (hour, bucket), unreduced (a fact may be there
+        twice: archive_facts.latest)."""
+        tables = [self.read_table(f.path, columns=columns, filters=filters)
+                  for c in self.commits(hour_ms, bucket) for f in c.files_of(kind)]
+        if not tables:
+            schema = SCHEMAS[kind]
+            return schema.empty_table() if columns is None else pa.schema([schema.field(c)
+                                                                           for c in columns]).empty_table()
+        return pa.concat_tables(tables)
+
     def read_bytes(self, path: str) -> bytes | None:
         try:
             if self.fs.get_file_info(self._abs(path)).type != pafs.FileType.File:
@@ -112,30 +132,6 @@ class ArchiveStore:
                 return bytes(f.read())
         except OSError as exc:
             raise ArchiveUnavailable(f"archive store: cannot read {path}: {exc}") from exc
-
-    def _chunks(self, path: str) -> Iterator[bytes]:
-        with self.fs.open_input_stream(self._abs(path)) as f:
-            while chunk := f.read(_CHUNK):
-                yield bytes(chunk)
-
-    def facts(self, path: str) -> layout.ReadBack:
-        """The file as stored: its checksum and Parquet row count (both None: missing)."""
-        try:
-            if self.fs.get_file_info(self._abs(path)).type != pafs.FileType.File:
-                return layout.ReadBack(path, None, None)
-            digest = layout.sha256_of(self._chunks(path))
-            with self.fs.open_input_file(self._abs(path)) as f:
-                rows = pq.ParquetFile(f).metadata.num_rows
-            return layout.ReadBack(path, digest, rows)
-        except OSError as exc:
-            raise ArchiveUnavailable(f"archive store: cannot read {path}: {exc}") from exc
-
-    def size(self, path: str) -> int:
-        return int(self.fs.get_file_info(self._abs(path)).size or 0)
-
-    def manifest(self, hour_ms: int) -> layout.Manifest | None:
-        raw = self.read_bytes(layout.manifest_path(hour_ms))
-        return None if raw is None else layout.Manifest.from_json(raw)
 
     def read_table(self, path: str, columns: list[str] | None = None,
                    filters: list[tuple[str, str, object]] | None = None) -> pa.Table:

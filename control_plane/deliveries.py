@@ -80,9 +80,9 @@ class DeliveryDeps:
     random_bytes: Callable[[int], bytes]
     cursors: Cursors
     progress_every: int = 25
-    # Writes a delivery the archive holds back to Cassandra (full TTL) before its replay is
-    # queued, the job reads the delivery and its payload there; False: the archive does not hold
-    # it. control_plane/tiered_history.py. None: no archive.
+    # Makes sure the delivery's event (its payload) is in Cassandra before its replay is queued,
+    # written back from the archive if it expired from the hot tier: the job reads the payload
+    # there. False: neither tier holds it. control_plane/tiered_history.py. None: no archive.
     rehydrate: Callable[[str, int], bool] | None = None
     # A tenant's replay windows; None: every delivery replayable for the whole history.
     replay_windows: Callable[[str], Windows] | None = None
@@ -151,12 +151,9 @@ class DeliveryService:
         reason = validation.reason(reason)
         detail = self.get(principal, delivery_id)
         decision = self._check_replayable(principal, detail.summary)
-        # Rehydrated whenever the archive holds it, not only when the read came from there: a
-        # released delivery still reads whole from its short-TTL rows, which may expire before
-        # the job reads them (it would skip the replay, or number attempts from a partial
-        # partition). Reads stay whole whatever lands hot later (control_plane/tiered_history.py).
+        # The payload back in the hot tier if it expired there (the job reads it from Cassandra).
         if not self._rehydrate(delivery_id) and detail.tier == ARCHIVE_TIER:
-            raise FailedPrecondition("the delivery is archived and this server reads no archive")
+            raise FailedPrecondition("the delivery's payload is in neither the hot tier nor the archive")
         given = bool(request_id)
         request_id = request_id or "rpl_" + uuid.UUID(bytes=self._d.random_bytes(16)).hex
         # Audited before it is queued: a replay that reaches the endpoint always has its row. A
@@ -266,7 +263,7 @@ class DeliveryService:
     # -- helpers ----------------------------------------------------------------------------
 
     def _rehydrate(self, delivery_id: str) -> bool:
-        """Bring the delivery back to the hot tier if the archive holds it (see replay)."""
+        """The delivery's payload in the hot tier, from the archive if it expired (see replay)."""
         return self._d.rehydrate is not None and self._d.rehydrate(delivery_id, self._d.now_ms())
 
     def _endpoint(self, principal: Principal, endpoint_id: str, allow_deleted: bool) -> Endpoint:

@@ -3,11 +3,13 @@
     webhookctl history query --tenant t-acme --since 2026-11-01 [--until 2026-11-08] \\
         "SELECT status, count(*) FROM deliveries GROUP BY status"
 
-An operator's tool: it reads the archive itself (WEBHOOKS_ARCHIVE__*, the archiver's settings),
-not through the gRPC API. Tables: ``events`` (with the payload bytes), ``deliveries``,
-``attempts``, ``replays`` -- the columns of control_plane/archive_rows.py, the Cassandra tables'.
+An operator's tool: it reads the archive itself (WEBHOOKS_ARCHIVE__*, the writer's settings),
+not through the gRPC API. Tables: ``events`` (with the payload bytes), ``deliveries`` (each
+delivery's latest state), ``attempts`` -- the columns of control_plane/archive_rows.py, the
+Cassandra tables'. The archive is a log of facts (core/archive_facts.py): each table is reduced to
+one row per key (the highest ``write_ts``) before the SQL sees it.
 
-Scoping: for each hour of the range only the files the hour's manifest lists for the tenant's
+Scoping: for each hour of the range only the files the committed segments list for the tenant's
 bucket are read (pyarrow, through the archive store), only the tenant's rows kept, and the Arrow
 tables handed to an in-memory duckdb whose file system access is off and locked: the SQL cannot
 name a file, another tenant's partition or a URL, and nothing (no extension) is ever downloaded.
@@ -28,6 +30,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from control_plane.archive_rows import SCHEMAS
 from control_plane.archive_store import ArchiveStore, ArchiveUnavailable
+from core import archive_facts
 from core import archive_layout as layout
 from core.settings import Settings
 
@@ -41,17 +44,21 @@ class QueryRefused(Exception):
 
 
 def tenant_tables(store: ArchiveStore, tenant_id: str, since_ms: int, until_ms: int) -> dict[str, pa.Table]:
-    """The tenant's archived rows of the hours in [since, until), by kind."""
+    """The tenant's archived facts of the hours in [since, until), by kind (not reduced)."""
     parts: dict[str, list[pa.Table]] = {k: [] for k in layout.KINDS}
     bucket = layout.tenant_bucket(tenant_id)
     for hour in range(layout.hour_start(since_ms), until_ms, layout.HOUR_MS):
-        manifest = store.manifest(hour)
-        if manifest is None:
-            continue
         for kind in layout.KINDS:
-            for f in manifest.files_of(bucket, kind):
-                parts[kind].append(store.read_table(f.path, filters=[("tenant_id", "=", tenant_id)]))
+            parts[kind].append(store.read_kind(hour, bucket, kind, filters=[("tenant_id", "=", tenant_id)]))
     return {k: pa.concat_tables(ts) if ts else SCHEMAS[k].empty_table() for k, ts in parts.items()}
+
+
+def _reduced(kind: str) -> str:
+    """The view of one kind: one row per key, the latest fact (core/archive_facts.latest)."""
+    keys = ", ".join(archive_facts.KEYS[kind])
+    order = "write_ts DESC" if "write_ts" in SCHEMAS[kind].names else "hour"
+    return (f"CREATE TEMP VIEW {kind} AS SELECT * EXCLUDE (_n) FROM (SELECT *, row_number() OVER"
+            f" (PARTITION BY {keys} ORDER BY {order}) AS _n FROM _facts_{kind}) WHERE _n = 1")
 
 
 Result = tuple[list[str], list[tuple[Any, ...]]]
@@ -67,7 +74,8 @@ def run_query(store: ArchiveStore, tenant_id: str, since_ms: int, until_ms: int,
     con = duckdb.connect(":memory:", config=_LOCKED)
     try:
         for kind, table in tables.items():
-            con.register(kind, table)
+            con.register(f"_facts_{kind}", table)
+            con.execute(_reduced(kind))
         rel = con.sql(sql)
         return [d[0] for d in rel.description], rel.fetchall()
     finally:

@@ -5,8 +5,8 @@ Reads, for events that *arrived* on the events topic in ``[since, until)`` (brok
 the topic itself (offsets by time, every partition, parsed like the job parses), the fan-out
 snapshots (hour x bucket range queries), and per expected delivery its ``delivery_history``
 partition (the delivery and its attempts; the old ``deliveries`` / ``attempts`` rows for one
-written before that table: core/history_rows.py; the archive for one whose hour the archiver
-released: control_plane/tiered_history.py), plus the dispatcher's endpoint backlog reports.
+written before that table: core/history_rows.py; the archive for attempts that expired from the
+hot tier: control_plane/tiered_history.py), plus the dispatcher's endpoint backlog reports.
 Cost grows with the window (about one point read per delivery, run concurrently): it is a
 tool for a window of minutes to hours, run by an operator or every few minutes over the last
 hour; a day of the brief's peak belongs in a batch job over the same tables.
@@ -40,7 +40,7 @@ from control_plane.archive_store import ArchiveStore
 from control_plane.errors import InvalidArgument
 from control_plane.publisher import Publisher
 from control_plane.store import EndpointStore
-from control_plane.tiered_history import ArchivedDeliveries, whole
+from control_plane.tiered_history import ArchivedAttempts, whole
 from core import fanout, history_rows
 from core import reconcile as rc
 from core.history_buckets import bucket_of
@@ -122,8 +122,8 @@ class Reconciler:
         self._q_old_attempts = p(history_rows.SELECT_OLD_ATTEMPTS)
         self._q_pins: PreparedStatement | None = None
         self._q_backlog = p("SELECT endpoint_id, pending, reported_at FROM endpoint_backlogs WHERE endpoint_id=?")
-        # Deliveries whose hour the archiver released are read from the archive (their pointer rows).
-        self._archived = ArchivedDeliveries(session, ArchiveStore.from_settings(settings.archive))
+        # Attempts that expired from the hot tier are read from the archive (control_plane/tiered_history.py).
+        self._archived = ArchivedAttempts(ArchiveStore.from_settings(settings.archive))
         self._q_event = p(
             "SELECT event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at,"
             " payload FROM events WHERE event_id=?")
@@ -268,13 +268,13 @@ class Reconciler:
         old_attempts = self._many(self._q_old_attempts, older)
         for did in older:
             out[did] = history_rows.merge(*out[did], old_rows[did], old_attempts[did])
-        # Missing or partial (a replay of a released delivery outlives its released rows): the
-        # archive's rows under the hot ones, as TieredHistory reads them.
-        partial = [did for did, (row, attempts) in out.items()
-                   if not whole(row is not None and row["event_id"] is not None,
-                                (a["attempt_number"] for a in attempts))]
-        for did, (_, _, row, attempts, _) in self._archived.find(partial).items():
-            out[did] = history_rows.merge(*out[did], row, attempts)
+        # Partial (attempts expired with the hot TTL): the archive's under the hot ones, as
+        # TieredHistory reads them.
+        partial = {did: row for did, (row, attempts) in out.items()
+                   if row is not None and not whole(row["event_id"] is not None,
+                                                    (a["attempt_number"] for a in attempts), row["attempt_count"] or 0)}
+        for did, attempts in self._archived.find(partial).items():
+            out[did] = history_rows.merge(*out[did], None, attempts)
         return out
 
     # -- repairing -----------------------------------------------------------------------------------

@@ -189,8 +189,7 @@ def build(
         )
     )
     cursors = Cursors.from_keyring(keyring)
-    history = TieredHistory(store, session, ArchiveStore.from_settings(settings.archive),
-                            settings.cassandra.history_ttl_s)
+    history = TieredHistory(store, session, ArchiveStore.from_settings(settings.archive), settings.archive.hot_ttl_s)
     deliveries = DeliveryService(
         DeliveryDeps(endpoints=store, history=history, publisher=publisher, now_ms=now_ms,
                      random_bytes=os.urandom, cursors=cursors, rehydrate=history.rehydrate,

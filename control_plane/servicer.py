@@ -403,8 +403,8 @@ class ControlPlaneServicer(rpc.ControlPlaneServicer):
             request.page_size,
             request.cursor,
         )
-        # The endpoint index a list reads stays in Cassandra for the whole window (the archiver
-        # does not release it: control_plane/archiver.py), so Cassandra answers every list.
+        # The endpoint index a list reads stays in Cassandra for the whole window (only attempts
+        # and events expire early: docs/archive.md), so Cassandra answers every list.
         return pb.ListDeliveriesResponse(
             deliveries=[summary_pb(d) for d in page.items], next_cursor=page.next_cursor, tier="hot"
         )

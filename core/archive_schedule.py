@@ -1,11 +1,11 @@
-"""When the archiver runs by itself (``python -m control_plane.archiver --every 3600``): at each
+"""When the archive audit runs by itself (``python -m control_plane.archive_audit --every 3600``): at each
 boundary of its period plus a margin, without cron.
 
 Boundaries are counted from the epoch, so ``--every 3600`` runs at the top of each UTC hour plus
-the margin -- the moment an hour closes -- whenever the process started, and several archiver
-processes (shards) wake together. The margin lets the hour's last writes (batched by the job)
-land first. Nothing is owed for a missed boundary: each run archives every closed hour not yet
-released, so a run that failed or was skipped is made up by the next. Pure: the clock, the
+the margin -- the moment an hour closes -- whenever the process started, and several
+processes wake together. The margin lets the hour's last writes (batched by the job)
+land first. Nothing is owed for a missed boundary: each run audits every hour due not yet
+audited, so a run that failed or was skipped is made up by the next. Pure: the clock, the
 waiting and the run are passed in (tests/unit/test_archive_schedule.py).
 """
 
@@ -52,4 +52,4 @@ class Schedule:
                 self._run()
             except Exception:  # noqa: BLE001 -- one failed run must not end the schedule; the next one retries
                 self.failures += 1
-                log.exception("archiver run %d failed; the next run at the next boundary retries", self.runs)
+                log.exception("archive audit run %d failed; the next run at the next boundary retries", self.runs)

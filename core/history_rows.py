@@ -25,7 +25,7 @@ SELECT_OLD_ATTEMPTS = "SELECT * FROM attempts WHERE delivery_id=?"
 DELIVERY_COLUMNS = (
     "delivery_id", "event_id", "tenant_id", "endpoint_id", "endpoint_config_version", "event_type",
     "created_at", "expires_at", "status", "attempt_count", "next_attempt_at", "last_http_status",
-    "last_error_class", "auto_retry_active", "updated_at")
+    "last_error_class", "auto_retry_active", "updated_at", "last_attempt_number")
 ATTEMPT_COLUMNS = (
     "delivery_id", "attempt_number", "attempt_id", "endpoint_id", "endpoint_config_version", "url",
     "started_at", "finished_at", "http_status", "latency_ms", "outcome", "error_class",

@@ -34,6 +34,9 @@ class KafkaSettings(BaseModel):
     replays_topic: str = "webhooks.replays"
     dlq_topic: str = "webhooks.events.dlq"
     signals_topic: str = "webhooks.endpoint-signals"
+    # The delivery job's history facts for the archive (core/archive_facts.py).
+    archive_facts_topic: str = "webhooks.archive.facts"
+    archive_facts_retention_ms: int = Field(default=7 * 24 * 3600 * 1000, gt=0)
     consumer_group: str = "webhooks-delivery-job"
     # Partitions for the event topics when the scripts create them; a real cluster sets its own.
     partitions: int = Field(default=4, ge=1)
@@ -413,6 +416,20 @@ class Settings(BaseSettings):
         if cp.tls_cert_file is None:
             problems.append("control_plane.tls_cert_file/tls_key_file are unset (the gRPC API would be plaintext)")
         return problems
+
+    @model_validator(mode="after")
+    def _archive_budget(self) -> Settings:
+        a = self.archive
+        if a.stream and a.hot_ttl_s > self.cassandra.history_ttl_s:
+            raise ValueError(f"archive.hot_ttl_s ({a.hot_ttl_s}) exceeds cassandra.history_ttl_s")
+        if a.stream and self.kafka.archive_facts_retention_ms < a.hot_ttl_s * 1000:
+            raise ValueError(f"kafka.archive_facts_retention_ms ({self.kafka.archive_facts_retention_ms}) is shorter"
+                             f" than archive.hot_ttl_s ({a.hot_ttl_s} s): facts the writer has not archived would"
+                             " leave Kafka while their hot rows still stand in for them")
+        if a.stream and a.hot_ttl_s <= self.dispatch.retry_deadline_s:
+            raise ValueError("archive.hot_ttl_s must exceed dispatch.retry_deadline_s: a delivery's attempts"
+                             " stay hot while it may still be retried")
+        return self
 
     @model_validator(mode="after")
     def _timeouts_consistent(self) -> Settings:

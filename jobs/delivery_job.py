@@ -29,7 +29,7 @@ from pyflink.table import StreamTableEnvironment
 from core.settings import Settings, for_taskmanagers, load_settings_or_exit
 from jobs import uids
 from operators.dispatch_input import DISPATCH_INPUT
-from operators.dispatcher import Dispatcher, key_config
+from operators.dispatcher import ARCHIVE_FACTS, Dispatcher, key_config
 from operators.endpoint_configs import ENDPOINT_CONFIGS, ParseEndpointRecord
 from operators.fanout import FanOut
 from operators.keyed import KEYED_RECORD
@@ -102,19 +102,27 @@ def _one_subtask(j_transformation: Any) -> None:
         _one_subtask(j_input)
 
 
-def _string_sink(settings: Settings, topic: str) -> KafkaSink:
+def _string_sink(settings: Settings, topic: str, properties: dict[str, str] | None = None) -> KafkaSink:
     # At-least-once: flushed on every checkpoint, so nothing acknowledged by a checkpoint is lost.
-    return (KafkaSink.builder()
-            .set_bootstrap_servers(settings.kafka.bootstrap_servers)
-            .set_record_serializer(KafkaRecordSerializationSchema.builder()
-                                   .set_topic(topic).set_value_serialization_schema(RAW).build())
-            .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
-            # What every producer of the platform uses (the Kafka client's own default, stated
-            # here): a write is acknowledged once min.insync.replicas replicas have it, and the
-            # producer's retries neither duplicate nor reorder.
-            .set_property("acks", "all")
-            .set_property("enable.idempotence", "true")
-            .build())
+    builder = (KafkaSink.builder()
+               .set_bootstrap_servers(settings.kafka.bootstrap_servers)
+               .set_record_serializer(KafkaRecordSerializationSchema.builder()
+                                      .set_topic(topic).set_value_serialization_schema(RAW).build())
+               .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
+               # What every producer of the platform uses (the Kafka client's own default, stated
+               # here): a write is acknowledged once min.insync.replicas replicas have it, and the
+               # producer's retries neither duplicate nor reorder.
+               .set_property("acks", "all")
+               .set_property("enable.idempotence", "true"))
+    for key, value in (properties or {}).items():
+        builder = builder.set_property(key, value)
+    return builder.build()
+
+
+# The archive facts: nobody waits for them (the writer rolls every archive.roll_s), so they
+# travel in few large, compressed produce requests -- the broker's cost is per request and byte,
+# and a batch the producer compressed is stored as it is.
+ARCHIVE_FACTS_PRODUCER = {"linger.ms": "200", "batch.size": str(1 << 20)}
 
 
 def keyed_by_first_field(stream: DataStream, key_type: TypeInformation, value_type: TypeInformation) -> KeyedStream:
@@ -175,6 +183,12 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                .process(Dispatcher(for_taskmanagers(settings)), Types.STRING())
                .uid(uids.DISPATCH).name("dispatch (per endpoint)"))
     signals.sink_to(_string_sink(settings, k.signals_topic)).uid(uids.SIGNALS_SINK).name("Kafka: " + k.signals_topic)
+    if settings.archive.stream:
+        # The history's facts for the archive writer (control_plane/archive_writer.py), flushed on
+        # every checkpoint like the signals: what a checkpoint acknowledges is in Kafka.
+        (signals.get_side_output(ARCHIVE_FACTS)
+         .sink_to(_string_sink(settings, k.archive_facts_topic, ARCHIVE_FACTS_PRODUCER))
+         .uid(uids.ARCHIVE_FACTS_SINK).name("Kafka: " + k.archive_facts_topic))
 
 
 def make_env(settings: Settings) -> StreamExecutionEnvironment:

@@ -31,10 +31,12 @@ from collections import Counter, OrderedDict
 from dataclasses import replace
 from typing import Any
 
+from pyflink.common.typeinfo import Types
+from pyflink.datastream import OutputTag
 from pyflink.datastream.functions import KeyedProcessFunction, RuntimeContext
 
+from core import archive_facts, dispatch, replay_policy, telemetry
 from core import breaker as brk
-from core import dispatch, replay_policy, telemetry
 from core import endpoint_health as health
 from core.catch_up import CatchUp
 from core.egress import EgressPolicy
@@ -75,6 +77,11 @@ from operators.wakes import Wakes
 from operators.write_batcher import Completion
 
 log = logging.getLogger(__name__)
+
+# The history facts of each call (core/archive_facts.py), one record per call that wrote any:
+# a record crossing from Python to the JVM costs about as much as a few facts' encoding.
+ARCHIVE_FACTS = OutputTag("archive-facts", Types.STRING())
+
 
 # How often the endpoints this operator holds deliveries for are reported (endpoint_backlogs,
 # with their breaker and oldest ages: core/endpoint_health.py). A breaker's change is reported at once.
@@ -182,7 +189,9 @@ class Dispatcher(KeyedProcessFunction):
         from operators.http_sender import HttpSender
 
         self._sender = Sender(s.dispatch, self._rt.call(HttpSender.create(s.dispatch, policy)), s.master_keyring())
-        self._history = CassandraHistory(s.cassandra)
+        self._facts: list[archive_facts.Fact] | None = [] if s.archive.stream else None
+        self._history = CassandraHistory(s.cassandra, s.archive.hot_ttl_s if s.archive.stream else None,
+                                         self._facts)
         self._next_backlog_report = 0
         self._reported: set[str] = set()  # endpoints last reported holding deliveries
         self._breakers_reported: dict[str, brk.CircuitState] = {}  # endpoint -> breaker in its last row
@@ -216,6 +225,24 @@ class Dispatcher(KeyedProcessFunction):
 
     # -- inputs ----------------------------------------------------------------------------------
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context):  # type: ignore[override]
+        yield from self._element(value, ctx)
+        yield from self._facts_out()
+
+    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):  # type: ignore[override]
+        yield from self._timer(timestamp, ctx)
+        yield from self._facts_out()
+
+    def _facts_out(self):  # type: ignore[no-untyped-def]
+        """The archive facts of the writes this call started, as one record. Emitted in the call
+        that started the writes, so before any checkpoint barrier that follows them: a restore
+        never loses a fact whose write it does not redo."""
+        facts = self._facts
+        if facts:
+            # Latin-1: one char per byte, which the sink's ISO-8859-1 schema turns back into the same bytes.
+            yield ARCHIVE_FACTS, archive_facts.encode(facts).decode("latin-1")
+            facts.clear()
+
+    def _element(self, value: Any, ctx: KeyedProcessFunction.Context):  # type: ignore[no-untyped-def]
         endpoint_id, (kind, item) = value
         now = ctx.timer_service().current_processing_time()
         if kind == SNAPSHOT:  # its own key: no endpoint is touched
@@ -278,7 +305,7 @@ class Dispatcher(KeyedProcessFunction):
         self._payloads.put(d.event.event_id, d.event.payload)
         return drv.add_new(d, now, recheck=recheck)
 
-    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):  # type: ignore[override]
+    def _timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):  # type: ignore[no-untyped-def]
         key = ctx.get_current_key()
         if key.startswith(SNAPSHOT_KEY_PREFIX):
             self._snapshots.on_timer(key, ctx, ctx.timer_service().current_processing_time())

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from dataclasses import replace
 from typing import Any
 
 from cassandra import ConsistencyLevel
@@ -40,7 +39,7 @@ from cassandra.policies import (
 )
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
-from core import history_rows
+from core import archive_facts, history_rows
 from core.dispatch import FINAL_STATUSES, AttemptRecord, DurableRecord, Intent
 from core.endpoint_health import EndpointReport
 from core.fanout import FanoutSnapshot, NewDelivery
@@ -84,8 +83,15 @@ def status_write_ts(status: str, at_ms: int) -> int:
 
 
 class CassandraHistory:
-    def __init__(self, settings: CassandraSettings) -> None:
+    """``hot_ttl_s``: how long the rows the archive keeps (events, attempts) live here; None: the
+    whole history window (no archive). ``facts``: a list the archive facts of every write are
+    appended to (core/archive_facts.py), taken by the dispatcher after each pass; None: none."""
+
+    def __init__(self, settings: CassandraSettings, hot_ttl_s: int | None = None,
+                 facts: list[archive_facts.Fact] | None = None) -> None:
         self._settings = settings
+        self._hot_ttl_s = hot_ttl_s or settings.history_ttl_s
+        self.facts = facts
         profile = ExecutionProfile(
             load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
             consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
@@ -127,6 +133,7 @@ class CassandraHistory:
         self._insert_event = p(
             "INSERT INTO events (event_id, tenant_id, event_type, schema_version, object_id, object_version,"
             " occurred_at, payload, payload_sha256, ingested_at) VALUES (?,?,?,?,?,?,?,?,?,?) USING TIMESTAMP ?"
+            " AND TTL ?"
         )
         # The delivery's creation cells and its first request's reserved attempt row: one
         # statement, one partition (cassandra/schema/012_delivery_history.cql).
@@ -142,13 +149,13 @@ class CassandraHistory:
         )
         self._reserve_attempt = p(
             "INSERT INTO delivery_history (delivery_id, attempt_number, attempt_id, config_version, started_at,"
-            " outcome) VALUES (?,?,?,?,?,'reserved') USING TIMESTAMP ?"
+            " outcome) VALUES (?,?,?,?,?,'reserved') USING TIMESTAMP ? AND TTL ?"
         )
         self._insert_attempt = p(
             "INSERT INTO delivery_history (delivery_id, attempt_number, attempt_id, config_version,"
             " url, started_at, finished_at, http_status, latency_ms, outcome, error_class, response_sha256,"
             " response_prefix, signing_key_versions, manual, requested_by, request_id)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) USING TIMESTAMP ?"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) USING TIMESTAMP ? AND TTL ?"
         )
         self._insert_attempt_by_endpoint = p(
             "INSERT INTO endpoint_attempts (endpoint_id, hour, bucket, started_at, delivery_id, attempt_number,"
@@ -158,6 +165,8 @@ class CassandraHistory:
             "UPDATE delivery_history USING TIMESTAMP ? SET status=?, attempt_count=?, next_attempt_at=?,"
             " last_http_status=?, last_error_class=?, auto_retry_active=?, updated_at=? WHERE delivery_id=?"
         )
+        self._update_last_number = p(
+            "UPDATE delivery_history USING TIMESTAMP ? SET last_attempt_number=? WHERE delivery_id=?")
         self._update_by_endpoint = p(
             "UPDATE endpoint_deliveries USING TIMESTAMP ? SET status=?, attempt_count=?, last_http_status=?,"
             " updated_at=? WHERE tenant_id=? AND endpoint_id=? AND day=? AND bucket=? AND created_at=?"
@@ -199,9 +208,6 @@ class CassandraHistory:
             "DELETE FROM blocked_ordering_keys USING TIMESTAMP ?"
             " WHERE tenant_id=? AND endpoint_id=? AND bucket=? AND ordering_key=?"
         )
-        self._select_archived = p(
-            "SELECT status, attempt_count, next_attempt_at, auto_retry_active, last_attempt_number"
-            " FROM archived_deliveries WHERE delivery_id=?")
         # A replay the job refused (its window closed before the job read it): a row of the
         # request audit beside the request's own, action 'refused' (cassandra/schema/006, 010).
         self._insert_refusal = p(
@@ -236,11 +242,15 @@ class CassandraHistory:
             (self._insert_by_endpoint, (d.tenant_id, d.endpoint_id, _day(d.created_at_ms), bucket_of(d.delivery_id),
                                         created, d.delivery_id, e.event_id, e.event_type, wts)),
         ]
+        if self.facts is not None:
+            self.facts.append(archive_facts.created_fact(d, wts))
+            if write_event:
+                self.facts.append(archive_facts.event_fact(e, created))
         if not write_event:
             return self._batcher.add(statements)
         event = (self._insert_event, (
             e.event_id, e.tenant_id, e.event_type, e.schema_version, e.object_id, e.object_version,
-            e.occurred_at_ms, e.payload, e.payload_sha256, created, wts))
+            e.occurred_at_ms, e.payload, e.payload_sha256, created, wts, self._hot_ttl_s))
         if len(e.payload) <= self._settings.history_batch_inline_payload_bytes:
             return self._batcher.add([*statements, event])
         alone = BatchCompletion()
@@ -261,6 +271,8 @@ class CassandraHistory:
             statements.append((self._insert_skipped_by_endpoint, (
                 s.tenant_id, k.endpoint_id, _day(at), bucket_of(k.delivery_id), at, k.delivery_id, s.event_id,
                 k.event_type, at, wts)))
+        if self.facts is not None and s.skipped:
+            self.facts.extend(archive_facts.skipped_facts(s, wts))
         return self._batcher.add(statements)
 
     def report_backlog(self, r: EndpointReport) -> Completion:
@@ -283,7 +295,7 @@ class CassandraHistory:
 
     def _reserved(self, d: NewDelivery, intent: Intent, at_ms: int) -> Statement:
         return (self._reserve_attempt, (d.delivery_id, intent.number, intent.attempt_id,
-                                        d.endpoint_config_version, at_ms, at_ms * 1000))
+                                        d.endpoint_config_version, at_ms, at_ms * 1000, self._hot_ttl_s))
 
     def record(self, d: NewDelivery, r: AttemptRecord, attempt_count: int,
                next_intent: Intent | None, key_row: KeyRowChange | None = None) -> Completion:
@@ -292,14 +304,22 @@ class CassandraHistory:
         another is owed, and, for an ordering key's head, its key's row in blocked_ordering_keys."""
         now = r.finished_at_ms
         statements: list[Statement] = []
+        facts = self.facts
         if r.intent is not None:
-            # A record that sent nothing knows no URL or config version: keep the reservation's.
+            attempt_wts = r.finished_at_ms * 1000 + BAND_US
+            # A record that sent nothing knows no URL or config version: keep the reservation's
+            # (the delivery's). Every cell the reservation wrote is written again, so none of
+            # them outlives the attempt's hot TTL.
             statements.append((self._insert_attempt, (
                 d.delivery_id, r.intent.number, r.intent.attempt_id,
-                r.endpoint_config_version or UNSET_VALUE, r.url or UNSET_VALUE, r.started_at_ms, now,
+                r.endpoint_config_version or d.endpoint_config_version, r.url or UNSET_VALUE, r.started_at_ms, now,
                 r.http_status, r.latency_ms, r.outcome, r.error_class, r.response_sha256, r.response_prefix,
                 list(r.signing_key_versions), r.manual, r.requested_by, r.request_id,
-                r.finished_at_ms * 1000 + BAND_US)))
+                attempt_wts, self._hot_ttl_s)))
+            # On the delivery's row, which outlives the attempt rows (022_last_attempt_number.cql).
+            statements.append((self._update_last_number, (attempt_wts, r.intent.number, d.delivery_id)))
+            if facts is not None:
+                facts.append(archive_facts.attempt_fact(d, r, attempt_wts))
             # The hour index is of requests that did not succeed ("this endpoint's failures in
             # the last hour"); a success is found by its delivery, and a row not sent only there.
             if r.sent and r.outcome != "succeeded":
@@ -315,6 +335,8 @@ class CassandraHistory:
             statements.append((self._update_by_endpoint, (
                 wts, r.delivery_status, attempt_count, r.http_status, now, d.tenant_id, d.endpoint_id,
                 _day(d.created_at_ms), bucket_of(d.delivery_id), d.created_at_ms, d.delivery_id)))
+            if facts is not None:
+                facts.append(archive_facts.status_fact(d, r, attempt_count, wts))
         if next_intent is not None:
             statements.append(self._reserved(d, next_intent, r.finished_at_ms))
         if key_row is not None:
@@ -371,15 +393,11 @@ class CassandraHistory:
         return delivery, attempts
 
     async def check(self, delivery_id: str) -> DurableRecord:
-        """The delivery as Cassandra has it: status None when no delivery row exists. A delivery
-        the archiver released has none once its released rows expired; fan-out may create it again
-        (the events topic read again, an old savepoint), and it must not go out a second time:
-        its archive pointer says what it was (control_plane/archive_release.py)."""
+        """The delivery as Cassandra has it: status None when no delivery row exists. Its row (the
+        creation and status cells) lives the whole history window, also once its attempt rows
+        expired with the hot TTL (the archive holds them): a delivery fan-out creates again (the
+        events topic read again, an old savepoint) finds it final and does not send it twice."""
         delivery, attempts = await self._read(delivery_id)
-        if delivery is None:
-            pointer = await self._run(self._select_archived, (delivery_id,))
-            if pointer:
-                return _archived(pointer[0], attempts)
         return _durable(delivery, attempts)
 
     async def load_payload(self, event_id: str) -> bytes:
@@ -437,20 +455,9 @@ def _durable(row: dict[str, Any] | None, attempts: list[dict[str, Any]]) -> Dura
         status=status, attempt_count=row["attempt_count"] or 0,
         next_attempt_at_ms=None if row["next_attempt_at"] is None else _ms(row["next_attempt_at"]),
         auto_retry_active=row["auto_retry_active"] is not False and status not in FINAL_STATUSES,
-        max_attempt_number=max_number)
-
-
-def _archived(pointer: Any, attempts: list[dict[str, Any]]) -> DurableRecord:
-    """A released delivery from its archive pointer (and any attempt rows written hot since). A
-    pointer written before it carried the delivery's facts gives no status: the delivery was at
-    least the archiver's archive_after old when released, past any retry, and counts as expired."""
-    if pointer.status is None:
-        return DurableRecord(status="expired", auto_retry_active=False,
-                             max_attempt_number=history_rows.top_attempt_number(attempts))
-    record = _durable({"status": pointer.status, "attempt_count": pointer.attempt_count,
-                       "next_attempt_at": pointer.next_attempt_at, "auto_retry_active": pointer.auto_retry_active},
-                      attempts)
-    return replace(record, max_attempt_number=max(record.max_attempt_number, pointer.last_attempt_number or 0))
+        # Attempt rows expire before the delivery's row (the hot TTL), which keeps the highest
+        # number used and the count of automatic attempts: no number is used twice.
+        max_attempt_number=max(max_number, row.get("last_attempt_number") or 0, row["attempt_count"] or 0))
 
 
 def _ms(value: dt.datetime | None) -> int:

@@ -4,7 +4,7 @@
 source "$(dirname "$0")/lib.sh"
 "$REPO/stack/job.sh" cancel-all || true
 stop_part receiver 5
-"$REPO/stack/archiver.sh" stop
+"$REPO/stack/archive.sh" stop
 "$REPO/stack/control_plane.sh" stop  # every replica
 "$REPO/stack/flink.sh" stop  # every TaskManager (also those `flink.sh add-tm` added), then the JobManager
 "$REPO/stack/connect.sh" stop

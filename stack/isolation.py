@@ -28,6 +28,7 @@ def isolated_env(run: str, own_keyspace: bool = False) -> dict[str, str]:
         "WEBHOOKS_KAFKA__REPLAYS_TOPIC": f"webhooks.replays.{run}",
         "WEBHOOKS_KAFKA__DLQ_TOPIC": f"webhooks.events.dlq.{run}",
         "WEBHOOKS_KAFKA__SIGNALS_TOPIC": f"webhooks.endpoint-signals.{run}",
+        "WEBHOOKS_KAFKA__ARCHIVE_FACTS_TOPIC": f"webhooks.archive.facts.{run}",
         "WEBHOOKS_KAFKA__CONSUMER_GROUP": f"webhooks-{run}",
         "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-{run}",
         # /metrics on 9464 is the stack's control plane's; a run's own one serves none.
@@ -47,8 +48,8 @@ def harness_cluster(settings: Settings) -> Cluster:
     # loaded single node missed right after the suite had dropped a keyspace (a CI run failed the
     # setup of test_slot_wait with OperationTimedOut while Cassandra was up).
     # Reads and writes at the settings' consistency, as the job and the control plane do: the
-    # archiver reads, verifies and releases hours through this driver, and at the driver's default
-    # (LOCAL_ONE) a replica that missed a quorum write could leave rows out of an archive.
+    # archive audit counts an hour through this driver, and at the driver's default (LOCAL_ONE) a
+    # replica that missed a quorum write would report a gap that is not there.
     profile = ExecutionProfile(load_balancing_policy=DCAwareRoundRobinPolicy(local_dc=c.local_dc),
                                consistency_level=ConsistencyLevel.name_to_value[c.consistency],
                                serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL)

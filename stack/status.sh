@@ -16,7 +16,8 @@ for part in $parts; do
     done
   fi
 done
-show archiver  # started by make run, not make up (stack/archiver.sh)
+show archive-writer  # started by make run, not make up (stack/archive.sh)
+show archive-audit
 if running control-plane && [ -f "$RUN/control-plane/local-receivers" ]; then  # stack/local_receivers.sh
   printf '  \033[33m%-14s %s\033[0m\n' "egress" "LOCAL_RECEIVERS on: 127.0.0.1 reachable despite the SSRF policy (development only)"
 fi

@@ -39,6 +39,11 @@ def topic_specs(k: KafkaSettings) -> list[NewTopic]:
         NewTopic(k.signals_topic, num_partitions=1, replication_factor=rf, config=durable),
         NewTopic(k.dlq_topic, num_partitions=1, replication_factor=rf,
                  config={**durable, "retention.ms": str(30 * 24 * 3600 * 1000)}),
+        # The archive's source of truth until the writer commits (docs/archive.md): kept at
+        # least as long as the hot rows (archive.hot_ttl_s, checked by the settings), so an
+        # archive outage within that budget loses nothing.
+        NewTopic(k.archive_facts_topic, num_partitions=k.partitions, replication_factor=rf,
+                 config={**durable, "retention.ms": str(k.archive_facts_retention_ms)}),
     ]
 
 

@@ -107,7 +107,7 @@ def job_env(receiver: Receiver, certs: Path, listen_port: int) -> dict[str, str]
         "WEBHOOKS_DISPATCH__PAGE_SIZE": "16",
         "WEBHOOKS_FLINK__CHECKPOINT_INTERVAL_MS": "2000",
         "WEBHOOKS_CONTROL_PLANE__CONFIG_CLOCK_INTERVAL_MS": "100",
-        # The archive tier's store (control_plane/archiver.py): this session's own directory.
+        # The archive tier's store (docs/archive.md): this session's own directory.
         "WEBHOOKS_ARCHIVE__URI": str(RUN / f"archive-{RUN_ID}"),
     }
 

@@ -1,7 +1,8 @@
-"""The archive's layout, manifest and verification verdict (core/archive_layout.py)."""
+"""The archive's layout, segment commit records and the audit's verdict (core/archive_layout.py)."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 
 import pytest
@@ -12,23 +13,24 @@ H = int(datetime(2026, 11, 29, 19, tzinfo=UTC).timestamp() * 1000)
 DAY = 86_400_000
 
 
-def entry(path: str, kind: str = "deliveries", rows: int = 2, sha: str = "a" * 64, lo: str = "d1",
-          hi: str = "d2", bucket: int = 3) -> layout.FileEntry:
-    return layout.FileEntry(path=path, kind=kind, bucket=bucket, rows=rows, bytes=100, sha256=sha, min_id=lo,
-                            max_id=hi)
-
-
-def test_paths_are_hive_partitions_by_date_hour_and_tenant_bucket():
-    assert layout.data_path(H, 7, "events") == "date=2026-11-29/hour=19/tenant_bucket=07/events.parquet"
-    assert layout.manifest_path(H) == "date=2026-11-29/hour=19/manifest.json"
+def test_paths_are_hive_partitions_by_date_hour_and_tenant_bucket_named_by_segment():
+    seg = layout.segment_id({0: (100, 199), 3: (7, 9)})
+    assert layout.data_path(H, 7, "events", seg) == f"date=2026-11-29/hour=19/tenant_bucket=07/events-{seg}.parquet"
+    assert layout.commit_path(H, 7, seg) == f"date=2026-11-29/hour=19/tenant_bucket=07/_segments/{seg}.json"
     with pytest.raises(ValueError):
-        layout.data_path(H, 7, "payloads")
+        layout.data_path(H, 7, "payloads", seg)
+
+
+def test_a_segment_is_named_by_its_offsets_alone():
+    assert layout.segment_id({3: (7, 9), 0: (100, 199)}) == layout.segment_id({0: (100, 199), 3: (7, 9)})
+    assert layout.segment_id({0: (100, 199)}) != layout.segment_id({0: (100, 200)})
+    assert len(layout.segment_id({0: (0, 0)})) == 20
 
 
 @pytest.mark.parametrize("path, tmp", [
-    ("date=2026-11-29/hour=19/tenant_bucket=07/events.parquet", False),
-    ("date=2026-11-29/hour=19/tenant_bucket=07/events.parquet.tmp-ab12", True),
-    ("date=2026-11-29/hour=19/manifest.json.tmp-x", True),
+    ("date=2026-11-29/hour=19/tenant_bucket=07/events-abc.parquet", False),
+    ("date=2026-11-29/hour=19/tenant_bucket=07/events-abc.parquet.tmp-ab12", True),
+    ("date=2026-11-29/hour=19/tenant_bucket=07/_segments/abc.json.tmp-x", True),
 ])
 def test_temporary_names_are_recognised(path, tmp):
     assert layout.is_tmp(path) is tmp
@@ -38,62 +40,55 @@ def test_temporary_names_are_recognised(path, tmp):
 
 def test_tenant_bucket_is_stable_and_in_range():
     # Pinned: a different hash would move every tenant's files.
-    assert layout.tenant_bucket("t-acme") == layout.tenant_bucket("t-acme")
     assert [layout.tenant_bucket(f"t{i}") for i in range(3)] == [
-        int(__import__("hashlib").sha256(f"t{i}".encode()).hexdigest()[:8], 16) % 16 for i in range(3)]
+        int(hashlib.sha256(f"t{i}".encode()).hexdigest()[:8], 16) % 16 for i in range(3)]
     assert {layout.tenant_bucket(f"tenant-{i}") for i in range(500)} == set(range(layout.TENANT_BUCKETS))
 
 
 @pytest.mark.parametrize("now, after_h, expect_first, expect_last", [
-    # 3 days after: the last hour archived ends at or before now - 3 d.
-    (H + 3 * DAY + 3_600_000, 72, H - 27 * DAY + 3_600_000, H),
-    (H + 3 * DAY + 3_599_999, 72, H - 27 * DAY + 3_600_000, H - 3_600_000),
+    # 26 h after: the last hour due ends at or before now - 26 h; the first started within 4 days.
+    (H + 27 * 3_600_000, 26, H - 69 * 3_600_000, H),
+    (H + 27 * 3_600_000 - 1, 26, H - 69 * 3_600_000, H - 3_600_000),
 ])
-def test_closed_hours_are_old_enough_and_still_in_the_window(now, after_h, expect_first, expect_last):
-    hours = layout.closed_hours(now, after_h * 3_600_000, 30 * DAY)
+def test_hours_due_for_the_audit_are_old_enough_and_still_hot(now, after_h, expect_first, expect_last):
+    hours = layout.closed_hours(now, after_h * 3_600_000, 4 * DAY)
     assert hours[0] == expect_first and hours[-1] == expect_last
     assert all(b - a == 3_600_000 for a, b in zip(hours, hours[1:], strict=False))
 
 
-def test_manifest_round_trips_byte_for_byte_and_rejects_a_tampered_count():
-    m = layout.Manifest(H, (entry("b"), entry("a", kind="events", lo="e1", hi="e9")))
-    raw = m.to_json()
-    assert layout.Manifest.from_json(raw).to_json() == raw
-    assert layout.Manifest(H, tuple(reversed(m.files))).to_json() == raw  # order of files does not matter
-    assert m.counts() == {"events": 2, "deliveries": 2, "attempts": 0, "replays": 0}
-    with pytest.raises(ValueError, match="counts"):
-        layout.Manifest.from_json(raw.replace(b'"deliveries": 2', b'"deliveries": 3'))
+def entry(path: str, kind: str = "deliveries", size: int = 100) -> layout.FileEntry:
+    return layout.FileEntry(path=path, kind=kind, rows=2, bytes=size, sha256="a" * 64)
 
 
-def hot(*rows: tuple[str, str]) -> layout.HourCounts:
-    c = layout.HourCounts()
-    for kind, rid in rows:
-        c.add(kind, rid)
-    return c
+def test_a_commit_record_round_trips_byte_for_byte():
+    c = layout.Commit(H, 7, "seg1", ((0, 1, 9),), (entry("b"), entry("a", kind="events")))
+    raw = c.to_json()
+    assert layout.Commit.from_json(raw).to_json() == raw
+    assert layout.Commit(H, 7, "seg1", ((0, 1, 9),), tuple(reversed(c.files))).to_json() == raw
+    with pytest.raises(ValueError, match="format"):
+        layout.Commit.from_json(raw.replace(b'"format": 2', b'"format": 1'))
 
 
-GOOD = layout.Manifest(H, (entry("f1"),))
-FINE = [layout.ReadBack("f1", "a" * 64, 2)]
+COMMITS = [layout.Commit(H, 3, "s1", ((0, 0, 5),), (entry("f1"), entry("f2", kind="attempts")))]
+STORED = [layout.Stored("f1", 100), layout.Stored("f2", 100)]
 
 
-@pytest.mark.parametrize("read_back, cassandra, expected", [
-    (FINE, hot(("deliveries", "d1"), ("deliveries", "d2")), []),
-    ([layout.ReadBack("f1", None, None)], hot(("deliveries", "d1"), ("deliveries", "d2")), ["f1: missing"]),
-    ([layout.ReadBack("f1", "b" * 64, 2)], hot(("deliveries", "d1"), ("deliveries", "d2")),
-     ["f1: checksum bbbbbbbbbbbb != manifest aaaaaaaaaaaa"]),
-    ([layout.ReadBack("f1", "a" * 64, 1)], hot(("deliveries", "d1"), ("deliveries", "d2")),
-     ["f1: 1 rows != manifest 2"]),
-    (FINE, hot(("deliveries", "d1"), ("deliveries", "d2"), ("deliveries", "d3")),
-     ["deliveries: archive 2 rows, Cassandra 3"]),
-    (FINE, hot(("deliveries", "d1"), ("deliveries", "d3")), ["deliveries: id range differs from Cassandra's"]),
-    (FINE, hot(("deliveries", "d1"), ("deliveries", "d2"), ("attempts", "d1")),
-     ["attempts: archive 0 rows, Cassandra 1"]),
+def audit(hot: set[str], archived: dict[str, int], attempts: dict[str, set[int]] | None = None,
+          hot_events: set[str] | None = None, events: set[str] | None = None) -> layout.HourAudit:
+    return layout.HourAudit(hot, hot_events or set(), archived, events or set(), attempts or {})
+
+
+@pytest.mark.parametrize("stored, found, expected", [
+    (STORED, audit({"d1", "d2"}, {"d1": 1, "d2": 0}, {"d1": {1}}), []),
+    ([layout.Stored("f1", 100)], audit({"d1"}, {"d1": 0}), ["f2: missing"]),
+    ([layout.Stored("f1", 100), layout.Stored("f2", 7)], audit({"d1"}, {"d1": 0}), ["f2: 7 bytes != committed 100"]),
+    (STORED, audit({"d1", "d2", "d3"}, {"d1": 0}), ["deliveries: 2 of 3 not archived (e.g. d2)"]),
+    (STORED, audit({"d1"}, {"d1": 2}, {"d1": {1}}),
+     ["attempts: 1 deliveries with fewer attempts archived than counted (e.g. d1)"]),
+    (STORED, audit(set(), {}, hot_events={"e1", "e2"}, events={"e2"}), ["events: 1 of 2 not archived (e.g. e1)"]),
+    # More in the archive than Cassandra lists (e.g. a delivery whose index row was never
+    # written) is not a gap of the archive.
+    (STORED, audit({"d1"}, {"d1": 0, "d9": 0}), []),
 ])
-def test_an_hour_is_verified_only_when_files_manifest_and_cassandra_agree(read_back, cassandra, expected):
-    assert layout.disagreements(GOOD, read_back, cassandra) == expected
-
-
-def test_counts_of_a_manifest_span_its_files():
-    m = layout.Manifest(H, (entry("f1", lo="d3", hi="d9"), entry("f2", lo="d1", hi="d4", bucket=5)))
-    c = layout.HourCounts.of(m)
-    assert (c.counts["deliveries"], c.min_ids["deliveries"], c.max_ids["deliveries"]) == (4, "d1", "d9")
+def test_an_hour_passes_its_audit_only_with_every_file_and_every_listed_key_archived(stored, found, expected):
+    assert layout.problems(COMMITS, stored, found) == expected

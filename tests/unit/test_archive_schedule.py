@@ -1,4 +1,4 @@
-"""The archiver's own schedule (core/archive_schedule.py) with an injected clock: no sleeping."""
+"""The archive audit's own schedule (core/archive_schedule.py) with an injected clock: no sleeping."""
 
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def test_every_server_of_the_stack_records_its_pid_where_the_idle_sample_looks(t
     assert 'echo $! > "$RUN/$part/pid"' in (stack / "lib.sh").read_text()
     call = re.compile(r"^\s*start_bg (\S+) ", re.M)
     starters = {m.group(1) for f in stack.glob("*.sh") for m in call.finditer(f.read_text())}
-    assert starters <= {'"$part"', "archiver", "connect", "flink-jm", "flink-tm", "postgres", "pushgateway",
+    assert starters <= {'"$part"', "connect", "flink-jm", "flink-tm", "postgres", "pushgateway",
                         "prometheus", "s3proxy"}, "a server started outside start_bg's part layout"
     env = {"PATH": os.environ["PATH"], "WEBHOOKS_RUN_DIR": str(tmp_path), "TOPOLOGY": "single"}
     parts = subprocess.run(["bash", "-c", f"source {stack / 'lib.sh'} && topology_parts"], env=env,

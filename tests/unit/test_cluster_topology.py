@@ -110,10 +110,10 @@ def test_an_unknown_topology_is_refused(tmp_path: Path) -> None:
     assert out.returncode != 0 and "unknown TOPOLOGY 'clustr'" in out.stderr
 
 
-def test_the_archivers_and_harnesses_driver_reads_and_writes_at_the_settings_consistency() -> None:
-    # The archiver (control_plane.archiver) reads the hour it archives, verifies it and releases
-    # it through this driver: at the driver's own default (LOCAL_ONE) a replica that missed a
-    # quorum-acknowledged write could leave it out of the archive before the release deletes it.
+def test_the_audits_and_harnesses_driver_reads_and_writes_at_the_settings_consistency() -> None:
+    # The archive audit (control_plane.archive_audit) counts an hour through this driver: at the
+    # driver's own default (LOCAL_ONE) a replica that missed a quorum-acknowledged write would
+    # report a gap that is not there.
     from cassandra import ConsistencyLevel
     from cassandra.cluster import EXEC_PROFILE_DEFAULT
 

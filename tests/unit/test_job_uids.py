@@ -17,6 +17,7 @@ PINNED = {
     "DISPATCH": "dispatch",
     "DISPATCH_CONFIGS": "dispatch-endpoint-configs",
     "SIGNALS_SINK": "endpoint-signals-sink",
+    "ARCHIVE_FACTS_SINK": "archive-facts-sink",
 }
 
 
