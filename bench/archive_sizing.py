@@ -5,7 +5,7 @@
 The archive is written once from the stream (docs/archive.md): the job sends its history facts
 to Kafka, the archive writer turns them into Parquet on an object store, the audit recounts an
 hour against Cassandra's indexes. So the archive's cost is spread over processes, and each is
-measured from /proc as `make bench` measures the delivery path (bench/cpu.py):
+measured from /proc as `make bench` measures the delivery path (stack/cpu.py):
 
 * the job's share: the same phase (``--events`` events x ``--endpoints`` endpoints, the bench's
   body) run by two jobs back to back, archive facts off then on (``archive.stream``), each on an
@@ -42,12 +42,13 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench import cassandra_writes, cpu, raw_http
+from bench import cassandra_writes, raw_http
 from bench import run as bench
 from control_plane.archive_audit import Auditor
 from control_plane.archive_store import ArchiveStore
 from core import archive_layout as layout
 from core.settings import REPO_ROOT, Settings
+from stack import cpu
 from stack.isolation import keyspace_session, settings_with
 from stack.outbox_relay import free_port
 
