@@ -34,12 +34,12 @@ chaos: setup ## the brief's fault matrix on the real stack; report and charts in
 	@bash stack/test.sh --chaos
 
 .PHONY: chaos-cluster
-chaos-cluster: setup ## rescale under load and TaskManager loss on the stack that is up, then Kafka broker, Cassandra node (kill, pause) and control-plane replica loss on a cluster topology it brings up beside it (tests/integration/test_chaos_cluster_nodes.py); report in .run/chaos-cluster/ (WEBHOOKS_CHAOS_STACK names the stack, default: default)
+chaos-cluster: setup ## rescale under load and TaskManager loss on the stack that is up, then Kafka broker, Cassandra node (kill, pause) and control-plane replica loss on a cluster topology it brings up beside it (tests/faults/test_chaos_cluster_nodes.py); report in .run/chaos-cluster/ (WEBHOOKS_CHAOS_STACK names the stack, default: default)
 	@bash stack/test.sh --chaos-cluster
 
 .PHONY: cluster-check
 cluster-check: setup ## the cluster topology from the scripts, beside a running stack (ports +10000, run dir .run/cluster-check): deliveries through both control planes, RF 3, both TaskManagers; stopped after
-	@$(PY) -m pytest -q -s -p no:cacheprovider -m cluster tests/integration/test_cluster_topology.py
+	@$(PY) -m pytest -q -s -p no:cacheprovider -m cluster tests/e2e/test_cluster_topology.py
 
 .PHONY: bench-history
 bench-history: setup up ## Cassandra CPU per delivery of the history writes alone (HISTORY_ARGS="--rate 300")
@@ -54,7 +54,7 @@ bench-archive: setup up ## archive tier: CPU per archived delivery of every proc
 	@$(PY) -m bench.archive_sizing $(ARCHIVE_ARGS)
 
 archive-audit: setup up ## audit every closed hour due once: committed files present, every delivery and event Cassandra lists archived (make run keeps one doing it each hour: stack/archive.sh)
-	@$(PY) -m control_plane.archive_audit
+	@$(PY) -m control_plane.archive.audit
 
 lint: ## ruff, mypy, the import contracts (pyproject.toml, [tool.importlinter]) and every relative link and anchor in README.md and docs/ (make test runs it first)
 	@$(PY) -m ruff check .
@@ -64,7 +64,7 @@ lint: ## ruff, mypy, the import contracts (pyproject.toml, [tool.importlinter]) 
 
 .PHONY: http-client api-fuzz
 http-client: ## the HTTP API's Python client, generated from its OpenAPI document into build/http-client/ (make setup runs it)
-	@$(PY) -m control_plane.http_client_gen
+	@$(PY) -m control_plane.httpapi.client_gen
 
 api-fuzz: setup up ## Schemathesis over the HTTP API's document, long (make test runs a bounded one; API_FUZZ_EXAMPLES=500)
 	@WEBHOOKS_API_FUZZ_EXAMPLES=$${API_FUZZ_EXAMPLES:-500} $(PY) -m pytest -q -s -p no:cacheprovider tests/integration/test_http_api_schema.py

@@ -44,8 +44,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench import cassandra_writes, raw_http
 from bench import run as bench
-from control_plane.archive_audit import Auditor
-from control_plane.archive_store import ArchiveStore
+from control_plane.archive.audit import Auditor
+from control_plane.archive.store import ArchiveStore
 from core import archive_layout as layout
 from core.settings import REPO_ROOT, Settings
 from stack import cpu
@@ -99,7 +99,7 @@ def s3proxy(run_dir: Path) -> Iterator[tuple[int, Path]]:
 def writer_process(env: dict[str, str], pid_file: Path) -> Iterator[subprocess.Popen[bytes]]:
     log = pid_file.with_suffix(".log")
     with open(log, "w") as out:
-        proc = subprocess.Popen([PY, "-m", "control_plane.archive_writer"], cwd=REPO_ROOT, stdout=out,
+        proc = subprocess.Popen([PY, "-m", "control_plane.archive.writer"], cwd=REPO_ROOT, stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, **env})
     pid_file.write_text(str(proc.pid))
     try:

@@ -401,7 +401,7 @@ class RestoreResult:
 
 
 def kill_and_restore(job_id: str, timeout_s: float) -> RestoreResult:
-    """SIGKILL the TaskManager's process group (like tests/integration/test_recovery.py), start a
+    """SIGKILL the TaskManager's process group (like tests/faults/test_recovery.py), start a
     new one, and time until every vertex runs again with a start time after the kill."""
     tm_pid = int((RUN / "flink-tm" / "pid").read_text())
     killed_at_ms = int(time.time() * 1000)

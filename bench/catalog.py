@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 
 from bench import schema_validation
-from control_plane.catalog_api import cpb, crpc
+from control_plane.rpc.catalog_api import cpb, crpc
 from core.event_schemas import SchemaVersion
 from core.schema_check import SCHEMA_INVALID
 

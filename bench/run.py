@@ -83,7 +83,7 @@ from confluent_kafka.admin import AdminClient
 from bench import cassandra_writes, raw_http, report_md, schema_validation
 from bench import catalog as bench_catalog
 from bench.results import Costs, PhaseResult
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from outbox.producer import write_event

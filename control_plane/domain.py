@@ -265,7 +265,7 @@ class DeliveryDetail:
     last_error_class: str
     attempts: tuple[Attempt, ...]
     replays: tuple[ReplayAudit, ...] = ()  # oldest first
-    # Which history tier answered: "hot" (Cassandra) or "archive" (control_plane/tiered_history.py).
+    # Which history tier answered: "hot" (Cassandra) or "archive" (control_plane/history/tiered.py).
     tier: str = "hot"
 
 

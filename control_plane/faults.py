@@ -2,7 +2,7 @@
 
 ``WEBHOOKS_CONTROL_PLANE__KILL_AT=create.stored`` makes the server SIGKILL itself right after an
 endpoint's row is stored and before its config is published -- the gap a dual write leaves, which
-the durable holds of :mod:`control_plane.publication` must cover. Empty (the default) = no faults.
+the durable holds of :mod:`control_plane.publishing.configs` must cover. Empty (the default) = no faults.
 """
 
 from __future__ import annotations

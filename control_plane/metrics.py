@@ -25,7 +25,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 RPCS = Counter("webhooks_cp_rpc", "gRPC calls by method and status code", ["method", "code"])
 RPC_SECONDS = Histogram("webhooks_cp_rpc_seconds", "gRPC call duration", ["method"],
                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-# The HTTP API (control_plane.http_api): by RPC ("-" when no route matched), and HTTP status.
+# The HTTP API (control_plane.httpapi.server): by RPC ("-" when no route matched), and HTTP status.
 HTTP_REQUESTS = Counter("webhooks_cp_http", "HTTP API requests by RPC and HTTP status", ["method", "status"])
 HTTP_SECONDS = Histogram("webhooks_cp_http_seconds", "HTTP API request duration", ["method"],
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))

@@ -3,7 +3,7 @@
 `python -m control_plane.server` serves on settings.control_plane.host:port with health and
 reflection, runs the republisher and config-clock loops, and stops gracefully on SIGTERM/SIGINT
 (in-flight calls get a grace period, then the loops stop and the producer flushes). The same
-services answer over HTTP+JSON on http_port (control_plane.http_api) and as the web console on
+services answer over HTTP+JSON on http_port (control_plane.httpapi.server) and as the web console on
 console_port.
 """
 
@@ -25,40 +25,41 @@ from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionP
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from control_plane import console, faults, http_api, metrics
-from control_plane.account_servicer import SERVICE_NAME as ACCOUNT_SERVICE
-from control_plane.account_servicer import TenantAccountServicer
-from control_plane.account_servicer import add_to_server as add_account
+from control_plane import console, faults, metrics
 from control_plane.admin import AdminService
-from control_plane.api import pb, rpc
-from control_plane.archive_store import ArchiveStore
+from control_plane.archive.store import ArchiveStore
 from control_plane.auth import Authenticator
-from control_plane.catalog import FilterCheck, stored_records
-from control_plane.catalog_publication import CatalogPublication
-from control_plane.catalog_publisher import CatalogPublisher
-from control_plane.catalog_servicer import SERVICE_NAME as CATALOG_SERVICE
-from control_plane.catalog_servicer import add_to_server as add_catalog
-from control_plane.catalog_store import CassandraCatalogStore
+from control_plane.catalog.service import FilterCheck, stored_records
+from control_plane.catalog.store import CassandraCatalogStore
 from control_plane.cursor import Cursors
-from control_plane.deliveries import DeliveryDeps, DeliveryService
+from control_plane.endpoints.operational_events import OperationalEvents
+from control_plane.endpoints.operational_store import CassandraOperationalStore
+from control_plane.endpoints.schema_pins import SchemaPins
+from control_plane.endpoints.service import Deps, EndpointService
+from control_plane.endpoints.signals import SignalConsumer
 from control_plane.errors import Unavailable
-from control_plane.http_idempotency import MemoryIdempotency
-from control_plane.operational_events import OperationalEvents
-from control_plane.operational_store import CassandraOperationalStore
-from control_plane.operations_servicer import SERVICE_NAME as OPERATIONS_SERVICE
-from control_plane.operations_servicer import add_to_server as add_operations
-from control_plane.ordering import OrderingDeps, OrderingService
-from control_plane.publication import ConfigPublication
-from control_plane.publisher import KafkaPublisher, Publisher, PublishError
-from control_plane.reconcile import Reconciler
-from control_plane.replay_windows import CatalogReplayWindows
-from control_plane.schema_pins import SchemaPins
-from control_plane.service import Deps, EndpointService
-from control_plane.servicer import AdminServicer, ControlPlaneServicer
-from control_plane.signals import SignalConsumer
+from control_plane.history.account import KafkaDeadLetters, TenantAccountService
+from control_plane.history.deliveries import DeliveryDeps, DeliveryService
+from control_plane.history.ordering import OrderingDeps, OrderingService
+from control_plane.history.reconcile import Reconciler
+from control_plane.history.replay_windows import CatalogReplayWindows
+from control_plane.history.tiered import TieredHistory
+from control_plane.httpapi import server as http_api
+from control_plane.httpapi.idempotency import MemoryIdempotency
+from control_plane.publishing.catalog import CatalogPublication
+from control_plane.publishing.catalog_records import CatalogPublisher
+from control_plane.publishing.configs import ConfigPublication
+from control_plane.publishing.publisher import KafkaPublisher, Publisher, PublishError
+from control_plane.rpc.account_servicer import SERVICE_NAME as ACCOUNT_SERVICE
+from control_plane.rpc.account_servicer import TenantAccountServicer
+from control_plane.rpc.account_servicer import add_to_server as add_account
+from control_plane.rpc.api import pb, rpc
+from control_plane.rpc.catalog_servicer import SERVICE_NAME as CATALOG_SERVICE
+from control_plane.rpc.catalog_servicer import add_to_server as add_catalog
+from control_plane.rpc.operations_servicer import SERVICE_NAME as OPERATIONS_SERVICE
+from control_plane.rpc.operations_servicer import add_to_server as add_operations
+from control_plane.rpc.servicer import AdminServicer, ControlPlaneServicer
 from control_plane.store import CassandraStore
-from control_plane.tenant_account import KafkaDeadLetters, TenantAccountService
-from control_plane.tiered_history import TieredHistory
 from control_plane.validation import DestinationValidator, Resolver, system_resolver
 from core import target_proof
 from core.egress import EgressPolicy
@@ -128,7 +129,7 @@ class ControlPlaneServer:
     health: health.HealthServicer
     signals: SignalConsumer
     console: console.ConsoleServices  # the same services, for the web console (control_plane.console)
-    http: http_api.HttpApi  # the same handlers, over HTTP+JSON (control_plane.http_api)
+    http: http_api.HttpApi  # the same handlers, over HTTP+JSON (control_plane.httpapi.server)
 
     def start(self) -> None:
         self.server.start()
@@ -217,7 +218,7 @@ def build(
     # A tenant's account of its events (reconciliation's reads, for its tenant only).
     account = TenantAccountService(reconciler, endpoints, deliveries, KafkaDeadLetters(settings))
     add_account(TenantAccountServicer(auth, account), server)
-    # Operational events and auto-disable (control_plane.operational_events).
+    # Operational events and auto-disable (control_plane.endpoints.operational_events).
     operational = OperationalEvents(CassandraOperationalStore(session, settings.cassandra.consistency), store,
                                     publisher, now_ms, target_proof.target_key(keyring.current), history=store)
     operational.bind(endpoints.auto_disable, endpoints.disable_gone)
@@ -245,14 +246,14 @@ def build(
     loops = (
         # First pass at once: the clock does not tick until it has held every lagging row.
         Loop("republisher", cp.republish_interval_s, publication.republish_pending, first_at_start=True),
-        # Catalog changes whose publish failed or whose process died (control_plane.catalog_publication).
+        # Catalog changes whose publish failed or whose process died (control_plane.publishing.catalog).
         # A loop of its own: one store failing must not stop the other's pass.
         Loop("catalog-republisher", cp.republish_interval_s, catalog_publication.republish_pending,
              first_at_start=True),
-        # Leased ticks (control_plane.publication): a few per lease keep fan-out from holding.
+        # Leased ticks (control_plane.publishing.configs): a few per lease keep fan-out from holding.
         Loop("config-clock", cp.config_clock_interval_ms / 1000, publication.publish_clock),
         # The dispatcher's signals: a 410 Gone becomes an audited disable; each signal its
-        # operational event (control_plane.operational_events).
+        # operational event (control_plane.endpoints.operational_events).
         Loop("endpoint-signals", 0.2, signals.poll_once),
         # Auto-disable: warnings at the tenant's shares of its window, the disable at its end.
         Loop("auto-disable", cp.auto_disable_interval_s, operational.sweep),

@@ -4,7 +4,7 @@ Pure: built from what reconciliation already reads (:class:`core.reconcile.Input
 :class:`core.reconcile.Report`, for one tenant), plus two things reconciliation does not need --
 the dead letters naming the tenant's events (reason by event id) and the skipped pairs of its
 endpoints (the history's ``skipped`` rows: fan-out left the endpoint out, schema pins).
-``control_plane.tenant_account`` reads them; this module only adds up.
+``control_plane.history.account`` reads them; this module only adds up.
 
 Two balances, each per event type, both must hold:
 

@@ -4,7 +4,7 @@ Every row the job writes to the hot tier that the archive keeps (operators/histo
 also a *fact*: one row of one archive kind, built beside the Cassandra statement from the same
 values. The dispatcher sends the facts of each call as ONE Kafka record to the archive facts
 topic (a record crossing from Python to the JVM costs about as much as encoding a few facts);
-the archive writer (control_plane/archive_writer.py) appends them to Parquet files per (arrival
+the archive writer (control_plane/archive/writer.py) appends them to Parquet files per (arrival
 hour, tenant bucket) and nobody reads Cassandra for it (docs/archive.md).
 
 Kinds and keys (a fact written twice -- a retried batch, a job restored from a checkpoint, a
@@ -39,7 +39,7 @@ from core.archive_layout import HOUR_MS
 
 SCHEMA_V1 = "webhooks.archive-facts/1"
 
-# The columns of each kind, in record order; the Parquet schemas (control_plane/archive_rows.py)
+# The columns of each kind, in record order; the Parquet schemas (control_plane/archive/rows.py)
 # have these columns (a unit test holds them equal).
 COLUMNS: dict[str, tuple[str, ...]] = {
     "events": ("event_id", "tenant_id", "event_type", "schema_version", "object_id", "object_version",

@@ -16,7 +16,7 @@ lists, and the record is published last, so a segment torn by a crash is never r
 written twice under different boundaries (a crash between a commit record and the consumer's
 offset commit) holds the same facts twice: readers reduce by key (archive_facts.latest).
 
-Pure: no I/O; tested table-driven in tests/unit/test_archive_layout.py.
+Pure: no I/O; tested table-driven in tests/unit/core/test_archive_layout.py.
 """
 
 from __future__ import annotations

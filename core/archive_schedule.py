@@ -1,4 +1,4 @@
-"""When the archive audit runs by itself (``python -m control_plane.archive_audit --every 3600``): at each
+"""When the archive audit runs by itself (``python -m control_plane.archive.audit --every 3600``): at each
 boundary of its period plus a margin, without cron.
 
 Boundaries are counted from the epoch, so ``--every 3600`` runs at the top of each UTC hour plus
@@ -6,7 +6,7 @@ the margin -- the moment an hour closes -- whenever the process started, and sev
 processes wake together. The margin lets the hour's last writes (batched by the job)
 land first. Nothing is owed for a missed boundary: each run audits every hour due not yet
 audited, so a run that failed or was skipped is made up by the next. Pure: the clock, the
-waiting and the run are passed in (tests/unit/test_archive_schedule.py).
+waiting and the run are passed in (tests/unit/core/test_archive_schedule.py).
 """
 
 from __future__ import annotations

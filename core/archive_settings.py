@@ -1,5 +1,5 @@
 """Settings of the history's archive tier (docs/archive.md; the writer:
-control_plane/archive_writer.py; the layout: core/archive_layout.py): ``Settings.archive``, env
+control_plane/archive/writer.py; the layout: core/archive_layout.py): ``Settings.archive``, env
 ``WEBHOOKS_ARCHIVE__<FIELD>``."""
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ class ArchiveSettings(BaseModel):
     # The delivery rows themselves (creation and status cells) live the whole window: reads find
     # a delivery's hour and tenant there, and the dispatcher's re-fan-out check its final status.
     hot_ttl_s: int = Field(default=4 * 24 * 3600, ge=2 * 3600)
-    # The archive writer (control_plane/archive_writer.py): a file set is written and the
+    # The archive writer (control_plane/archive/writer.py): a file set is written and the
     # consumer's offsets committed once this many facts are buffered or the oldest waited this long.
     roll_facts: int = Field(default=100_000, ge=1)
     roll_s: float = Field(default=60.0, gt=0)
     writer_group: str = "webhooks-archive-writer"
-    # The audit (control_plane/archive_audit.py) checks an hour once it ended this long ago: its
+    # The audit (control_plane/archive/audit.py) checks an hour once it ended this long ago: its
     # deliveries are final (the retry deadline is 24 h) and their rows still hot (hot_ttl_s), so
     # a gap it finds is repaired from Cassandra.
     audit_after_s: int = Field(default=26 * 3600, ge=3600)

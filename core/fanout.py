@@ -9,7 +9,7 @@ job can see an event before the config of an endpoint created just before it. Th
 publishes a leased :class:`core.records.ConfigClock` tick on the single-partition endpoints topic.
 A tick with value T and lease L promises: every config change that is not on the topic before this
 tick is acknowledged by the API no earlier than T + L (control-plane time; the control plane's
-side is in :mod:`control_plane.publication`). So once fan-out has read the tick it has read every
+side is in :mod:`control_plane.publishing.configs`). So once fan-out has read the tick it has read every
 config acknowledged before T + L, the tick's *horizon*: an event whose arrival (its Kafka time) A
 is before the horizon, committed after some change's acknowledgement K, has K <= A < T + L, so
 that change's config preceded the tick and was read. Every later tick keeps an earlier one's

@@ -1,6 +1,6 @@
 """Reconciliation: compare what each durable boundary holds for a time window and name every gap.
 
-Pure: the control plane (:mod:`control_plane.reconcile`) reads the events topic and Cassandra and
+Pure: the control plane (:mod:`control_plane.history.reconcile`) reads the events topic and Cassandra and
 hands the rows here; this module decides what is a gap. The boundaries, in the order an event
 crosses them:
 

@@ -117,7 +117,7 @@ class EndpointStatus(enum.StrEnum):
     DISABLED = "disabled"  # by a person, or by a 410 Gone from the endpoint
     DELETED = "deleted"
     # Created for a tenant that requires an ownership challenge: it receives only the control
-    # plane's `webhook.challenge` event until the challenge is answered (control_plane.service).
+    # plane's `webhook.challenge` event until the challenge is answered (control_plane.endpoints.service).
     PENDING_VERIFICATION = "pending_verification"
 
     @staticmethod

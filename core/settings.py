@@ -258,7 +258,7 @@ class ControlPlaneSettings(BaseModel):
     secret_rotation_overlap_s: int = Field(default=24 * 3600, ge=0)
     # How long an endpoint's ownership challenge can be answered (then ResendChallenge).
     challenge_ttl_s: int = Field(default=3600, ge=10)
-    # The config clock's lease (control_plane.publication, core.fanout): a config change is
+    # The config clock's lease (control_plane.publishing.configs, core.fanout): a config change is
     # acknowledged by the API this long after Kafka confirmed it (a failed publish: this plus
     # hold_scan_interval_ms after the failure), and every event committed after the
     # acknowledgement is matched against it. Each tick carries it, so the job needs no copy.
@@ -277,7 +277,7 @@ class ControlPlaneSettings(BaseModel):
     config_clock_stale_after_ms: int = Field(default=5_000, ge=100)
     republish_interval_s: float = Field(default=5.0, gt=0)
     # How often the clock re-reads other replicas' durable holds (config_holds); 0: every tick.
-    # See control_plane.publication for the trade.
+    # See control_plane.publishing.configs for the trade.
     hold_scan_interval_ms: int = Field(default=1000, ge=0)
     # Reconciliation: a pending delivery due longer ago than this whose endpoint no job reports
     # holding (the dispatcher reports every 30 s, and passes at least every breaker_max_open_s)
@@ -289,7 +289,7 @@ class ControlPlaneSettings(BaseModel):
     # the window (about three point reads each), so benchmarks turn it off.
     reconcile_interval_s: float = Field(default=600.0, ge=0)
     # How often the control plane looks at failing endpoints' auto-disable clocks
-    # (control_plane.operational_events): warnings and disables are at most this late.
+    # (control_plane.endpoints.operational_events): warnings and disables are at most this late.
     auto_disable_interval_s: float = Field(default=5.0, gt=0)
     reconcile_window_s: int = Field(default=3600, ge=60)
     reconcile_settle_s: int = Field(default=120, ge=0)
@@ -301,7 +301,7 @@ class ControlPlaneSettings(BaseModel):
     # browsers use (portal links start with it; https:// makes its cookies Secure); "" =
     # http://host:console_port. console_frame_ancestors: origins that may frame it (the portal).
     console_port: int = Field(default=8090, ge=0)
-    # The HTTP+JSON API (control_plane.http_api: the gRPC services' routes, /v1/openapi.json),
+    # The HTTP+JSON API (control_plane.httpapi.server: the gRPC services' routes, /v1/openapi.json),
     # HTTP on `host`; 0: off. Idempotency-Key answers are kept idempotency_ttl_s, at most
     # idempotency_max_entries of them (per replica; the oldest go first).
     http_port: int = Field(default=8088, ge=0)

@@ -184,7 +184,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                .uid(uids.DISPATCH).name("dispatch (per endpoint)"))
     signals.sink_to(_string_sink(settings, k.signals_topic)).uid(uids.SIGNALS_SINK).name("Kafka: " + k.signals_topic)
     if settings.archive.stream:
-        # The history's facts for the archive writer (control_plane/archive_writer.py), flushed on
+        # The history's facts for the archive writer (control_plane/archive/writer.py), flushed on
         # every checkpoint like the signals: what a checkpoint acknowledges is in Kafka.
         (signals.get_side_output(ARCHIVE_FACTS)
          .sink_to(_string_sink(settings, k.archive_facts_topic, ARCHIVE_FACTS_PRODUCER))

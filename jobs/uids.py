@@ -1,5 +1,5 @@
 """Stable operator uids. Savepoints map state to operators by these strings: renaming one loses
-that operator's state on upgrade. tests/unit/test_job_uids.py pins them. The endpoints-topic
+that operator's state on upgrade. tests/unit/jobs/test_job_uids.py pins them. The endpoints-topic
 source is a table source whose uids the planner derives (table.exec.uid.generation = ALWAYS)."""
 
 EVENTS_SOURCE = "events-source"

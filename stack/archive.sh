@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start/stop the archive tier's two processes (docs/archive.md): the archive writer
-# (control_plane/archive_writer.py: the job's history facts from Kafka to Parquet, continuously)
-# and the audit (control_plane/archive_audit.py, at each UTC hour + 5 min). `make run` starts
+# (control_plane/archive/writer.py: the job's history facts from Kafka to Parquet, continuously)
+# and the audit (control_plane/archive/audit.py, at each UTC hour + 5 min). `make run` starts
 # them, `make down` stops them; `make up` and `make test` do not (the archive's tests run their
 # own; the job's facts wait in Kafka meanwhile). Both push to the Pushgateway (alerts
 # ArchiveLagHigh, ArchiveWriterDown, ArchiveAuditFailed, ArchiveAuditFailing).
@@ -22,8 +22,8 @@ start_one() {  # <part> <ready line> <command...>
 
 case "${1:-}" in
   start)
-    start_one archive-writer "$PY" -m control_plane.archive_writer
-    start_one archive-audit "$PY" -m control_plane.archive_audit --every "$EVERY" --margin "$MARGIN" ;;
+    start_one archive-writer "$PY" -m control_plane.archive.writer
+    start_one archive-audit "$PY" -m control_plane.archive.audit --every "$EVERY" --margin "$MARGIN" ;;
   ready)
     wait_until archive-writer "$RUN/archive-writer/archive-writer.log" 30 grep -q "archive writer:" "$RUN/archive-writer/archive-writer.log"
     wait_until archive-audit "$RUN/archive-audit/archive-audit.log" 30 grep -q "archive audit:" "$RUN/archive-audit/archive-audit.log"

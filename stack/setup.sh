@@ -69,6 +69,6 @@ fi
 
 "$PY" -m protogen
 # The HTTP API's Python client, from its OpenAPI document (build/http-client, git-ignored).
-"$PY" -m control_plane.http_client_gen >/dev/null || fail "could not generate the HTTP API's client"
+"$PY" -m control_plane.httpapi.client_gen >/dev/null || fail "could not generate the HTTP API's client"
 "$PY" -m stack.certs --out "$RUN/certs" >/dev/null
 say "setup complete"

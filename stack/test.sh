@@ -27,12 +27,12 @@ cleanup() {
 }
 trap cleanup EXIT
 if [ "${1:-}" = "--chaos" ]; then
-  # `make chaos`: the whole fault matrix (tests/integration/test_chaos.py), report in .run/chaos/.
+  # `make chaos`: the whole fault matrix (tests/faults/test_chaos.py), report in .run/chaos/.
   bash "$REPO/stack/up.sh"
   set +e
   rm -rf "$REPO/.run/chaos"
-  "$PY" -m pytest -q -s -p no:cacheprovider tests/integration/test_chaos.py \
-    "tests/integration/test_config_path.py::test_with_the_control_plane_stopped_for_60s_existing_endpoints_keep_receiving_events"
+  "$PY" -m pytest -q -s -p no:cacheprovider tests/faults/test_chaos.py \
+    "tests/faults/test_config_path.py::test_with_the_control_plane_stopped_for_60s_existing_endpoints_keep_receiving_events"
   rc=$?
   set -e
   exit $rc
@@ -44,7 +44,7 @@ if [ "${1:-}" = "--chaos-cluster" ]; then
   set +e
   rm -rf "$REPO/.run/chaos-cluster"
   WEBHOOKS_CHAOS_STACK="${WEBHOOKS_CHAOS_STACK:-default}" \
-    "$PY" -m pytest -q -s -p no:cacheprovider -m chaos_cluster tests/integration/
+    "$PY" -m pytest -q -s -p no:cacheprovider -m chaos_cluster tests/faults/
   rc=$?
   set -e
   exit $rc

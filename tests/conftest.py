@@ -9,3 +9,7 @@ from hypothesis import settings
 settings.register_profile("default", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+# The real stack's session fixtures (job, control plane, receiver) serve tests/integration,
+# tests/faults and tests/e2e: one plugin, so a session starts each of them once.
+pytest_plugins = ["tests.support.stack_fixtures"]

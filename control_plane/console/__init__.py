@@ -14,19 +14,19 @@ import grpc
 from cassandra.cluster import Session
 
 from control_plane.auth import Authenticator
-from control_plane.catalog import CatalogStore
+from control_plane.catalog.service import CatalogStore
 from control_plane.console import portal_api
 from control_plane.console.app import ConsoleServer, build_app
 from control_plane.console.context import Console, ConsoleServices
 from control_plane.console.portal import CassandraPortalStore, PortalService
 from control_plane.console.sessions import SessionCodec
-from control_plane.deliveries import DeliveryService
-from control_plane.endpoint_health import CassandraEndpointHealth, EndpointHealthService
-from control_plane.ordering import OrderingService
-from control_plane.reconcile import Reconciler
-from control_plane.service import EndpointService
+from control_plane.endpoints.health import CassandraEndpointHealth, EndpointHealthService
+from control_plane.endpoints.service import EndpointService
+from control_plane.history.account import TenantAccountService
+from control_plane.history.deliveries import DeliveryService
+from control_plane.history.ordering import OrderingService
+from control_plane.history.reconcile import Reconciler
 from control_plane.store import CassandraStore
-from control_plane.tenant_account import TenantAccountService
 from core.settings import Settings
 
 SERVICE_NAME = portal_api.SERVICE_NAME

@@ -1,5 +1,5 @@
 """The console's account page: where every event of the session's tenant went in a window, per
-event type (core/account.py says what each figure means; control_plane.tenant_account reads it).
+event type (core/account.py says what each figure means; control_plane.history.account reads it).
 The window is the last 1, 6 or 24 hours, or a from/until pair; each run reads the events topic
 and the history for it, so the page offers no window longer than the service allows."""
 

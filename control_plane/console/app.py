@@ -179,7 +179,7 @@ def _key_live(console: Console, session: Session) -> bool:
 
 class ConsoleServer:
     """The console on its own thread and event loop (the gRPC server keeps its thread pool); the
-    HTTP API (control_plane.http_api) runs on one too, under its own ``name``."""
+    HTTP API (control_plane.httpapi.server) runs on one too, under its own ``name``."""
 
     def __init__(self, app: web.Application, host: str, port: int, name: str = "console") -> None:
         self._app = app

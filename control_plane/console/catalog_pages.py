@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from control_plane import errors
-from control_plane.catalog import CatalogStore
-from control_plane.catalog_model import DEPRECATED, EventTypeEntry
+from control_plane.catalog.model import DEPRECATED, EventTypeEntry
+from control_plane.catalog.service import CatalogStore
 from control_plane.console.context import CONSOLE, blocking
 from core.fanout import filter_accepts
 

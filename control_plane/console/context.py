@@ -22,17 +22,17 @@ from multidict import MultiDictProxy
 
 from control_plane import errors
 from control_plane.auth import Authenticator
-from control_plane.catalog import CatalogStore
+from control_plane.catalog.service import CatalogStore
 from control_plane.console.portal import PortalService
 from control_plane.console.sessions import SID_BYTES, Kind, Session, SessionCodec, new_sid
-from control_plane.deliveries import DeliveryService
 from control_plane.domain import Principal
-from control_plane.endpoint_health import EndpointHealthService
-from control_plane.ordering import OrderingService
-from control_plane.reconcile import Reconciler
-from control_plane.service import EndpointService
+from control_plane.endpoints.health import EndpointHealthService
+from control_plane.endpoints.service import EndpointService
+from control_plane.history.account import TenantAccountService
+from control_plane.history.deliveries import DeliveryService
+from control_plane.history.ordering import OrderingService
+from control_plane.history.reconcile import Reconciler
 from control_plane.store import EndpointStore
-from control_plane.tenant_account import TenantAccountService
 
 HERE = Path(__file__).resolve().parent
 T = TypeVar("T")

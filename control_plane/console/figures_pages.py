@@ -1,6 +1,6 @@
 """The console's figures page of one endpoint: the last 24 hours as a chart of requests per hour
-by status class, drawn on the server (control_plane.svg_bar_chart: the console runs no script),
-with its success rate, p50/p99 latency and breaker transitions (control_plane.endpoint_figures
+by status class, drawn on the server (control_plane.console.svg_bar_chart: the console runs no script),
+with its success rate, p50/p99 latency and breaker transitions (control_plane.history.endpoint_figures
 says where each comes from). The endpoint is read through EndpointService first, so another
 tenant's endpoint id answers 404 like one that does not exist."""
 
@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from aiohttp import web
 from markupsafe import Markup
 
-from control_plane import endpoint_figures, svg_bar_chart
-from control_plane.console import health
+from control_plane.console import health, svg_bar_chart
 from control_plane.console.context import CONSOLE, blocking
+from control_plane.history import endpoint_figures
 
 SERIES = endpoint_figures.CLASSES
 

@@ -3,7 +3,7 @@
 Tenant health strip:
 
 * oldest pending (new / retry), breakers, throttling: the delivery job's per-endpoint reports in
-  Cassandra (control_plane.endpoint_health; core/endpoint_health.py says what a row holds and
+  Cassandra (control_plane.endpoints.health; core/endpoint_health.py says what a row holds and
   when it is written). On by default, no metrics pipeline needed; a row is at most one report
   interval (30 s) old, a breaker's change is written at once.
 * last hour by status class: deliveries created in the last hour, from the tenant's own history
@@ -21,10 +21,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from control_plane import stats
 from control_plane.console.context import ConsoleServices
 from control_plane.domain import FINAL_STATUSES, Attempt, DeliveryStatus, DeliverySummary, Principal
 from control_plane.errors import ControlPlaneError
+from control_plane.history import stats
 from core.endpoint_health import TenantHealth
 from core.outcomes import ErrorClass, HttpResult
 from core.telemetry import status_class

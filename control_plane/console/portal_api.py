@@ -11,7 +11,7 @@ import grpc
 
 from control_plane.auth import ADMIN_PRINCIPAL, Authenticator
 from control_plane.console.portal import PortalService
-from control_plane.servicer import mapped, ts
+from control_plane.rpc.servicer import mapped, ts
 from protogen.webhooks.v1 import portal_pb2 as portal_pb
 from protogen.webhooks.v1 import portal_pb2_grpc as portal_rpc
 

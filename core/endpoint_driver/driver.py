@@ -696,7 +696,7 @@ class EndpointDriver(SendPath):
         self.backlog.spill(p)
 
     # The backlog's state under the names the model test's invariants read
-    # (tests/unit/test_driver_model.py).
+    # (tests/unit/core/test_driver_model.py).
 
     @property
     def queued_retries(self) -> int:

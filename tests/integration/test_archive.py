@@ -23,10 +23,10 @@ from cassandra.cluster import Session
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from control_plane.archive_audit import AUDITED, FAILED, Auditor
-from control_plane.archive_store import ArchiveStore
-from control_plane.archive_writer import run_repair
-from control_plane.history_query import run_query
+from control_plane.archive.audit import AUDITED, FAILED, Auditor
+from control_plane.archive.store import ArchiveStore
+from control_plane.archive.writer import run_repair
+from control_plane.history.query import run_query
 from core import archive_facts
 from core import archive_layout as layout
 from core.dispatch import AttemptRecord, Intent
@@ -35,8 +35,8 @@ from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, ArchiveSettings, Settings
 from operators.history_store import CassandraHistory
 from stack.isolation import isolated_env, settings_with
-from tests.integration.archive_support import S3Server, WriterThread, committed, end_offsets
-from tests.integration.helpers import durable
+from tests.support.archive_support import S3Server, WriterThread, committed, end_offsets
+from tests.support.helpers import durable
 
 pytestmark = pytest.mark.integration
 
@@ -160,8 +160,8 @@ def archived(store: ArchiveStore, hour: int, kind: str) -> list[dict[str, Any]]:
 
 
 def tiered(session: Session, root: Path) -> Any:
+    from control_plane.history.tiered import TieredHistory
     from control_plane.store import CassandraStore
-    from control_plane.tiered_history import TieredHistory
 
     return TieredHistory(CassandraStore(session), session, ArchiveStore.from_settings(archive_settings(root)),
                          HOT_TTL_S)
@@ -190,9 +190,9 @@ def hour_now() -> int:
 
 def test_an_hour_is_archived_from_its_facts_audited_and_reads_the_same_after_its_hot_rows_expired(
         history, session, facts, own_settings, tmp_path):
-    from control_plane.deliveries import DeliveryDeps, DeliveryService
     from control_plane.domain import Principal
-    from control_plane.reconcile import Reconciler
+    from control_plane.history.deliveries import DeliveryDeps, DeliveryService
+    from control_plane.history.reconcile import Reconciler
     from control_plane.store import CassandraStore
 
     hour = hour_now()
@@ -267,7 +267,7 @@ def test_a_writer_killed_mid_run_writes_its_uncommitted_range_again_and_nothing_
                "WEBHOOKS_ARCHIVE__WRITER_GROUP": group, "WEBHOOKS_ARCHIVE__ROLL_FACTS": "40"}
 
     def start() -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "control_plane.archive_writer"], env=run_env, cwd=REPO_ROOT,
+        return subprocess.Popen([sys.executable, "-m", "control_plane.archive.writer"], env=run_env, cwd=REPO_ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     proc = start()

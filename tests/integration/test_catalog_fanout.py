@@ -17,15 +17,15 @@ from typing import Any
 import grpc
 import pytest
 
-from control_plane.api import pb, rpc
-from control_plane.catalog_api import cpb, crpc
+from control_plane.rpc.api import pb, rpc
+from control_plane.rpc.catalog_api import cpb, crpc
 from core.records import delivery_id_for
 from core.settings import Settings
 from outbox.producer import write_event
 from stack.flink_jobs import operator_metric
 from stack.outbox_relay import OutboxRelay
-from tests.integration.faults import wait_all_reached
-from tests.integration.helpers import auth, create_endpoints, eventually, new_tenant, read_dead_letters
+from tests.support.faults import wait_all_reached
+from tests.support.helpers import auth, create_endpoints, eventually, new_tenant, read_dead_letters
 from tests.support.receiver import Receiver
 
 pytestmark = pytest.mark.integration

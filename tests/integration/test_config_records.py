@@ -13,13 +13,13 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from control_plane.api import pb, rpc
+from control_plane.endpoints.signals import SignalConsumer
 from control_plane.errors import Unavailable
-from control_plane.signals import SignalConsumer
+from control_plane.rpc.api import pb, rpc
 from core.records import EndpointSignal
 from core.settings import Settings
 from stack.flink_jobs import operator_metric
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.helpers import auth, event, eventually, new_tenant, produce
 from tests.support.receiver import Receiver
 
 pytestmark = pytest.mark.integration

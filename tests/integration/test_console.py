@@ -28,15 +28,15 @@ import grpc
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from control_plane.api import pb, rpc
 from control_plane.console import serve
 from control_plane.console.portal_api import portal_pb, portal_rpc
+from control_plane.rpc.api import pb, rpc
 from core.records import delivery_id_for
 from core.settings import REPO_ROOT
 from outbox.producer import write_event
-from tests.integration.faults import wait_all_reached
-from tests.integration.helpers import auth, eventually, new_tenant
 from tests.support.behaviours import status
+from tests.support.faults import wait_all_reached
+from tests.support.helpers import auth, eventually, new_tenant
 from tests.support.receiver import verify_signature
 
 pytestmark = pytest.mark.integration

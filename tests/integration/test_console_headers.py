@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from tests.integration.helpers import new_tenant
 from tests.integration.test_console import _login, _page, _shot, browser, console  # noqa: F401
+from tests.support.helpers import new_tenant
 
 pytestmark = pytest.mark.integration
 

@@ -23,18 +23,18 @@ import grpc
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from control_plane.api import pb, rpc
-from control_plane.catalog_api import cpb, crpc
 from control_plane.console import serve
+from control_plane.rpc.api import pb, rpc
+from control_plane.rpc.catalog_api import cpb, crpc
 from core.records import delivery_id_for
 from core.settings import Settings
 from outbox.producer import write_event
 from stack.outbox_relay import OutboxRelay
-from tests.integration.faults import wait_all_reached
-from tests.integration.helpers import auth, create_endpoints, eventually, new_tenant
 from tests.integration.test_catalog_fanout import GOOD, SCHEMA
 from tests.integration.test_console import CHROMIUM_ARGS, SHOTS
 from tests.support.behaviours import ok, status
+from tests.support.faults import wait_all_reached
+from tests.support.helpers import auth, create_endpoints, eventually, new_tenant
 from tests.support.receiver import Receiver
 
 pytestmark = pytest.mark.integration

@@ -27,8 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pydantic import SecretStr
 
-from control_plane.api import pb, rpc
-from control_plane.publisher import KafkaPublisher, PublishError
+from control_plane.publishing.publisher import KafkaPublisher, PublishError
+from control_plane.rpc.api import pb, rpc
 from control_plane.server import ControlPlaneServer, build
 from core.history_buckets import bucket_of
 from core.ingest import parse_event

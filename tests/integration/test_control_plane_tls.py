@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from control_plane import cli
+from control_plane.cli import main as cli
 from control_plane.server import build
 from core.settings import Settings
 from stack.certs import CertPaths, ensure_certs

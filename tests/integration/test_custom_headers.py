@@ -18,10 +18,10 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from google.protobuf.field_mask_pb2 import FieldMask
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.records import delivery_id_for
 from core.settings import REPO_ROOT, Settings
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.helpers import auth, event, eventually, new_tenant, produce
 from tests.support.receiver import verify_signature
 
 pytestmark = pytest.mark.integration

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import pytest
 from cassandra.cluster import Session
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.fanout import HOUR_MS, snapshot_partition
 from core.records import delivery_id_for
 from core.settings import Settings
 from stack.flink_jobs import rest
-from tests.integration.conftest import second_stack
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.stack_fixtures import second_stack
 
 pytestmark = pytest.mark.integration
 

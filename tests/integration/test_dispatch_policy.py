@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.records import delivery_id_for
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.helpers import auth, event, eventually, new_tenant, produce
 
 pytestmark = pytest.mark.integration
 

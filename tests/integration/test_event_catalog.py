@@ -23,11 +23,11 @@ from openapi_spec_validator import validate as validate_openapi
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from control_plane import cli
-from control_plane.api import pb, rpc
-from control_plane.catalog_api import cpb, crpc
-from control_plane.catalog_publication import TYPE, Unpublished
-from control_plane.catalog_store import CassandraCatalogStore
+from control_plane.catalog.store import CassandraCatalogStore
+from control_plane.cli import main as cli
+from control_plane.publishing.catalog import TYPE, Unpublished
+from control_plane.rpc.api import pb, rpc
+from control_plane.rpc.catalog_api import cpb, crpc
 from control_plane.server import ControlPlaneServer, build
 from core.history_buckets import bucket_of
 from core.records import (
@@ -46,9 +46,9 @@ from outbox.migrate import apply_migrations, ensure_database
 from outbox.producer import OutboxError, write_event
 from outbox.schemas import SchemaGuard
 from stack.isolation import keyspace_session
-from tests.integration.helpers import auth
 from tests.integration.test_control_plane import consume, wait_for
 from tests.support.asyncapi import asyncapi_3_errors
+from tests.support.helpers import auth
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from control_plane.api import pb, rpc
-from tests.integration.helpers import auth, create_endpoints, event, new_tenant, produce
+from control_plane.rpc.api import pb, rpc
+from tests.support.helpers import auth, create_endpoints, event, new_tenant, produce
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.records import delivery_id_for
-from tests.integration.helpers import auth, deliveries_of, delivery_row, event, eventually, new_tenant, produce
+from tests.support.helpers import auth, deliveries_of, delivery_row, event, eventually, new_tenant, produce
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from core.records import EventRecord, delivery_id_for
 from core.settings import Settings
 from operators.history_store import CassandraHistory
 from stack.isolation import isolated_env, settings_with
-from tests.integration.helpers import durable
+from tests.support.helpers import durable
 
 pytestmark = pytest.mark.integration
 
@@ -234,9 +234,9 @@ def test_load_for_replay_returns_the_delivery_and_its_durable_record(history):
 
 
 def test_the_control_plane_shows_a_request_whose_outcome_was_never_recorded(history, session):
-    from control_plane.cli import delivery_detail
+    from control_plane.cli.main import delivery_detail
     from control_plane.domain import NO_OUTCOME
-    from control_plane.servicer import detail_pb
+    from control_plane.rpc.servicer import detail_pb
     from control_plane.store import CassandraStore
 
     d = delivery()
@@ -280,7 +280,7 @@ def test_a_later_backlog_report_wins_even_when_it_reaches_cassandra_first(histor
 
 def test_a_backlog_report_carries_the_breaker_and_ages_the_console_reads(history: CassandraHistory,
                                                                           session: Session) -> None:
-    from control_plane.endpoint_health import CassandraEndpointHealth
+    from control_plane.endpoints.health import CassandraEndpointHealth
 
     now = int(time.time() * 1000)
     ep = f"ep-health-{uuid.uuid4().hex[:8]}"

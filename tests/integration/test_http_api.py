@@ -17,10 +17,10 @@ import requests
 
 from core.records import delivery_id_for
 from outbox.producer import write_event
-from tests.integration.faults import wait_all_reached
-from tests.integration.helpers import eventually, new_tenant
-from tests.unit.test_http_api import valid_body
-from tests.unit.test_openapi_doc import check_against_document, response_schema
+from tests.support.faults import wait_all_reached
+from tests.support.helpers import eventually, new_tenant
+from tests.unit.control_plane.httpapi.test_http_api import valid_body
+from tests.unit.control_plane.httpapi.test_openapi_doc import check_against_document, response_schema
 
 pytestmark = pytest.mark.integration
 
@@ -144,7 +144,8 @@ def test_another_tenants_ids_answer_404(http_api_base, grpc_channel, settings, r
     delivery_id = delivery_id_for(event_id, endpoint["endpoint_id"])
     wait_all_reached(receiver, {delivery_id}, timeout=90)
     ids = {"endpoint_id": endpoint["endpoint_id"], "delivery_id": delivery_id}
-    from control_plane import http_transcoding, openapi_doc
+    from control_plane.httpapi import openapi_doc
+    from control_plane.httpapi import transcoding as http_transcoding
 
     tried = 0
     for route in http_transcoding.routes(openapi_doc.services()):

@@ -1,5 +1,5 @@
 """The tour through the Python client generated from the HTTP API's OpenAPI document (make setup
-generates it into build/http-client; control_plane.http_client_gen), on the real stack: a tenant's
+generates it into build/http-client; control_plane.httpapi.client_gen), on the real stack: a tenant's
 API key, an endpoint created, an event published through the outbox, the deliveries listed, one
 replayed; the receiver gets both attempts. No client code is written by hand: the calls below are
 the generated modules'."""
@@ -15,8 +15,8 @@ import pytest
 
 from core.records import delivery_id_for
 from outbox.producer import write_event
-from tests.integration.faults import wait_all_reached
-from tests.integration.helpers import eventually, new_tenant
+from tests.support.faults import wait_all_reached
+from tests.support.helpers import eventually, new_tenant
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def generated() -> Any:
     """The generated package (regenerated first if the document changed)."""
-    from control_plane import http_client_gen
+    from control_plane.httpapi import client_gen as http_client_gen
 
     http_client_gen.generate()
     sys.path.insert(0, str(http_client_gen.OUT))  # build/http-client: the generated package's parent

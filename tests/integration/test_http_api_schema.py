@@ -25,10 +25,11 @@ from typing import Any
 import pytest
 import requests
 
-from control_plane import http_transcoding, openapi_doc
+from control_plane.httpapi import openapi_doc
+from control_plane.httpapi import transcoding as http_transcoding
 from core.settings import REPO_ROOT
-from tests.integration.helpers import new_tenant
-from tests.unit.test_http_api import valid_body
+from tests.support.helpers import new_tenant
+from tests.unit.control_plane.httpapi.test_http_api import valid_body
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.ingest import parse_event
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce, read_dead_letters
+from tests.support.helpers import auth, event, eventually, new_tenant, produce, read_dead_letters
 
 pytestmark = pytest.mark.integration
 

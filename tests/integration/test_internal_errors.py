@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.records import EndpointConfig, EndpointStatus, SigningKey, delivery_id_for
 from core.secrets import encrypt_secret
 from stack.flink_jobs import rest
-from tests.integration.conftest import job_script
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.stack_fixtures import job_script
 
 pytestmark = pytest.mark.integration
 

@@ -15,13 +15,13 @@ from typing import Any
 import grpc
 import pytest
 
-from control_plane import stats
-from control_plane.api import pb, rpc
+from control_plane.history import stats
+from control_plane.rpc.api import pb, rpc
 from core.records import delivery_id_for
 from core.settings import REPO_ROOT, Settings, load_settings
-from tests.integration.conftest import second_stack
-from tests.integration.faults import wait_all_reached
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.faults import wait_all_reached
+from tests.support.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.stack_fixtures import second_stack
 
 pytestmark = pytest.mark.integration
 

@@ -20,11 +20,11 @@ from typing import Any
 import grpc
 import pytest
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core import operational_events as ops
 from protogen.webhooks.v1 import operations_pb2 as opb
 from protogen.webhooks.v1 import operations_pb2_grpc as orpc
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce, read_dead_letters
+from tests.support.helpers import auth, event, eventually, new_tenant, produce, read_dead_letters
 from tests.support.receiver import Receiver, verify_signature
 
 pytestmark = pytest.mark.integration
@@ -140,7 +140,7 @@ def test_retries_that_end_without_success_give_delivery_exhausted(settings, grpc
 @pytest.fixture(scope="module")
 def deadline_stack(job_env: dict[str, str]) -> Iterator[tuple[Any, str, Any]]:
     """A second job whose retry deadline is 5 s (the session's keeps 24 h)."""
-    from tests.integration.conftest import second_stack
+    from tests.support.stack_fixtures import second_stack
 
     with second_stack(job_env, "test-ops-deadline", {
             "WEBHOOKS_DISPATCH__RETRY_DEADLINE_S": "5", "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "100",
@@ -215,8 +215,8 @@ def test_auto_disable_dry_run_only_warns(settings, grpc_channel, receiver, deliv
 @pytest.mark.chaos_full
 def test_a_taskmanager_kill_emits_no_operational_event_twice(settings, grpc_channel, receiver, delivery_job,
                                                               job_env):
-    from tests.integration.conftest import job_script
-    from tests.integration.faults import kill_taskmanager
+    from tests.support.faults import kill_taskmanager
+    from tests.support.stack_fixtures import job_script
 
     t = Tenant(settings, grpc_channel, receiver, "tmkill")
     flapping = [t.endpoint(f"biz{i}", ["invoice.*"], "503") for i in range(3)]
@@ -235,7 +235,7 @@ def test_a_taskmanager_kill_emits_no_operational_event_twice(settings, grpc_chan
 
 
 def test_the_api_reserves_the_prefix_and_keeps_the_setting(settings, grpc_channel, receiver, delivery_job):
-    from control_plane.catalog_api import cpb, crpc
+    from control_plane.rpc.catalog_api import cpb, crpc
 
     t = Tenant(settings, grpc_channel, receiver, "api")
     md = auth(t.api_key)

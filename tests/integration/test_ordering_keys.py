@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from stack.flink_jobs import rest, wait_all_running
-from tests.integration.conftest import job_script
-from tests.integration.helpers import auth, eventually, new_tenant, produce
 from tests.support.behaviours import when_header
+from tests.support.helpers import auth, eventually, new_tenant, produce
+from tests.support.stack_fixtures import job_script
 
 pytestmark = pytest.mark.integration
 

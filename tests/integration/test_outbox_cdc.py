@@ -2,7 +2,7 @@
 Kafka -> the delivery job -> the receiver, and the relay's faults: the Connect worker
 SIGKILLed after publishing but before committing its offsets, PostgreSQL restarted under writers,
 Kafka down while rows commit, and bad rows. Each fault ends in a verdict of durable counts
-(tests/integration/faults.py): lost = 0, duplicates at the receivers within the stated bound.
+(tests/support/faults.py): lost = 0, duplicates at the receivers within the stated bound.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pytest
 from core.records import delivery_id_for
 from outbox.producer import write_event
 from stack.outbox_relay import OutboxRelay
-from tests.integration.conftest import RUN_ID
-from tests.integration.faults import endpoints, stack_part, verdict, wait_all_reached
-from tests.integration.helpers import eventually, produce, read_dead_letters
-from tests.integration.topic_watch import TopicWatch
+from tests.support.faults import endpoints, stack_part, verdict, wait_all_reached
+from tests.support.helpers import eventually, produce, read_dead_letters
+from tests.support.stack_fixtures import RUN_ID
+from tests.support.topic_watch import TopicWatch
 
 pytestmark = pytest.mark.integration
 

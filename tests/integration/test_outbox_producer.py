@@ -16,9 +16,9 @@ from outbox.housekeeping import purge_published
 from outbox.migrate import migrate
 from outbox.producer import write_event
 from stack.outbox_relay import OutboxRelay
-from tests.integration.conftest import RUN, RUN_ID
-from tests.integration.helpers import eventually
-from tests.integration.topic_watch import TopicWatch
+from tests.support.helpers import eventually
+from tests.support.stack_fixtures import RUN, RUN_ID
+from tests.support.topic_watch import TopicWatch
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from stack.pushgateway_gc import delete, stale_groups
-from tests.integration.helpers import eventually
+from tests.support.helpers import eventually
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ import time
 import grpc
 import pytest
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.fanout import snapshot_partition
 from core.records import delivery_id_for
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.helpers import auth, event, eventually, new_tenant, produce
 
 pytestmark = pytest.mark.integration
 
@@ -213,8 +213,8 @@ def test_the_periodic_reconciler_reports_a_gap_it_finds(window, settings, cassan
     """The control plane's loop step: the last hour of arrivals (here ending now), report only."""
     import logging
 
-    from control_plane.publisher import KafkaPublisher
-    from control_plane.reconcile import Reconciler
+    from control_plane.history.reconcile import Reconciler
+    from control_plane.publishing.publisher import KafkaPublisher
     from control_plane.store import CassandraStore
 
     did = window["ids"]["e1b"]
@@ -224,7 +224,7 @@ def test_the_periodic_reconciler_reports_a_gap_it_finds(window, settings, cassan
     try:
         reconciler = Reconciler(settings.model_copy(update={"control_plane": cp}), cassandra_session,
                                 CassandraStore(cassandra_session), publisher, lambda: int(time.time() * 1000))
-        with caplog.at_level(logging.WARNING, logger="control_plane.reconcile"):
+        with caplog.at_level(logging.WARNING, logger="control_plane.history.reconcile"):
             reconciler.periodic()
     finally:
         publisher.close()
@@ -245,9 +245,9 @@ def test_a_repaired_fan_out_leaves_out_an_endpoint_pinned_to_another_schema_majo
     skipped), and is not sent the event by the repair."""
     from dataclasses import replace
 
-    from control_plane.catalog_api import cpb, crpc
-    from control_plane.publisher import KafkaPublisher
-    from control_plane.reconcile import Reconciler
+    from control_plane.history.reconcile import Reconciler
+    from control_plane.publishing.publisher import KafkaPublisher
+    from control_plane.rpc.catalog_api import cpb, crpc
     from control_plane.store import CassandraStore
 
     tenant_id, api_key = new_tenant(grpc_channel, settings)

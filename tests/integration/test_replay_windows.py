@@ -23,12 +23,12 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from control_plane.api import pb, rpc
-from control_plane.catalog_api import cpb, crpc
+from control_plane.rpc.api import pb, rpc
+from control_plane.rpc.catalog_api import cpb, crpc
 from core.records import ReplayRequest, delivery_id_for
 from core.settings import Settings
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
 from tests.support.behaviours import Status
+from tests.support.helpers import auth, event, eventually, new_tenant, produce
 from tests.support.receiver import Receiver
 
 pytestmark = pytest.mark.integration

@@ -12,16 +12,16 @@ import uuid
 import pytest
 from cassandra.cluster import Session
 
-from control_plane.api import pb
 from control_plane.domain import DeliveryStatus
-from control_plane.servicer import detail_pb
+from control_plane.rpc.api import pb
+from control_plane.rpc.servicer import detail_pb
 from control_plane.store import CassandraStore
 from core.fanout import FanoutSnapshot, SkippedDelivery
 from core.records import delivery_id_for
 from core.settings import Settings
 from operators.history_store import CassandraHistory
 from stack.isolation import isolated_env, settings_with
-from tests.integration.helpers import durable
+from tests.support.helpers import durable
 
 pytestmark = pytest.mark.integration
 

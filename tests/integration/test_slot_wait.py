@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from control_plane.api import pb, rpc
+from control_plane.rpc.api import pb, rpc
 from core.settings import Settings
-from tests.integration.conftest import second_stack
-from tests.integration.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.stack_fixtures import second_stack
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from core.settings import Settings
-from tests.integration.conftest import second_stack
-from tests.integration.helpers import eventually
+from tests.support.helpers import eventually
+from tests.support.stack_fixtures import second_stack
 
 RUN = Path(__file__).resolve().parents[2] / ".run"
 

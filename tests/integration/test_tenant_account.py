@@ -21,14 +21,15 @@ from typing import Any
 import grpc
 import pytest
 
-from control_plane import cli
-from control_plane.catalog_api import cpb, crpc
+from control_plane.cli import main as cli
+from control_plane.rpc.catalog_api import cpb, crpc
 from core.records import delivery_id_for
 from core.settings import Settings
 from outbox.producer import write_event
 from stack.outbox_relay import OutboxRelay
-from tests.integration.faults import wait_all_reached
-from tests.integration.helpers import (
+from tests.integration.test_catalog_fanout import GOOD, SCHEMA, raw_row
+from tests.support.faults import wait_all_reached
+from tests.support.helpers import (
     account_and_report,
     account_mismatches,
     auth,
@@ -37,7 +38,6 @@ from tests.integration.helpers import (
     new_tenant,
     reconcile,
 )
-from tests.integration.test_catalog_fanout import GOOD, SCHEMA, raw_row
 from tests.support.receiver import Receiver
 
 pytestmark = pytest.mark.integration
