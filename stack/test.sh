@@ -60,6 +60,9 @@ set +e
 # that the derandomized property and model tests explore the same cases in every run and a red run
 # reproduces (export PYTHONHASHSEED=random, or another seed, to explore other orders).
 export PYTHONHASHSEED="${PYTHONHASHSEED:-0}"
+# Faults last: a fault test may replace the session's job (a rescale, a restore), whose operator
+# metrics the integration tests read; pure tests first, so a broken build fails in seconds.
+if [ $# -eq 0 ]; then set -- tests/unit tests/integration tests/e2e tests/faults; fi
 "$PY" -m pytest -q -p no:cacheprovider --durations=20 -m "not chaos_full and not chaos_cluster and not cluster" "$@"
 rc=$?
 set -e

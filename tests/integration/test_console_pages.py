@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from control_plane.console import serve
@@ -71,8 +72,10 @@ class Tenant:
                 catalog.AddSchemaVersion(cpb.AddSchemaVersionRequest(
                     tenant_id=self.tenant_id, name=name, version=version, schema_json=json.dumps(SCHEMA),
                     examples_json=[json.dumps(GOOD)]), metadata=admin)
+        sunset = Timestamp()
+        sunset.FromMilliseconds(int(time.time() * 1000) + 30 * 86_400_000)
         catalog.DeprecateEventType(cpb.DeprecateEventTypeRequest(tenant_id=self.tenant_id, name="order.paid",
-                                                                 version="1"), metadata=admin)
+                                                                 version="1", sunset_at=sunset), metadata=admin)
         rpc.AdminStub(channel).SetTenantEventTypes(pb.SetTenantEventTypesRequest(
             tenant_id=self.tenant_id, allowed_event_types=["order.paid"]), metadata=admin)
         self.path = f"/ep/console-pages-{self.tenant_id}"

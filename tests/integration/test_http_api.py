@@ -119,7 +119,7 @@ def test_a_patch_with_a_stale_if_match_is_refused_and_changes_nothing(  # type: 
     assert http.call("GET", f"{E}/{{endpoint_id}}", one).json()["description"] == "first"
 
 
-def test_errors_are_problem_json(http_api_base, grpc_channel, settings) -> None:  # type: ignore[no-untyped-def]
+def test_errors_are_problem_json(http_api_base, grpc_channel, settings, receiver) -> None:  # type: ignore[no-untyped-def]
     _, http = _tenant(grpc_channel, settings, http_api_base)
     missing = http.call("GET", f"{E}/{{endpoint_id}}", f"{E}/ep_missing")
     assert missing.status_code == 404 and missing.json()["type"] == "/v1/problems/not-found"
@@ -128,7 +128,10 @@ def test_errors_are_problem_json(http_api_base, grpc_channel, settings) -> None:
     assert "url" in bad.json()["detail"]
     anonymous = requests.get(http_api_base + E, timeout=30)
     assert anonymous.status_code == 401 and anonymous.json()["type"] == "/v1/problems/unauthenticated"
-    forged = http.call("GET", D, params={"cursor": "forged.AAAA"})
+    endpoint = http.call("POST", E, body={"url": f"{receiver.base_url}/http-problems", "event_types": ["x"]})
+    assert endpoint.status_code == 201, endpoint.text
+    forged = http.call("GET", D, params={"endpoint_id": endpoint.json()["endpoint"]["endpoint_id"],
+                                         "cursor": "forged.AAAA"})
     assert forged.status_code == 400 and "cursor" in forged.json()["detail"]
 
 
