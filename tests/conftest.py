@@ -12,4 +12,4 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 # The real stack's session fixtures (job, control plane, receiver) serve tests/integration,
 # tests/faults and tests/e2e: one plugin, so a session starts each of them once.
-pytest_plugins = ["tests.support.stack_fixtures"]
+pytest_plugins = ["tests.support.stack_fixtures", "tests.support.console_browser"]

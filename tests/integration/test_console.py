@@ -21,12 +21,11 @@ import json
 import os
 import subprocess
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from control_plane.console import serve
 from control_plane.console.portal_api import portal_pb, portal_rpc
@@ -35,32 +34,16 @@ from core.records import delivery_id_for
 from core.settings import REPO_ROOT
 from outbox.producer import write_event
 from tests.support.behaviours import status
+from tests.support.console_browser import SHOTS
 from tests.support.faults import wait_all_reached
 from tests.support.helpers import auth, eventually, new_tenant
 from tests.support.receiver import verify_signature
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SHOTS = REPO_ROOT / ".run" / "console"
 HOSTILE = b"<script>window.__pwned = 1; alert('pwned')</script><img src=x onerror=\"window.__pwned = 2\">"
 
 
-@pytest.fixture(scope="module")
-def console(settings, control_plane_server) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    web = serve(settings, control_plane_server.console, port=0)
-    yield f"http://127.0.0.1:{web.port}"
-    web.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def _page(browser: Browser) -> Page:

@@ -9,14 +9,14 @@ import uuid
 
 import pytest
 
-from tests.integration.test_console import _login, _page, _shot, browser, console  # noqa: F401
+from tests.integration.test_console import _login, _page, _shot
 from tests.support.helpers import new_tenant
 
 pytestmark = pytest.mark.integration
 
 
 def test_custom_headers_set_shown_sent_and_replaced_in_the_console(  # type: ignore[no-untyped-def]
-        console, browser, grpc_channel, settings, receiver, delivery_job):  # noqa: F811
+        console, browser, grpc_channel, settings, receiver, delivery_job):
     run = uuid.uuid4().hex[:12]
     secret, tag, tag2 = f"sk_console_{run}", f"tag-{run}", f"tag2-{run}"
     tenant_id, api_key = new_tenant(grpc_channel, settings)

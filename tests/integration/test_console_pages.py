@@ -22,9 +22,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from control_plane.console import serve
 from control_plane.rpc.api import pb, rpc
 from control_plane.rpc.catalog_api import cpb, crpc
 from core.records import delivery_id_for
@@ -32,8 +31,8 @@ from core.settings import Settings
 from outbox.producer import write_event
 from stack.outbox_relay import OutboxRelay
 from tests.integration.test_catalog_fanout import GOOD, SCHEMA
-from tests.integration.test_console import CHROMIUM_ARGS, SHOTS
 from tests.support.behaviours import ok, status
+from tests.support.console_browser import SHOTS
 from tests.support.faults import wait_all_reached
 from tests.support.helpers import auth, create_endpoints, eventually, new_tenant
 from tests.support.receiver import Receiver
@@ -41,22 +40,6 @@ from tests.support.receiver import Receiver
 pytestmark = pytest.mark.integration
 
 HOSTILE = "<script>window.__pwned = 1</script>"
-
-
-@pytest.fixture(scope="module")
-def console(settings: Settings, control_plane_server) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    web = serve(settings, control_plane_server.console, port=0)
-    yield f"http://127.0.0.1:{web.port}"
-    web.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 class Tenant:
