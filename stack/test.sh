@@ -27,12 +27,14 @@ cleanup() {
 }
 trap cleanup EXIT
 if [ "${1:-}" = "--chaos" ]; then
-  # `make chaos`: the whole fault matrix (tests/faults/test_chaos.py), report in .run/chaos/.
+  # `make chaos`: the whole fault matrix (tests/faults/test_chaos.py), report in .run/chaos/, and the
+  # operational events' TaskManager kill (no event emitted twice).
   bash "$REPO/stack/up.sh"
   set +e
   rm -rf "$REPO/.run/chaos"
   "$PY" -m pytest -q -s -p no:cacheprovider tests/faults/test_chaos.py \
-    "tests/faults/test_config_path.py::test_with_the_control_plane_stopped_for_60s_existing_endpoints_keep_receiving_events"
+    "tests/faults/test_config_path.py::test_with_the_control_plane_stopped_for_60s_existing_endpoints_keep_receiving_events" \
+    "tests/integration/test_operational_events.py::test_a_taskmanager_kill_emits_no_operational_event_twice"
   rc=$?
   set -e
   exit $rc
