@@ -228,13 +228,13 @@ def test_cli_header_flags_that_cannot_be_read_are_usage_errors(argv: list[str], 
 
 
 def test_cli_shows_headers_with_secret_values_masked() -> None:
-    from control_plane.cli import main as cli
+    from control_plane.cli import endpoints as endpoints_cli
     from protogen.webhooks.v1 import control_plane_pb2 as pb
 
     e = pb.Endpoint(headers=[pb.CustomHeader(name="X-Tenant", value="acme"),
                              pb.CustomHeader(name="Authorization", secret=True)])
-    assert "headers:        X-Tenant: acme, Authorization: (secret)" in cli.endpoint_detail(e)
-    assert "headers:        none" in cli.endpoint_detail(pb.Endpoint())
+    assert "headers:        X-Tenant: acme, Authorization: (secret)" in endpoints_cli.endpoint_detail(e)
+    assert "headers:        none" in endpoints_cli.endpoint_detail(pb.Endpoint())
 
 
 def test_cli_versions_name_each_versions_headers_secret_ones_starred(monkeypatch: pytest.MonkeyPatch) -> None:
