@@ -198,9 +198,9 @@ class CassandraEndpointStore(CassandraTables):
     @unavailable_on_driver_error
     def clear_clock_holds(self, tenant_id: str, endpoint_id: str, up_to_version: int) -> None:
         # Every publish clears, and holds are rare: a blind DELETE left a range tombstone per
-        # publish in the one partition every clock tick scans (20 reads/s) -- 24,000 of them on
-        # the local stack, on the way to Cassandra's tombstone_failure_threshold. Delete only
-        # what is there.
+        # publish in the one partition every clock tick scans, on the way to Cassandra's
+        # tombstone_failure_threshold (docs/performance.md#the-control-planes-tables). Delete
+        # only what is there.
         if self._first("hold_find", (tenant_id, endpoint_id, up_to_version)) is not None:
             self._session.execute(self._p["hold_clear"], (tenant_id, endpoint_id, up_to_version))
 
