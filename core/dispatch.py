@@ -50,8 +50,9 @@ T = TypeVar("T")
 
 def replace(obj: T, **changes: Any) -> T:
     """``dataclasses.replace`` for the frozen records on the dispatcher's hot path (no
-    ``__post_init__``, no defaults to compute): a copy of the instance dict, ~20x cheaper. It was
-    the largest single cost of the endpoint driver in a profile (a delivery goes through ~8)."""
+    ``__post_init__``, no defaults to compute): a copy of the instance dict. ``dataclasses.replace``
+    was the largest single cost of the endpoint driver in a profile
+    (docs/performance.md#the-taskmanagers-interpreter)."""
     new = object.__new__(type(obj))
     new.__dict__.update(obj.__dict__)
     new.__dict__.update(changes)
@@ -215,7 +216,8 @@ def adopt(p: Pending) -> Pending:
     core.endpoint_store): its durable record is read before it is sent -- at once when a person
     is waiting for a manual request, else lazily, once it is due and could be sent. A backlog of a
     million deliveries behind an open breaker is then not a million reads on every restore, which
-    made a restored job spend ~100 s re-reading a 50,000 backlog while healthy endpoints waited."""
+    kept healthy endpoints waiting while a restored job re-read its backlog
+    (docs/performance.md#restores-and-leaked-resources)."""
     manual = ((p.sending_manual,) if p.sending_manual else ()) + p.manual
     return replace(p, stage=Stage.CHECK if manual else Stage.ADOPTED, busy=False, intent=None, record=None,
                    sending_manual=None, manual=manual, **STORAGE_OK)

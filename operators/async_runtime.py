@@ -32,8 +32,9 @@ class AsyncRuntime:
     def __init__(self, name: str) -> None:
         self.loop = new_event_loop()
         # Coroutines submitted and not yet started, and whether the loop has been woken for them.
-        # Each wake-up is a write to the loop's self-pipe (a syscall and a GIL hand-off): at full
-        # load that was ~12 % of the task thread in a profile, with the loop often already awake.
+        # Each wake-up is a write to the loop's self-pipe (a syscall and a GIL hand-off), a share of
+        # the task thread at full load worth saving while the loop is often already awake
+        # (docs/performance.md#the-taskmanagers-interpreter).
         self._lock = threading.Lock()
         self._inbox: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]] = []
         self._woken = False

@@ -140,7 +140,8 @@ class Dispatcher(KeyedProcessFunction):
         # Each endpoint's part of the gauges, taken again only for endpoints a pass changed since
         # the last refresh, or whose "parked" ends with time (a hold, an open breaker). The driver
         # keeps it up to date as deliveries move (EndpointDriver.summary): walking every held
-        # delivery of each touched endpoint each second cost ~5 us a delivery.
+        # delivery of each touched endpoint each second cost CPU per delivery held
+        # (docs/performance.md#the-taskmanagers-interpreter).
         self._summaries: dict[str, telemetry.EndpointSummary] = {}
         self._changed: set[str] = set()
         self._parked_until: dict[str, int] = {}
@@ -199,11 +200,11 @@ class Dispatcher(KeyedProcessFunction):
                                          group.counter("fanout_snapshot_write_failures"), recheck_ms=200)
         # close() runs only if the input ends: a cancelled or failed-over task never calls it.
         self._owned = task_resources.REGISTRY.register("dispatcher I/O", self._release)
-        # Thread mode: this interpreter lives as long as the TaskManager and holds ~150k
-        # long-lived objects (PyFlink, aiohttp, the Cassandra driver) that every full collection
-        # walked: a ~100 ms pause every 10-25 s, measured as the whole first-attempt p99 tail at
-        # light load. Frozen, they are skipped (full collections measured ~14 ms); close() thaws
-        # them so a cancelled job's garbage can still be collected.
+        # Thread mode: this interpreter lives as long as the TaskManager and holds many long-lived
+        # objects (PyFlink, aiohttp, the Cassandra driver) that every full collection walked: its
+        # pauses were the whole first-attempt p99 tail at light load
+        # (docs/performance.md#the-taskmanagers-interpreter). Frozen, they are skipped; close()
+        # thaws them so a cancelled job's garbage can still be collected.
         gc.collect()
         gc.freeze()
 

@@ -64,9 +64,10 @@ class FlinkEndpointStore:
         self._retry_buckets = rc.get_map_state(
             MapStateDescriptor("retry-queue-buckets", Types.LONG(), Types.PICKLED_BYTE_ARRAY()))
         # Deliveries whose payload entry exists, in memory: a state removal costs as much as a
-        # put (a JNI call and, on RocksDB, a tombstone), and removing an entry that is not there
-        # was a quarter of the dispatcher's task-thread time in a profile. A restore learns the
-        # entries back in entries(); they are few (only payloads not yet durable in Cassandra).
+        # put (a JNI call and, on RocksDB, a tombstone), and removing entries that were not there
+        # was a large share of the dispatcher's task thread
+        # (docs/performance.md#the-taskmanagers-interpreter). A restore learns the entries back
+        # in entries(); they are few (only payloads not yet durable in Cassandra).
         self._held: set[str] = set()
 
     def entries(self, endpoint_id: str) -> Iterable[Pending]:

@@ -1,7 +1,7 @@
 """Delivery history in Cassandra, written for the dispatcher.
 
 Prepared statements and asynchronous execution; the writes of many deliveries travel together
-as unlogged batches (:mod:`operators.write_batcher`, which says why and what it measured). Every
+as unlogged batches (:mod:`operators.write_batcher`, which says why). Every
 write is an idempotent upsert keyed by delivery_id (and attempt number), so redoing one after a
 restore, a timeout or a failed batch cannot create a second logical row.
 
@@ -51,8 +51,8 @@ from operators.write_batcher import AllOf, BatchCompletion, Completion, Statemen
 
 # Timestamps (and dates, hours) are bound as the integers the native protocol carries, not
 # datetime/date objects: the driver takes milliseconds for `timestamp` and 2**31 + days for `date`;
-# building then unpacking a datetime per value cost ~3 us of the dispatcher's interpreter a value,
-# ~12 values a delivery (measured with the real prepared statements).
+# building then unpacking a datetime per value was paid by the dispatcher's interpreter for every
+# value of every delivery (docs/performance.md#the-taskmanagers-interpreter).
 _DATE_EPOCH = 2**31
 
 
@@ -100,8 +100,9 @@ class CassandraHistory:
             settings.contact_points,
             port=settings.port,
             execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-            # v4, not v5: v5 frames carry checksums the driver computes in Python (~2 % of the
-            # dispatcher's interpreter in a profile); loopback/LAN TCP already checksums.
+            # v4, not v5: v5 frames carry checksums the driver computes in Python, in the
+            # dispatcher's interpreter, and loopback/LAN TCP already checksums
+            # (docs/performance.md#the-taskmanagers-interpreter).
             protocol_version=4,
             sockopts=settings.sockopts,
             # The default backs off to 600 s: after a Cassandra restart the dispatcher would hold

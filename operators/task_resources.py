@@ -5,9 +5,8 @@ cancelled, fails over or stops with a savepoint never calls it (flink-python 2.2
 ``AbstractOneInputEmbeddedPythonFunctionOperator`` invokes "close" from ``endInput()`` alone),
 and the interpreter lives as long as the TaskManager. What the dispatcher opened -- a Cassandra
 session, its I/O loop's thread, the HTTP connection pool -- outlived its task: every restart of
-the job left one more of each (six cancelled benchmark jobs left six loops and twelve Cassandra
-connections, and each leaked session's control connection re-read the schema at every keyspace
-change).
+the job left one more of each (docs/performance.md#restores-and-leaked-resources), and each
+leaked session's control connection re-read the schema at every keyspace change.
 
 So an operator that opens resources registers how to release them under the native id of its
 task thread: Flink runs each task on a thread of its own, which ends with the task. Whenever an

@@ -1,20 +1,19 @@
 """Coalesces the history writes of many deliveries into few Cassandra requests.
 
-Measured on this machine (one Cassandra node, 2 cores): writing a delivery's history as its own
-requests (one unlogged batch for the creation rows, one for the attempt and status rows) cost
-~610 us of Cassandra CPU and ~330 us of driver CPU per delivery, and the driver's Python time
-is spent in the dispatcher's interpreter. The same statements sent as unlogged batches of ~50
-deliveries cost ~100 us and ~90 us. Per-request work (native protocol framing, query
-processing, the driver's future and callbacks) dominates, not the mutations themselves.
+A delivery's history written as its own requests costs Cassandra and the driver (whose Python
+time is spent in the dispatcher's interpreter) several times what the same statements cost in
+batches of many deliveries: per-request work (native protocol framing, query processing, the
+driver's future and callbacks) dominates, not the mutations themselves
+(docs/performance.md#history-writes-in-cassandra).
 
 So a write joins the open batch; its completion reports the batch's outcome. The batch is sent
 when it is full (statements or estimated bytes), when no earlier batch is still in flight, or
 when its oldest write has waited ``linger``; the owner calls :meth:`flush_if_due` at the end of
 each pass (the dispatcher polls its pending writes on a timer, so a lingering batch is never
 stranded). Sending at once when Cassandra has nothing of ours in flight is what keeps light load
-fast (a first attempt waits for its creation rows: a fixed linger was ~20 ms of every first
-attempt); under load a batch is always in flight, so writes coalesce for one round trip and
-batches grow with the load, Nagle-style.
+fast (a first attempt waits for its creation rows: a fixed linger was paid by every first
+attempt at light load); under load a batch is always in flight, so writes coalesce for one
+round trip and batches grow with the load, Nagle-style.
 
 Atomicity is not needed: each write is an idempotent upsert. But one write must never fail
 another (an event whose value its column cannot hold failed every batch it joined,

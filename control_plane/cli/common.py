@@ -1,8 +1,8 @@
 """What webhookctl's command groups share: the gRPC channel with its credential and timeout,
-times in and out, and plain-text tables.
+times in and out, plain-text tables and how a response is printed.
 
-Public, so each group's module (:mod:`control_plane.cli.main`, :mod:`control_plane.cli.event_types`)
-imports it rather than another group's private helpers.
+Public, so each group's module (:mod:`control_plane.cli.endpoints`, :mod:`control_plane.cli.event_types`
+and the others beside them) imports it rather than another group's private helpers.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 T = TypeVar("T")
 
+# How a command prints an API response: ``out(message, text)`` prints the message as JSON with
+# --json, else ``text(message)``.
+Out = Callable[[Any, Callable[[Any], str]], None]
+
 
 def when(stamp: Timestamp) -> str:
     if not stamp.seconds and not stamp.nanos:
@@ -32,6 +36,15 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     line = "  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True))
     body = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join([line.rstrip(), *(b.rstrip() for b in body)])
+
+
+def status_name(enum: Any, value: int) -> str:
+    return enum.Name(value).split("_STATUS_", 1)[-1].lower()  # ENDPOINT_STATUS_PENDING_VERIFICATION
+
+
+def next_cursor_line(next_cursor: str) -> str:
+    """The line under a page that says how to get the next one (nothing after the last page)."""
+    return f"\nnext cursor: {next_cursor}" if next_cursor else ""
 
 
 def ts(text: str | None) -> Timestamp | None:

@@ -30,7 +30,7 @@ from cassandra.cluster import Session
 from control_plane.archive.rows import naive
 from control_plane.archive.store import ArchiveStore
 from control_plane.domain import DeliveryDetail, DeliverySummary, ReplayAudit
-from control_plane.store import CassandraStore, HistoryPosition, delivery_detail
+from control_plane.store import HistoryPosition, HistoryStore, delivery_detail
 from core import archive_facts, history_rows
 from core import archive_layout as layout
 
@@ -86,9 +86,9 @@ class ArchivedAttempts:
 
 
 class TieredHistory:
-    """The control plane's HistoryStore (control_plane/store.py) over both tiers."""
+    """The control plane's HistoryStore (control_plane/store/protocols.py) over both tiers."""
 
-    def __init__(self, hot: CassandraStore, session: Session, archive: ArchiveStore, hot_ttl_s: int) -> None:
+    def __init__(self, hot: HistoryStore, session: Session, archive: ArchiveStore, hot_ttl_s: int) -> None:
         self._hot = hot
         self._s = session
         self._archive = ArchivedAttempts(archive)

@@ -187,7 +187,7 @@ def spec_of(message: Any) -> EndpointSpec:
 
 
 def version_pb(v: EndpointVersion) -> Any:
-    return pb.EndpointVersion(
+    message = pb.EndpointVersion(
         config_version=v.config_version,
         url=v.spec.url,
         event_types=list(v.spec.event_types),
@@ -201,9 +201,13 @@ def version_pb(v: EndpointVersion) -> Any:
         deleted=v.status is EndpointStatus.DELETED,
         description=v.spec.description,
         headers=headers_pb(v.spec.headers),
-        **({"payload_mode": v.spec.payload_mode, "payload_fields": list(v.spec.payload_fields),
-            "ordering_key": v.spec.ordering_key} if v.delivery_settings_known else {}),
     )
+    # A version recorded before its delivery settings were kept leaves them unset: not known.
+    if v.delivery_settings_known:
+        message.payload_mode = v.spec.payload_mode
+        message.payload_fields.extend(v.spec.payload_fields)
+        message.ordering_key = v.spec.ordering_key  # set even when "": ordering off, and known
+    return message
 
 
 def summary_pb(d: DeliverySummary) -> Any:

@@ -24,7 +24,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from control_plane.catalog.store import CassandraCatalogStore
-from control_plane.cli import main as cli
+from control_plane.cli import endpoints as endpoints_cli
 from control_plane.publishing.catalog import TYPE, Unpublished
 from control_plane.rpc.api import pb, rpc
 from control_plane.rpc.catalog_api import cpb, crpc
@@ -514,7 +514,7 @@ def test_an_endpoint_is_pinned_on_create_and_update_and_get_shows_it(stack: Stac
     endpoint_id = created.endpoint_id
     assert list(created.schema_majors) == [2, 3] and published(endpoint_id, 1) == (2, 3)
     got = api.GetEndpoint(pb.GetEndpointRequest(endpoint_id=endpoint_id), metadata=t.md)
-    assert list(got.schema_majors) == [2, 3] and "schema majors:  2, 3" in cli.endpoint_detail(got)
+    assert list(got.schema_majors) == [2, 3] and "schema majors:  2, 3" in endpoints_cli.endpoint_detail(got)
 
     updated = update(endpoint_id, [1])
     assert list(updated.schema_majors) == [1] and updated.config_version == created.config_version

@@ -234,7 +234,7 @@ def test_load_for_replay_returns_the_delivery_and_its_durable_record(history):
 
 
 def test_the_control_plane_shows_a_request_whose_outcome_was_never_recorded(history, session):
-    from control_plane.cli.main import delivery_detail
+    from control_plane.cli.deliveries import delivery_detail
     from control_plane.domain import NO_OUTCOME
     from control_plane.rpc.servicer import detail_pb
     from control_plane.store import CassandraStore

@@ -146,16 +146,16 @@ def test_reencryption_moves_secret_header_values_too(w: World) -> None:  # noqa:
 
 
 def test_the_stored_column_round_trips_and_null_means_none() -> None:
-    from control_plane.store import _headers_json, _spec
+    from control_plane.store.endpoint_rows import headers_json, spec_from_row
 
     sealed = spec(headers=(custom_headers.SealedHeader("X-Tenant", value="acme"),
                            custom_headers.SealedHeader("Authorization", sealed="AQID")))
     row = {"url": sealed.url, "description": sealed.description, "event_types": list(sealed.event_types),
            "rate_limit_per_s": None, "max_in_flight": None, "metadata": dict(sealed.metadata),
-           "headers": _headers_json(sealed)}
-    assert _spec(row).headers == sealed.headers
-    assert _headers_json(spec()) is None
-    assert _spec({**row, "headers": None}).headers == ()
+           "headers": headers_json(sealed)}
+    assert spec_from_row(row).headers == sealed.headers
+    assert headers_json(spec()) is None
+    assert spec_from_row({**row, "headers": None}).headers == ()
 
 
 def test_api_answers_show_names_and_plain_values_never_a_secret_value_sealed_or_not(w: World) -> None:  # noqa: F811
@@ -228,13 +228,13 @@ def test_cli_header_flags_that_cannot_be_read_are_usage_errors(argv: list[str], 
 
 
 def test_cli_shows_headers_with_secret_values_masked() -> None:
-    from control_plane.cli import main as cli
+    from control_plane.cli import endpoints as endpoints_cli
     from protogen.webhooks.v1 import control_plane_pb2 as pb
 
     e = pb.Endpoint(headers=[pb.CustomHeader(name="X-Tenant", value="acme"),
                              pb.CustomHeader(name="Authorization", secret=True)])
-    assert "headers:        X-Tenant: acme, Authorization: (secret)" in cli.endpoint_detail(e)
-    assert "headers:        none" in cli.endpoint_detail(pb.Endpoint())
+    assert "headers:        X-Tenant: acme, Authorization: (secret)" in endpoints_cli.endpoint_detail(e)
+    assert "headers:        none" in endpoints_cli.endpoint_detail(pb.Endpoint())
 
 
 def test_cli_versions_name_each_versions_headers_secret_ones_starred(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ from cassandra.cluster import NoHostAvailable
 from cassandra.protocol import ErrorMessage, InvalidRequestException
 
 from control_plane.errors import Unavailable
-from control_plane.store import _unavailable_on_driver_error
+from control_plane.store.cql import unavailable_on_driver_error
 
 # Protocol v5's CAS_WRITE_UNKNOWN: a lightweight transaction whose proposal a minority accepted
 # (seen on a 3-node ring under concurrent creates). The driver has no class for it.
@@ -23,7 +23,7 @@ CAS_WRITE_UNKNOWN = 0x1700
                  None),
 ])
 def test_a_transient_storage_error_is_unavailable(exc: Exception) -> None:
-    @_unavailable_on_driver_error
+    @unavailable_on_driver_error
     def write() -> None:
         raise exc
 
@@ -34,7 +34,7 @@ def test_a_transient_storage_error_is_unavailable(exc: Exception) -> None:
 def test_a_server_error_that_is_not_transient_is_not_hidden_as_unavailable() -> None:
     invalid = InvalidRequestException(0x2200, "unconfigured table endpoints", None)
 
-    @_unavailable_on_driver_error
+    @unavailable_on_driver_error
     def read() -> None:
         raise invalid
 

@@ -15,7 +15,9 @@ from cassandra.protocol import ErrorMessage
 
 from control_plane.domain import Endpoint, EndpointSpec, StoredKey, Tenant
 from control_plane.errors import Unavailable
-from control_plane.store import _LWT_TRIES, CassandraStore, _keys_to_json
+from control_plane.store import CassandraStore
+from control_plane.store.cql import _LWT_TRIES
+from control_plane.store.endpoint_rows import keys_to_json
 from core.records import EndpointStatus
 
 CAS_WRITE_UNKNOWN = 0x1700
@@ -89,20 +91,20 @@ APPLIED = [{"[applied]": True}]
 
 def test_a_create_whose_first_try_applied_unseen_is_this_calls_own_and_keeps_its_secret() -> None:
     ours = endpoint()
-    s, session = store({"endpoint_insert": [unknown(), not_applied(signing_keys=_keys_to_json(ours.signing_keys))]})
+    s, session = store({"endpoint_insert": [unknown(), not_applied(signing_keys=keys_to_json(ours.signing_keys))]})
     assert s.insert_endpoint(ours) is True
     assert session.sent == ["endpoint_insert", "endpoint_insert"]
 
 
 def test_a_retry_that_finds_another_writers_row_is_not_applied() -> None:
     theirs = endpoint("sealed-by-another-call")
-    s, _ = store({"endpoint_insert": [unknown(), not_applied(signing_keys=_keys_to_json(theirs.signing_keys))]})
+    s, _ = store({"endpoint_insert": [unknown(), not_applied(signing_keys=keys_to_json(theirs.signing_keys))]})
     assert s.insert_endpoint(endpoint()) is False
 
 
 def test_a_condition_false_at_the_first_try_is_not_taken_for_ours_whatever_the_row() -> None:
     ours = endpoint()
-    s, _ = store({"endpoint_insert": [not_applied(signing_keys=_keys_to_json(ours.signing_keys))]})
+    s, _ = store({"endpoint_insert": [not_applied(signing_keys=keys_to_json(ours.signing_keys))]})
     assert s.insert_endpoint(ours) is False
 
 
@@ -140,7 +142,7 @@ def test_a_tenant_created_unseen_by_this_call_is_recognised_by_its_name_and_time
 def test_a_replace_whose_unknown_try_applied_is_recognised_by_rereading_the_row() -> None:
     from datetime import datetime
     ours = endpoint()
-    row = {"config_version": 1, "signing_keys": _keys_to_json(ours.signing_keys),
+    row = {"config_version": 1, "signing_keys": keys_to_json(ours.signing_keys),
            "updated_at": datetime(1970, 1, 1, 0, 0, 1)}
     s, session = store({"endpoint_replace": [unknown(), not_applied(config_version=1)], "endpoint_get": [[row]]})
     assert s.replace_endpoint(ours, expected_version=0) is True

@@ -6,7 +6,7 @@ import datetime as dt
 import zlib
 from collections import Counter
 
-from control_plane.store import _merged
+from control_plane.store.history import _merged
 from core.history_buckets import HISTORY_BUCKETS, bucket_of
 from core.records import delivery_id_for
 

@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
+from control_plane.cli import deliveries, endpoints, events, master_key
 from control_plane.cli import main as cli
+from control_plane.cli.common import table
 from control_plane.rpc.api import pb
 from core.event_schemas import SchemaVersion
 from outbox.schemas import CatalogType, TenantCatalog
@@ -84,9 +86,9 @@ def test_replay_and_recover_send_the_reason_and_get_shows_the_audit() -> None:
     assert stub.calls[0][1].reason == "INC-42"
     detail = pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="dlv_1"), replays=[
         pb.ReplayAudit(request_id="rq-1", requested_by="key_abc", reason="INC-42")])
-    text = cli.delivery_detail(detail)
+    text = deliveries.delivery_detail(detail)
     assert "replays" in text and "key_abc" in text and "INC-42" in text
-    assert "replays" not in cli.delivery_detail(pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d")))
+    assert "replays" not in deliveries.delivery_detail(pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d")))
 
 
 def test_recover_draws_a_progress_bar(capsys: Any) -> None:
@@ -95,7 +97,7 @@ def test_recover_draws_a_progress_bar(capsys: Any) -> None:
 
 
 def test_table_aligns_columns() -> None:
-    assert cli.table(["a", "bb"], [("xxx", 1)]).splitlines() == ["A    BB", "xxx  1"]
+    assert table(["a", "bb"], [("xxx", 1)]).splitlines() == ["A    BB", "xxx  1"]
 
 
 def test_reconcile_maps_its_window_and_renders_counts_gaps_and_repairs() -> None:
@@ -128,7 +130,7 @@ def test_reconcile_takes_json_after_its_arguments_too() -> None:
 ])
 def test_channel_security_by_target_and_flags(target: str, ca: str | None, insecure: bool, tls: bool,
                                               tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from control_plane.cli import main as cli_module
+    from control_plane.cli import common as cli_module
 
     made: list[str] = []
     monkeypatch.setattr(cli_module.grpc, "insecure_channel", lambda t: made.append("plain") or t)
@@ -147,7 +149,7 @@ def test_master_key_reencrypt_says_whether_the_old_key_can_go() -> None:
     assert name == "ReencryptSigningKeys" and request.tenant_id == "t_1" and request.dry_run
     assert "k1=1, k2=3" in shown[0] and "still sealed under k1: run again" in shown[0]
     done = pb.ReencryptSigningKeysReport(current_master_key_id="k2", keys_by_master_key={"k2": 4})
-    assert "every key is sealed under the current master key" in cli.reencrypt_report(done)
+    assert "every key is sealed under the current master key" in master_key.reencrypt_report(done)
 
 
 def test_payload_flags_and_tenant_event_types() -> None:
@@ -171,8 +173,8 @@ def test_ordering_key_flags_blocked_keys_and_skip_head() -> None:
     assert list(request.update_mask.paths) == ["ordering_key"] and request.endpoint.ordering_key == ""
     stub, _ = run(["endpoints", "update", "ep_1", "--description", "d"])
     assert "ordering_key" not in stub.calls[0][1].update_mask.paths
-    assert "ordering key:   object_id" in cli.endpoint_detail(pb.Endpoint(ordering_key="object_id"))
-    assert "ordering key:   none" in cli.endpoint_detail(pb.Endpoint())
+    assert "ordering key:   object_id" in endpoints.endpoint_detail(pb.Endpoint(ordering_key="object_id"))
+    assert "ordering key:   none" in endpoints.endpoint_detail(pb.Endpoint())
 
     stub, shown = run(["endpoints", "blocked-keys", "ep_1", "--page-size", "10", "--page-token", "tok1"])
     [(name, request)] = stub.calls
@@ -195,7 +197,7 @@ def test_delivery_detail_says_which_requests_were_skips() -> None:
     detail = pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="dlv_1"), replays=[
         pb.ReplayAudit(request_id="rq-1", requested_by="key_a", reason="INC-1", action="replay"),
         pb.ReplayAudit(request_id="skp-1", requested_by="key_b", reason="INC-2", action="skip")])
-    lines = cli.delivery_detail(detail).splitlines()
+    lines = deliveries.delivery_detail(detail).splitlines()
     assert "ACTION" in next(line for line in lines if line.startswith("REQUESTED"))
     assert any("key_b" in line and " skip " in line and "INC-2" in line for line in lines)
 
@@ -213,10 +215,11 @@ def test_a_skipped_delivery_is_listed_as_skipped_and_its_detail_says_why() -> No
     assert list(stub.calls[0][1].statuses) == [pb.DELIVERY_STATUS_SKIPPED]
     assert "dlv_1" in shown[0] and " skipped " in shown[0]
     summary = pb.DeliverySummary(delivery_id="dlv_1", status=pb.DELIVERY_STATUS_SKIPPED)
-    text = cli.delivery_detail(pb.DeliveryDetail(delivery=summary,
+    text = deliveries.delivery_detail(pb.DeliveryDetail(delivery=summary,
                                                  last_error_class="schema major 1 not accepted (pinned: 2)"))
     assert "skipped, never sent: schema major 1 not accepted (pinned: 2)" in text
-    assert "never sent" not in cli.delivery_detail(pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d")))
+    plain = pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d"))
+    assert "never sent" not in deliveries.delivery_detail(plain)
 
 
 def test_schema_major_flags_on_create_and_update_and_get_shows_them() -> None:
@@ -231,8 +234,8 @@ def test_schema_major_flags_on_create_and_update_and_get_shows_them() -> None:
     assert list(request.update_mask.paths) == ["schema_majors"] and list(request.endpoint.schema_majors) == []
     stub, _ = run(["endpoints", "update", "ep_1", "--description", "d"])
     assert "schema_majors" not in stub.calls[0][1].update_mask.paths
-    assert "schema majors:  2, 3" in cli.endpoint_detail(pb.Endpoint(schema_majors=[2, 3]))
-    assert "schema majors:  all" in cli.endpoint_detail(pb.Endpoint())
+    assert "schema majors:  2, 3" in endpoints.endpoint_detail(pb.Endpoint(schema_majors=[2, 3]))
+    assert "schema majors:  all" in endpoints.endpoint_detail(pb.Endpoint())
 
 
 # -- events publish: the producer library, checked against the tenant's catalog ----------------
@@ -263,8 +266,8 @@ AMOUNT_CATALOG = TenantCatalog({"invoice.paid": CatalogType("reject", {SchemaVer
 def publish(data: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
             credential: bool = True) -> tuple[int, OutboxConnection, ClosableSource, str]:
     conn, source, asked = OutboxConnection(), ClosableSource(AMOUNT_CATALOG), []
-    monkeypatch.setattr(cli.psycopg, "connect", lambda dsn, **kw: conn)
-    monkeypatch.setattr(cli, "GrpcCatalog", lambda *a, **kw: asked.append((a, kw)) or source, raising=False)
+    monkeypatch.setattr(events.psycopg, "connect", lambda dsn, **kw: conn)
+    monkeypatch.setattr(events, "GrpcCatalog", lambda *a, **kw: asked.append((a, kw)) or source)
     monkeypatch.delenv("WEBHOOKCTL_ADMIN_TOKEN", raising=False)
     if credential:
         monkeypatch.setenv("WEBHOOKCTL_API_KEY", "key_acme")

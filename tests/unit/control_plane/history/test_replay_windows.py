@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from control_plane import errors
 from control_plane.catalog.service import Caller, EventTypeEntry, ReplayRuleEntry
+from control_plane.cli import deliveries as deliveries_cli
 from control_plane.cli import event_types as catalog_cli
 from control_plane.cli import main as cli
 from control_plane.console.app import Console, build_app
@@ -357,10 +358,10 @@ def test_webhookctl_sets_a_types_window_and_a_tenant_rule() -> None:
 
 def test_webhookctl_shows_the_refusal_and_a_recoverys_split(capsys: pytest.CaptureFixture[str]) -> None:
     refusal = "replay not allowed: tenant rule user.*: replay window 1h (closed at 2027-01-15T07:00:00.000Z)"
-    shown = cli.delivery_detail(pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d"),
+    shown = deliveries_cli.delivery_detail(pb.DeliveryDetail(delivery=pb.DeliverySummary(delivery_id="d"),
                                                   replay_refusal=refusal))
     assert refusal in shown
-    cli.ProgressBar().update(pb.RecoverProgress(total=2, replayed=2, done=True, not_allowed=3,
+    deliveries_cli.ProgressBar().update(pb.RecoverProgress(total=2, replayed=2, done=True, not_allowed=3,
                                                 not_allowed_by_rule={"tenant rule user.*: replay window 1h": 3}))
     err = capsys.readouterr().err
     assert "2/2 replayed, 0 skipped, 3 past their replay window" in err
