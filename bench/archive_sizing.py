@@ -247,17 +247,11 @@ def run(args: argparse.Namespace) -> int:
     offs = [r for r in rounds if r.mode == "off"]
     ons = [r for r in rounds if r.mode == "on"]
     archived = sum(r.deliveries for r in ons)
-
-    def avg(rs: list[Round], group: str) -> float:
-        return sum(r.per_delivery(group) for r in rs) / len(rs)
-
-    shares = {g: avg(ons, g) - avg(offs, g) for g in ("taskmanagers", "jobmanager", "kafka", "cassandra")}
-    own = {"archive-writer": sum(r.writer_cpu_s for r in ons) * 1000 / sum(r.writer_deliveries for r in ons),
-           "s3proxy": sum(r.cpu_s.get("s3proxy", 0.0) + r.catch_up_cpu_s.get("s3proxy", 0.0) for r in ons) * 1000
-           / sum(r.writer_deliveries for r in ons)}
-    kafka_catch_up = sum(r.catch_up_cpu_s.get(g, 0.0) for r in ons for g in ("kafka", "cassandra")) * 1000 / archived
     audit = audit_cpu_s * 1000 / audited if audited else 0.0  # per delivery the audit read
-    x = sum(shares.values()) + sum(own.values()) + kafka_catch_up + audit
+    x, shares, own, kafka_catch_up = archive_cost(offs, ons, audit)
+    # Each off/on pair on its own: the job's share is a difference between two jobs, and jobs
+    # differ by more than the facts cost; the spread of the pairs shows how much.
+    pairs = [archive_cost([off], [on], audit)[0] for off, on in zip(offs, ons, strict=True)]
     delivery = sum(r.total_ms for r in offs) / len(offs)
     writes_off = sum(r.writes for r in offs) / sum(r.deliveries for r in offs)
     writes_on = sum(r.writes for r in ons) / archived
@@ -267,11 +261,32 @@ def run(args: argparse.Namespace) -> int:
           f"audit={audit:.3f}; Cassandra writes per delivery off={writes_off:.2f} on={writes_on:.2f}; "
           f"facts {records} records, {fact_bytes / archived:.0f} B/delivery on Kafka; "
           f"Parquet {parquet / archived:.0f} B/delivery", flush=True)
+    if len(pairs) > 1:
+        print("archive-bench: per off/on pair, archive_cpu_ms_per_delivery=" + ",".join(f"{p:.3f}" for p in pairs)
+              + f" (min {min(pairs):.3f}, max {max(pairs):.3f})", flush=True)
     print(f"archive-bench: archive_cpu_ms_per_delivery={x:.3f} release_hot_bytes_per_delivery=0 "
           f"delivery_cpu_ms_per_delivery={delivery:.3f} ratio={x / delivery if delivery else float('nan'):.3f} "
           f"deliveries_off={sum(r.deliveries for r in offs)} deliveries_on={archived} rounds={args.rounds}",
           flush=True)
     return 0
+
+
+def archive_cost(offs: list[Round], ons: list[Round], audit: float
+                 ) -> tuple[float, dict[str, float], dict[str, float], float]:
+    """(ms of CPU per archived delivery, the job's shares on-off by group, the writer's and the
+    store's own, Kafka's and Cassandra's over the writer's catch-up) of these rounds."""
+    archived = sum(r.deliveries for r in ons)
+
+    def avg(rs: list[Round], group: str) -> float:
+        return sum(r.per_delivery(group) for r in rs) / len(rs)
+
+    shares = {g: avg(ons, g) - avg(offs, g) for g in ("taskmanagers", "jobmanager", "kafka", "cassandra")}
+    written = sum(r.writer_deliveries for r in ons)
+    own = {"archive-writer": sum(r.writer_cpu_s for r in ons) * 1000 / written,
+           "s3proxy": sum(r.cpu_s.get("s3proxy", 0.0) + r.catch_up_cpu_s.get("s3proxy", 0.0) for r in ons) * 1000
+           / written}
+    kafka_catch_up = sum(r.catch_up_cpu_s.get(g, 0.0) for r in ons for g in ("kafka", "cassandra")) * 1000 / archived
+    return sum(shares.values()) + sum(own.values()) + kafka_catch_up + audit, shares, own, kafka_catch_up
 
 
 def main(argv: list[str] | None = None) -> int:
