@@ -95,7 +95,8 @@ def test_an_operations_endpoint_that_fails_produces_no_events_about_itself(setti
 
 def test_auto_disable_warns_then_disables(settings, grpc_channel, receiver, delivery_job):
     t = Tenant(settings, grpc_channel, receiver, "auto")
-    t.set_auto_disable(window_s=30, warn_at=[0.5])
+    # The sweep runs every 5 s: two of them between the warning (12 s) and the disable (24 s).
+    t.set_auto_disable(window_s=24, warn_at=[0.5])
     biz = t.endpoint("biz", ["invoice.*"], "503")
     t.send(6)
     t.wait_event(ops.ENDPOINT_FAILING, biz.endpoint_id, reason=ops.BREAKER_OPENED)
@@ -110,7 +111,9 @@ def test_auto_disable_warns_then_disables(settings, grpc_channel, receiver, deli
     # Enabling it again resets the count: no disable within the first half of a new window.
     t.cp.EnableEndpoint(pb.GetEndpointRequest(endpoint_id=biz.endpoint_id), metadata=auth(t.api_key))
     t.wait_event(ops.ENDPOINT_ENABLED, biz.endpoint_id)
-    time.sleep(10)
+    # Longer than a sweep, which would disable it again had the enable not restarted the clock;
+    # shorter than the new window's half (its own warning, at the same share, comes 12 s after).
+    time.sleep(7)
     assert t.status(biz) == pb.ENDPOINT_STATUS_ACTIVE
     assert_no_event_twice(t)
 
