@@ -65,7 +65,7 @@ export PYTHONHASHSEED="${PYTHONHASHSEED:-0}"
 # Faults last: a fault test may replace the session's job (a rescale, a restore), whose operator
 # metrics the integration tests read; pure tests first, so a broken build fails in seconds.
 if [ $# -eq 0 ]; then set -- tests/unit tests/integration tests/e2e tests/faults; fi
-"$PY" -m pytest -q -p no:cacheprovider --durations=20 -m "not chaos_full and not chaos_cluster and not cluster" "$@"
+"$PY" -m pytest -q -p no:cacheprovider --durations=40 -m "not chaos_full and not chaos_cluster and not cluster" "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then echo "no tests ran: that is a failure" >&2; rc=1; fi

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from control_plane.rpc.api import pb, rpc
 from core.records import delivery_id_for
 from core.settings import REPO_ROOT, Settings, load_settings
 from tests.support.faults import wait_all_reached
-from tests.support.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.helpers import auth, create_endpoints, event, eventually, new_tenant, produce
 from tests.support.stack_fixtures import second_stack
 
 pytestmark = pytest.mark.integration
@@ -48,16 +49,13 @@ class Obs:
 
     def tenant(self, n: int, behaviour: str | None, prefix: str) -> tuple[str, list[str]]:
         tenant_id, key = new_tenant(self.channel, self.settings)
-        cp = rpc.ControlPlaneStub(self.channel)
-        ids = []
-        for i in range(n):
-            path = f"/obs/{prefix}-{tenant_id}-{i}"
-            if behaviour:
+        paths = [f"/obs/{prefix}-{tenant_id}-{i}" for i in range(n)]
+        if behaviour:
+            for path in paths:
                 self.receiver.set_behaviour(path, behaviour)
-            ids.append(cp.CreateEndpoint(pb.CreateEndpointRequest(url=f"{self.receiver.base_url}{path}",
-                                                                  event_types=["order.*"]),
-                                         metadata=auth(key)).endpoint.endpoint_id)
-        return tenant_id, ids
+        # Concurrently: each create is answered a config lease after its publish.
+        return tenant_id, create_endpoints(self.channel, key, [f"{self.receiver.base_url}{p}" for p in paths],
+                                           ["order.*"])
 
     def send(self, tenant_id: str, n: int) -> list[str]:
         events = [event(tenant_id, "order.created", b'{"n":1}') for _ in range(n)]
@@ -99,9 +97,21 @@ def test_the_job_series_move_the_right_way_and_the_alert_fires_and_clears(obs: O
     assert obs.op("status_class_attempts", ',status_class="2xx"') == 5
     assert obs.op("fanout_lag_le_ms_events", ',fanout_lag_le_ms="inf"') == 5
 
-    # -- a failing endpoint: 5xx attempts, its breaker opens, its oldest retry keeps ageing --------
     bad_tenant, (obs.failing_ep,) = obs.tenant(1, "500", "fail")
     obs.send(bad_tenant, 6)
+    # -- a throttled tenant: its backlog waits for its single slot, long enough for the alert to
+    # fire (the age past 10 s for its `for:` of 10 s, behind the reporter, scrape and rule
+    # intervals) -- so it drains while the failing, hanging and storming endpoints below are
+    # observed, and the alert is checked afterwards in Prometheus's own record of it. Sent after
+    # the failing endpoint's events, its deliveries are younger than that endpoint's retries:
+    # they cannot move the oldest-retry age watched below.
+    slow_tenant, slow_eps = obs.tenant(30, "slow 1.5", "slow")
+    slow_sent = time.time()
+    slow_ids = obs.send(slow_tenant, 1)
+    firing = f'ALERTS{{alertname="FirstAttemptObjectiveMissed",alertstate="firing",{obs.sel}}}'
+    eventually(lambda: (obs.op("tenants_at_quota") or 0) >= 1 or None, timeout=30, what="a tenant at its quota")
+
+    # -- a failing endpoint: 5xx attempts, its breaker opens, its oldest retry keeps ageing --------
     eventually(lambda: value(f"webhooks:breakers_open{{{obs.sel}}}") == 1 or None, timeout=90,
                what="the breaker-open gauge at 1")
     # The dispatcher refreshes its gauges and publishes its counts on their own clocks (up to a
@@ -126,7 +136,18 @@ def test_the_job_series_move_the_right_way_and_the_alert_fires_and_clears(obs: O
     eventually(lambda: (obs.op("status_class_attempts", ',status_class="4xx"') or 0) >= 12 or None,
                timeout=90, what="the 429 storm's attempts")
     assert (obs.op("retried") or 0) >= 12
-    # 24 deliveries so far, and retries of the hanging and storming ones (the breakers soon stop
+
+    # -- the throttled tenant drained: the alert fired meanwhile, and clears ----------------------
+    wait_all_reached(obs.receiver, {delivery_id_for(e, ep) for e in slow_ids for ep in slow_eps}, timeout=120)
+    assert (obs.op("throttled_slots") or 0) >= 1
+
+    def fired_since_the_backlog() -> list[tuple[dict[str, str], float]] | None:
+        return values(f"max_over_time({firing}[{int(time.time() - slow_sent) + 5}s])") or None
+
+    eventually(fired_since_the_backlog, timeout=90, interval=2, what="FirstAttemptObjectiveMissed firing")
+    eventually(lambda: not values(firing) or None, timeout=90, interval=2, what="the alert to clear")
+
+    # 54 deliveries so far, and retries of the hanging and storming ones (the breakers soon stop
     # most of them): more requests than deliveries, in the raw counters and in the rule.
     # (Eventually: the storm's 429s are counted the moment they are answered, their retries a
     # Retry-After later.)
@@ -134,16 +155,6 @@ def test_the_job_series_move_the_right_way_and_the_alert_fires_and_clears(obs: O
                timeout=60, what="more attempts than deliveries")
     eventually(lambda: (value(f"webhooks:retry_amplification:15m{{{obs.sel}}}") or 0) > 1.05 or None,
                timeout=60, what="retry amplification above 1.05")
-
-    # -- a throttled tenant: its backlog waits for its single slot; the alert fires, then clears --
-    slow_tenant, slow_eps = obs.tenant(30, "slow 1.5", "slow")
-    slow_ids = obs.send(slow_tenant, 1)
-    firing = f'ALERTS{{alertname="FirstAttemptObjectiveMissed",alertstate="firing",{obs.sel}}}'
-    eventually(lambda: (obs.op("tenants_at_quota") or 0) >= 1 or None, timeout=30, what="a tenant at its quota")
-    eventually(lambda: values(firing) or None, timeout=90, interval=2, what="FirstAttemptObjectiveMissed firing")
-    assert (obs.op("throttled_slots") or 0) >= 1
-    wait_all_reached(obs.receiver, {delivery_id_for(e, ep) for e in slow_ids for ep in slow_eps}, timeout=120)
-    eventually(lambda: not values(firing) or None, timeout=90, interval=2, what="the alert to clear")
 
 
 def test_webhookctl_stats_and_the_health_page_show_the_job(obs: Obs, tmp_path: Any) -> None:

@@ -1,8 +1,9 @@
 """Operational events on the real stack: a tenant's operations endpoint (subscribed to
 ``webhooks.*``) receives signed ``webhooks.*`` events about its other endpoints -- failing then
-recovered, disabled by a 410 with its reason, deliveries exhausted (retries ended, or the
-deadline passed) -- none about itself when it fails too, none twice across a TaskManager kill,
-and auto-disable with a short window (warnings, then disabled; dry-run only warns).
+recovered, disabled by a 410 with its reason, deliveries exhausted (retries ended; the deadline
+passed: test_retry_deadline.py, on its job with a short deadline) -- none about itself when it
+fails too, none twice across a TaskManager kill, and auto-disable with a short window (warnings,
+then disabled; dry-run only warns).
 
 The session job's schedule (conftest): 4 attempts, breaker opens after 5 failures for 2 s.
 The control plane's auto-disable loop runs every 5 s (control_plane.auto_disable_interval_s).
@@ -10,85 +11,20 @@ The control plane's auto-disable loop runs every 5 s (control_plane.auto_disable
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
 
-from control_plane.rpc.api import pb, rpc
+from control_plane.rpc.api import pb
 from core import operational_events as ops
 from protogen.webhooks.v1 import operations_pb2 as opb
-from protogen.webhooks.v1 import operations_pb2_grpc as orpc
-from tests.support.helpers import auth, event, eventually, new_tenant, produce, read_dead_letters
-from tests.support.receiver import Receiver, verify_signature
+from tests.support.helpers import auth, eventually, read_dead_letters
+from tests.support.operational import Endpoint, Tenant
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class Endpoint:
-    endpoint_id: str
-    path: str
-    secret: str
-
-
-class Tenant:
-    """A tenant with an operations endpoint (``webhooks.*``) and business endpoints on the
-    session's receiver."""
-
-    def __init__(self, settings: Any, channel: grpc.Channel, receiver: Receiver, name: str,
-                 ops_behaviour: str = "ok") -> None:
-        self.settings, self.receiver = settings, receiver
-        self.tenant_id, self.api_key = new_tenant(channel, settings)
-        self.cp = rpc.ControlPlaneStub(channel)
-        self.operations = orpc.OperationsStub(channel)
-        self.name = name
-        self.ops = self.endpoint("ops", ["webhooks.*"], ops_behaviour)
-
-    def endpoint(self, name: str, event_types: list[str], behaviour: str) -> Endpoint:
-        path = f"/ep/{self.tenant_id}/{self.name}-{name}"
-        self.receiver.set_behaviour(path, behaviour)
-        created = self.cp.CreateEndpoint(pb.CreateEndpointRequest(url=self.receiver.base_url + path,
-                                                                  event_types=event_types), metadata=auth(self.api_key))
-        return Endpoint(created.endpoint.endpoint_id, path, created.signing_secret)
-
-    def send(self, n: int, event_type: str = "invoice.paid") -> list[str]:
-        evs = [event(self.tenant_id, event_type, json.dumps({"n": i}).encode()) for i in range(n)]
-        produce(self.settings, [e.to_json() for e in evs], keys=[e.event_id for e in evs])
-        return [e.event_id for e in evs]
-
-    def received(self, at: Endpoint | None = None) -> list[tuple[str, dict[str, Any]]]:
-        """(webhook-id, body) of every request the operations endpoint (or ``at``) got, each
-        verified with its signing secret (an unverified one fails the test)."""
-        at = at or self.ops
-        out = []
-        for r in self.receiver.requests(at.path):
-            assert verify_signature(r, [at.secret]), f"unverified request to {at.path}: {r.headers}"
-            out.append((r.webhook_id or "", r.json()))
-        return out
-
-    def wait_event(self, type_name: str, about: str, timeout: float = 90, at: Endpoint | None = None,
-                   **data: Any) -> dict[str, Any]:
-        def found() -> dict[str, Any] | None:
-            for _, body in self.received(at):
-                if body["type"] == type_name and body["endpoint_id"] == about and all(
-                        body["data"].get(k) == v for k, v in data.items()):
-                    return body
-            return None
-        return eventually(found, timeout=timeout, what=f"{type_name} about {about} {data}")
-
-    def status(self, endpoint: Endpoint) -> int:
-        return int(self.cp.GetEndpoint(pb.GetEndpointRequest(endpoint_id=endpoint.endpoint_id),
-                                       metadata=auth(self.api_key)).status)
-
-    def set_auto_disable(self, window_s: int, warn_at: list[float], dry_run: bool = False) -> None:
-        self.operations.SetAutoDisable(opb.SetAutoDisableRequest(window_seconds=window_s, warn_at=warn_at,
-                                                                 dry_run=dry_run), metadata=auth(self.api_key))
 
 
 def _occurrence(body: dict[str, Any]) -> tuple[str, ...]:
@@ -137,27 +73,6 @@ def test_retries_that_end_without_success_give_delivery_exhausted(settings, grpc
     assert (body["data"]["outcome"], body["data"]["last_status"], body["data"]["attempts"]) == ("failed", 404, 1)
 
 
-@pytest.fixture(scope="module")
-def deadline_stack(job_env: dict[str, str]) -> Iterator[tuple[Any, str, Any]]:
-    """A second job whose retry deadline is 5 s (the session's keeps 24 h)."""
-    from tests.support.stack_fixtures import second_stack
-
-    with second_stack(job_env, "test-ops-deadline", {
-            "WEBHOOKS_DISPATCH__RETRY_DEADLINE_S": "5", "WEBHOOKS_DISPATCH__MAX_ATTEMPTS": "100",
-            "WEBHOOKS_DISPATCH__RETRY_CAP_S": "1", "WEBHOOKS_DISPATCH__BREAKER_FAILURE_THRESHOLD": "100"}) as stack:
-        yield stack
-
-
-def test_a_delivery_past_its_deadline_gives_delivery_exhausted(deadline_stack, receiver):
-    settings, address, _session = deadline_stack
-    with grpc.insecure_channel(address) as channel:
-        t = Tenant(settings, channel, receiver, "deadline")
-        biz = t.endpoint("biz", ["invoice.*"], "503")
-        t.send(1)
-        body = t.wait_event(ops.DELIVERY_EXHAUSTED, biz.endpoint_id, outcome="expired")
-        assert body["data"]["attempts"] >= 2 and body["data"]["last_status"] in (503, None)
-
-
 def test_an_operations_endpoint_that_fails_produces_no_events_about_itself(settings, grpc_channel, receiver,
                                                                             delivery_job):
     t = Tenant(settings, grpc_channel, receiver, "opsfail", ops_behaviour="503")
@@ -180,7 +95,8 @@ def test_an_operations_endpoint_that_fails_produces_no_events_about_itself(setti
 
 def test_auto_disable_warns_then_disables(settings, grpc_channel, receiver, delivery_job):
     t = Tenant(settings, grpc_channel, receiver, "auto")
-    t.set_auto_disable(window_s=30, warn_at=[0.5])
+    # The sweep runs every 5 s: two of them between the warning (12 s) and the disable (24 s).
+    t.set_auto_disable(window_s=24, warn_at=[0.5])
     biz = t.endpoint("biz", ["invoice.*"], "503")
     t.send(6)
     t.wait_event(ops.ENDPOINT_FAILING, biz.endpoint_id, reason=ops.BREAKER_OPENED)
@@ -195,7 +111,9 @@ def test_auto_disable_warns_then_disables(settings, grpc_channel, receiver, deli
     # Enabling it again resets the count: no disable within the first half of a new window.
     t.cp.EnableEndpoint(pb.GetEndpointRequest(endpoint_id=biz.endpoint_id), metadata=auth(t.api_key))
     t.wait_event(ops.ENDPOINT_ENABLED, biz.endpoint_id)
-    time.sleep(10)
+    # Longer than a sweep, which would disable it again had the enable not restarted the clock;
+    # shorter than the new window's half (its own warning, at the same share, comes 12 s after).
+    time.sleep(7)
     assert t.status(biz) == pb.ENDPOINT_STATUS_ACTIVE
     assert_no_event_twice(t)
 

@@ -1,6 +1,8 @@
 """The absolute retry deadline on the real stack. The session job keeps the product's 24 h; this
 module submits a second job (own topics, own control plane) whose deadline is a few seconds, so a
-delivery to an endpoint that keeps failing visibly ends `expired` rather than retrying forever."""
+delivery to an endpoint that keeps failing visibly ends `expired` rather than retrying forever,
+and its tenant's operations endpoint hears of it (``webhooks.delivery.exhausted``; the other
+operational events: test_operational_events.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import pytest
 from cassandra.cluster import Session
 
 from control_plane.rpc.api import pb, rpc
+from core import operational_events as ops
 from core.settings import Settings
 from tests.support.helpers import auth, event, eventually, new_tenant, produce
+from tests.support.operational import Tenant
 from tests.support.stack_fixtures import second_stack
 
 pytestmark = pytest.mark.integration
@@ -62,3 +66,15 @@ def test_failing_delivery_expires_at_the_deadline(deadline_stack, receiver):
     created_s = row.created_at.replace(tzinfo=datetime.UTC).timestamp()  # the driver returns naive UTC
     assert all(r.received_at <= created_s + DEADLINE_S + 0.5 for r in requests), \
         [round(r.received_at - created_s, 2) for r in requests]
+
+
+def test_a_delivery_past_its_deadline_gives_delivery_exhausted(deadline_stack, receiver):
+    import grpc
+
+    settings, address, _session = deadline_stack
+    with grpc.insecure_channel(address) as channel:
+        t = Tenant(settings, channel, receiver, "deadline")
+        biz = t.endpoint("biz", ["invoice.*"], "503")
+        t.send(1)
+        body = t.wait_event(ops.DELIVERY_EXHAUSTED, biz.endpoint_id, outcome="expired")
+        assert body["data"]["attempts"] >= 2 and body["data"]["last_status"] in (503, None)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from core.settings import Settings
 from tests.support.helpers import eventually
@@ -65,32 +68,42 @@ def _still_open_after(pid: int, port: int, conns: set[str], timeout: float) -> s
     return left
 
 
-def _a_cancelled_job(job_env: dict[str, str], name: str, port: int) -> tuple[int, set[str], set[str]]:
-    """Run a job until its dispatcher has connected, then cancel it: (the TaskManager's pid, its
-    connections to ``port`` from before, the job's)."""
+@dataclass
+class Lifecycle:
+    """Job A run until its dispatcher connected, then cancelled; job B run after it in the same
+    TaskManager, then cancelled too, with no job after it."""
+
+    of_a: set[str]  # A's connections to Cassandra
+    of_b: set[str]  # B's
+    a_left: set[str]  # A's still open once B had opened (and 30 s had passed, at most)
+    b_left: set[str]  # B's still open 40 s after its cancellation, at most
+
+
+@pytest.fixture(scope="module")
+def lifecycle(job_env: dict[str, str], settings: Settings) -> Lifecycle:
+    """Both tests' jobs, in one sequence: B, cancelled with no job after it, is the second test's
+    cancelled dispatcher (a job of its own would cost a third submission)."""
+    port = settings.cassandra.port
     tm = _taskmanager_pid()
     before = _connections_to(tm, port)
-    with second_stack(job_env, name, {}):
-        return tm, before, _new_settled(tm, port, before)
-
-
-def test_a_restarted_dispatcher_releases_what_the_cancelled_one_held(job_env: dict[str, str],
-                                                                     settings: Settings) -> None:
-    port = settings.cassandra.port
-    tm, before, of_a = _a_cancelled_job(job_env, "lifecycle-a", port)
+    with second_stack(job_env, "lifecycle-a", {}):
+        of_a = _new_settled(tm, port, before)
     # A is cancelled: its close() is never called. B opens in the same interpreter.
     with second_stack(job_env, "lifecycle-b", {}):
         of_b = _new_settled(tm, port, before | of_a)
         # Closed in the background once B has opened (within seconds).
-        left = _still_open_after(tm, port, of_a, timeout=30)
-    assert of_b, "job B's dispatcher opened no Cassandra connection"
-    assert not left, f"job A's {len(left)} of {len(of_a)} Cassandra connections outlived its cancellation"
-
-
-def test_a_cancelled_dispatcher_is_released_with_no_job_after_it(job_env: dict[str, str],
-                                                                 settings: Settings) -> None:
-    port = settings.cassandra.port
-    tm, _, of_a = _a_cancelled_job(job_env, "lifecycle-alone", port)
+        a_left = _still_open_after(tm, port, of_a, timeout=30)
     # Cancelled, and no dispatcher opens after it: the registry's own watcher (every 10 s) releases it.
-    left = _still_open_after(tm, port, of_a, timeout=40)
-    assert not left, f"{len(left)} of {len(of_a)} Cassandra connections outlived a cancelled job with none after it"
+    b_left = _still_open_after(tm, port, of_b, timeout=40)
+    return Lifecycle(of_a, of_b, a_left, b_left)
+
+
+def test_a_restarted_dispatcher_releases_what_the_cancelled_one_held(lifecycle: Lifecycle) -> None:
+    assert lifecycle.of_b, "job B's dispatcher opened no Cassandra connection"
+    assert not lifecycle.a_left, (f"job A's {len(lifecycle.a_left)} of {len(lifecycle.of_a)} Cassandra connections"
+                                  " outlived its cancellation")
+
+
+def test_a_cancelled_dispatcher_is_released_with_no_job_after_it(lifecycle: Lifecycle) -> None:
+    assert not lifecycle.b_left, (f"{len(lifecycle.b_left)} of {len(lifecycle.of_b)} Cassandra connections outlived"
+                                  " a cancelled job with none after it")

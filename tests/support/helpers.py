@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -44,12 +45,38 @@ def event(tenant_id: str, event_type: str, payload: bytes, target: str | None = 
         occurred_at_ms=int(time.time() * 1000), payload=payload, target_endpoint_id=target)
 
 
+# One long-lived idempotent producer per Kafka cluster, as an outbox relay keeps: a new one's
+# first records reach consumers only after the broker's fetch wait (~500 ms,
+# docs/performance-log.md), which every produce-then-wait of the suite would pay again.
+_producers: dict[str, Producer] = {}
+_producers_lock = threading.Lock()
+
+
+def _producer(bootstrap_servers: str) -> Producer:
+    with _producers_lock:
+        p = _producers.get(bootstrap_servers)
+        if p is None:
+            p = _producers[bootstrap_servers] = Producer({"bootstrap.servers": bootstrap_servers,
+                                                          "enable.idempotence": True})
+        return p
+
+
 def produce(settings: Settings, records: list[bytes], keys: list[str] | None = None,
             topic: str | None = None) -> None:
-    p = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers, "enable.idempotence": True})
+    bootstrap = settings.kafka.bootstrap_servers
+    p = _producer(bootstrap)
+    errors: list[Any] = []
     for i, value in enumerate(records):
-        p.produce(topic or settings.kafka.events_topic, value=value, key=keys[i] if keys else None)
-    assert p.flush(30) == 0, "Kafka did not acknowledge every record"
+        p.produce(topic or settings.kafka.events_topic, value=value, key=keys[i] if keys else None,
+                  on_delivery=lambda err, _msg: errors.append(err) if err is not None else None)
+    unsent = p.flush(30)
+    if unsent or errors:
+        # A fault test may have killed the broker under it (an idempotent producer's error can
+        # be fatal): the next call starts a new producer.
+        with _producers_lock:
+            if _producers.get(bootstrap) is p:
+                del _producers[bootstrap]
+    assert unsent == 0 and not errors, f"Kafka did not acknowledge every record: {unsent} unsent, {errors[:3]}"
 
 
 def read_dead_letters(settings: Settings, key_of: Callable[[bytes], K | None], n: int,
@@ -164,7 +191,8 @@ def deliveries_of(session: Any, event_id: str, endpoint_ids: list[str]) -> list[
 
 def create_endpoints(channel: grpc.Channel, api_key: str, urls: list[str], event_types: list[str]) -> list[str]:
     """Endpoints created concurrently, ids in the order of ``urls``. The API answers a config change
-    one config lease (1 s) after Kafka confirmed it; one after another, hundreds would take minutes."""
+    one config lease (control_plane.config_lease_ms) after Kafka confirmed it; one after another,
+    hundreds would take minutes."""
     from concurrent.futures import ThreadPoolExecutor
 
     cp = rpc.ControlPlaneStub(channel)
