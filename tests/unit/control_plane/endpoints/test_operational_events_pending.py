@@ -58,11 +58,11 @@ def r(w: World) -> Replica:  # noqa: F811
 
 
 CHANGES: dict[str, tuple[str, Callable[[World, str], Any]]] = {
-    "disable": (ops.ENDPOINT_DISABLED, lambda w, ep: w.endpoints.set_enabled(ALICE, ep, False)),
-    "enable": (ops.ENDPOINT_ENABLED, lambda w, ep: (w.endpoints.set_enabled(ALICE, ep, False),
-                                                    w.endpoints.set_enabled(ALICE, ep, True))),
-    "rotate": (ops.SECRET_ROTATED, lambda w, ep: w.endpoints.rotate_secret(ALICE, ep, revoke_immediately=False,
-                                                                          overlap_s=0)),
+    "disable": (ops.ENDPOINT_DISABLED, lambda world, ep: world.endpoints.set_enabled(ALICE, ep, False)),
+    "enable": (ops.ENDPOINT_ENABLED, lambda world, ep: (world.endpoints.set_enabled(ALICE, ep, False),
+                                                        world.endpoints.set_enabled(ALICE, ep, True))),
+    "rotate": (ops.SECRET_ROTATED, lambda world, ep: world.endpoints.rotate_secret(ALICE, ep, revoke_immediately=False,
+                                                                                  overlap_s=0)),
 }
 
 
