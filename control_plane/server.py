@@ -255,7 +255,8 @@ def build(
         # The dispatcher's signals: a 410 Gone becomes an audited disable; each signal its
         # operational event (control_plane.endpoints.operational_events).
         Loop("endpoint-signals", 0.2, signals.poll_once),
-        # Auto-disable: warnings at the tenant's shares of its window, the disable at its end.
+        # The events of people's changes that Kafka did not confirm (published late, never lost);
+        # auto-disable: warnings at the tenant's shares of its window, the disable at its end.
         Loop("auto-disable", cp.auto_disable_interval_s, operational.sweep),
         *([Loop("reconciler", cp.reconcile_interval_s, lambda: _reconcile_and_export(reconciler))]
           if cp.reconcile_interval_s else []),

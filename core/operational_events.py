@@ -34,10 +34,15 @@ itself or to anyone: one failing endpoint cannot make events that make more even
 Auto-disable (:class:`AutoDisablePolicy`, :func:`due`): an endpoint failing without a single
 success since its breaker opened, for the tenant's window, is disabled with reason
 ``auto_disabled``; warnings go out at the stated shares of the window; dry-run only warns.
+
+The events of a person's change (an enable, a disable, a rotation) are recorded before the change
+is written and name the write (:class:`ChangeMark`); :func:`pending_verdict` says whether one left
+behind is owed (the write happened), void, or not decided yet.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 from collections.abc import Mapping
@@ -187,6 +192,44 @@ def build(type_name: str, tenant_id: str, endpoint_id: str, id_: str, occurred_a
     return EventRecord(event_id=id_, tenant_id=tenant_id, event_type=type_name, schema_version=SCHEMA_VERSION,
                        object_id=endpoint_id, object_version=occurred_at_ms, occurred_at_ms=occurred_at_ms,
                        payload=json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
+
+
+# -- the events of a person's change ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChangeMark:
+    """One write of an endpoint row as its audit trail shows it: the config version it made, by
+    whom, what. The event of a person's change names the write it announces, so a sweep can tell
+    whether that write happened. (Another request of the same person making the same change at
+    that version announces the same event id: it did happen.)"""
+
+    config_version: int
+    changed_by: str
+    change: str
+
+
+class PendingVerdict(enum.Enum):
+    PUBLISH = "publish"  # the announced write happened: the event is owed
+    DROP = "drop"  # it never will (another write took its version, or there is no endpoint)
+    WAIT = "wait"  # not known yet: its version is not written, or not readable
+
+
+def pending_verdict(announced: ChangeMark, latest_version: int | None, written: ChangeMark | None) -> PendingVerdict:
+    """What a sweep does with the pending event of a person's change that its request left behind.
+
+    The event is recorded before the change's conditional write, so the write may have applied (a
+    crash or a failed publish after it), not applied (refused, a lost race, a crash before it), or be
+    undecided (a lightweight transaction whose outcome Cassandra could not learn, finished by the
+    partition's next one). ``latest_version``: the endpoint row's config version now (None: no
+    row); ``written``: what wrote ``announced.config_version`` (the row's mark, or that version's
+    audit row), None if not readable. Versions only grow and each is written once, so a version
+    below the announced one may still become it (wait; the row's TTL ends an undecided wait), and a
+    version written by anything else means the announced write never happened."""
+    if latest_version is None:
+        return PendingVerdict.DROP
+    if latest_version < announced.config_version or written is None:
+        return PendingVerdict.WAIT
+    return PendingVerdict.PUBLISH if written == announced else PendingVerdict.DROP
 
 
 # -- auto-disable -----------------------------------------------------------------------------------

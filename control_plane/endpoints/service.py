@@ -13,11 +13,15 @@ Rules that hold for every method:
 * Publishing to Kafka happens after the commit (control_plane.publishing.configs); a publish failure
   does not fail the call, the response shows published_version lagging and the republisher
   catches up.
+* A person's enable, disable and rotation record their operational event before the write
+  (:class:`ChangeListener`) and tell it whether the write applied, so the event is published even
+  if Kafka refuses it or the process dies after the write (control_plane.endpoints.operational_events).
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import hmac
 import json
@@ -168,12 +172,25 @@ def page_size(requested: int, default: int = DEFAULT_PAGE_SIZE, maximum: int = M
     return requested or default
 
 
-class ChangeListener(Protocol):
-    """Told of a person's changes that make operational events (control_plane.endpoints.operational_events)."""
+class Announcement(Protocol):
+    """The operational event of one write, recorded as pending before it; told whether it applied."""
 
-    def enabled(self, endpoint: Endpoint, by: str) -> None: ...
-    def disabled_by_operator(self, endpoint: Endpoint, by: str) -> None: ...
-    def secret_rotated(self, endpoint: Endpoint, key_version: int) -> None: ...
+    def committed(self) -> None: ...
+    def not_committed(self) -> None: ...
+
+
+class ChangeListener(Protocol):
+    """Told of a person's changes that make operational events (control_plane.endpoints.operational_events),
+    with the endpoint as about to be written, before the write: the event is recorded first, so a
+    process dying after the write leaves it to be published. Raises Unavailable to refuse the change."""
+
+    def enabling(self, endpoint: Endpoint, by: str) -> Announcement: ...
+    def disabling_by_operator(self, endpoint: Endpoint, by: str) -> Announcement: ...
+    def rotating_secret(self, endpoint: Endpoint) -> Announcement: ...
+
+
+# Records the operational event of the write about to be made (a ChangeListener's method, bound).
+Announce = Callable[[Endpoint], Announcement]
 
 
 class EndpointService:
@@ -402,23 +419,19 @@ class EndpointService:
         require_write(principal)
         target = EndpointStatus.ACTIVE if enabled else EndpointStatus.DISABLED
 
-        changed = [False]
-
         def apply(current: Endpoint) -> Endpoint | None:
             if current.status is EndpointStatus.PENDING_VERIFICATION:
                 raise FailedPrecondition("the endpoint awaits its ownership challenge: answer it, then VerifyEndpoint")
-            changed[0] = current.status is not target
-            if not changed[0]:
-                return None  # idempotent: enabling an active endpoint changes nothing
+            if current.status is target:
+                return None  # idempotent: enabling an active endpoint changes nothing, announces nothing
             return self._next(current, principal, "enable" if enabled else "disable", status=target)
 
-        after = self._change(principal, endpoint_id, apply)
-        if self._listener is not None and changed[0]:
-            if enabled:
-                self._listener.enabled(after, principal.key_id)
-            else:
-                self._listener.disabled_by_operator(after, principal.key_id)
-        return after
+        announce: Announce | None = None
+        if self._listener is not None:
+            listener = self._listener
+            announce = functools.partial(listener.enabling if enabled else listener.disabling_by_operator,
+                                         by=principal.key_id)
+        return self._change(principal, endpoint_id, apply, announce)
 
     def listen(self, listener: ChangeListener) -> None:
         self._listener = listener
@@ -505,10 +518,9 @@ class EndpointService:
             secret_box[:] = [(version, secret)]
             return self._next(current, principal, change, signing_keys=(new_key, *kept))
 
-        endpoint = self._change(principal, endpoint_id, apply)
+        announce = self._listener.rotating_secret if self._listener is not None else None
+        endpoint = self._change(principal, endpoint_id, apply, announce)
         version, secret = secret_box[0]
-        if self._listener is not None:
-            self._listener.secret_rotated(endpoint, version)
         created = _created(endpoint, secret, next(k for k in endpoint.signing_keys if k.version == version))
         return Rotated(endpoint, created.signing_secret, version, endpoint.live_keys(self._d.now_ms()),
                        created.public_key)
@@ -702,8 +714,11 @@ class EndpointService:
         principal: Principal,
         endpoint_id: str,
         apply: Callable[[Endpoint], Endpoint | None],
+        announce: Announce | None = None,
     ) -> Endpoint:
-        """Read, apply, conditionally write, publish; re-read and re-apply on a lost race."""
+        """Read, apply, conditionally write, publish; re-read and re-apply on a lost race.
+        ``announce``: the change's operational event, recorded before each write it makes and told
+        whether that write applied (a write whose outcome is unknown leaves it recorded)."""
         for _ in range(CONFLICT_RETRIES):
             current = self._load(principal, endpoint_id)
             new = apply(current)
@@ -713,6 +728,7 @@ class EndpointService:
                 # The version being replaced may never have been audited (its publish is still
                 # pending): audit it now, before it is overwritten.
                 self._d.store.put_version(EndpointVersion.of(current))
+            announced = announce(new) if announce is not None else None
             hold = self._d.publication.watermark.hold(new.tenant_id, endpoint_id, new.config_version,
                                                       self._d.now_ms())
             committed = False
@@ -723,7 +739,12 @@ class EndpointService:
                     self._d.publication.watermark.release(hold)
             if committed:
                 log.info("endpoint %s: %s (v%d)", endpoint_id, new.change, new.config_version)
-                return self._published(new)
+                published = self._published(new)
+                if announced is not None:
+                    announced.committed()
+                return published
+            if announced is not None:
+                announced.not_committed()
         raise Aborted("endpoint is being changed concurrently; retry the request")
 
     def _published(self, endpoint: Endpoint) -> Endpoint:

@@ -3,7 +3,8 @@
 recovered, disabled by a 410 with its reason, deliveries exhausted (retries ended; the deadline
 passed: test_retry_deadline.py, on its job with a short deadline) -- none about itself when it
 fails too, none twice across a TaskManager kill, and auto-disable with a short window (warnings,
-then disabled; dry-run only warns).
+then disabled; dry-run only warns); an operator's disable while Kafka is out of the control
+plane's reach, announced once Kafka is back.
 
 The session job's schedule (conftest): 4 attempts, breaker opens after 5 failures for 2 s.
 The control plane's auto-disable loop runs every 5 s (control_plane.auto_disable_interval_s).
@@ -12,12 +13,19 @@ The control plane's auto-disable loop runs every 5 s (control_plane.auto_disable
 from __future__ import annotations
 
 import time
+import uuid
 from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import pytest
+from cassandra.cluster import Session
+from confluent_kafka.admin import AdminClient
 
+from control_plane.endpoints.operational_events import PENDING_GRACE_MS
+from control_plane.publishing.publisher import KafkaPublisher, PublishError
 from control_plane.rpc.api import pb
 from core import operational_events as ops
 from protogen.webhooks.v1 import operations_pb2 as opb
@@ -179,3 +187,88 @@ def test_the_api_reserves_the_prefix_and_keeps_the_setting(settings, grpc_channe
     letters = read_dead_letters(settings, lambda raw: forged if forged.encode() in raw else None, 1)
     assert letters[forged]["reason"] == "untrusted_operational"
     assert receiver.requests(everything.path) == []
+
+
+class CutOffPublisher(KafkaPublisher):
+    """The real publisher, which can be cut off from Kafka: every publish fails while ``down``."""
+
+    down = False
+
+    def _send(self, topic: str, key: str, value: bytes) -> None:
+        if self.down:
+            raise PublishError(f"{topic}: injected: Kafka unreachable")
+        super()._send(topic, key, value)
+
+
+@dataclass
+class CutOff:
+    settings: Any
+    publisher: CutOffPublisher
+    channel: grpc.Channel
+    session: Session
+
+    def pending(self, endpoint_id: str) -> list[Any]:
+        rows = self.session.execute("SELECT endpoint_id, event_id, record FROM pending_operational_events "
+                                    "WHERE bucket = 0")
+        return [r for r in rows if r.endpoint_id == endpoint_id]
+
+
+@pytest.fixture
+def cut_off(settings: Any, kafka_bootstrap: str, delivery_job: str) -> Iterator[CutOff]:
+    """A second control plane on the session's topics (the session job delivers what it publishes)
+    whose publisher can be cut off from Kafka. A keyspace of its own, so the session's control
+    plane (a healthy replica) does not publish its pending events; a signals topic and consumer
+    group of its own, so it takes none of the session's signals."""
+    from control_plane.server import build
+    from stack.isolation import keyspace_session
+    from stack.topics import create_topics
+
+    suffix = uuid.uuid4().hex[:6]
+    kafka = settings.kafka.model_copy(update={"signals_topic": f"{settings.kafka.signals_topic}.cutoff-{suffix}",
+                                              "consumer_group": f"{settings.kafka.consumer_group}-cutoff-{suffix}"})
+    cassandra = settings.cassandra.model_copy(update={"keyspace": f"{settings.cassandra.keyspace}_cutoff"})
+    cp = settings.control_plane.model_copy(update={"auto_disable_interval_s": 1.0})
+    local = settings.model_copy(update={"kafka": kafka, "cassandra": cassandra, "control_plane": cp})
+    create_topics(kafka)
+    try:
+        with keyspace_session(local) as session:
+            session.set_keyspace(cassandra.keyspace)
+            publisher = CutOffPublisher(kafka, delivery_timeout_s=10)
+            server = build(local, session, publisher=publisher, port=0)
+            server.start()
+            channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+            try:
+                grpc.channel_ready_future(channel).result(timeout=10)
+                yield CutOff(local, publisher, channel, session)
+            finally:
+                channel.close()
+                server.stop(grace_s=2)
+    finally:
+        AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).delete_topics([kafka.signals_topic])
+
+
+def test_an_operator_s_disable_during_a_kafka_outage_is_announced_once_kafka_is_back(cut_off: CutOff, receiver,
+                                                                                      delivery_job):
+    t = Tenant(cut_off.settings, cut_off.channel, receiver, "cutoff")
+    biz = t.endpoint("biz", ["invoice.*"], "ok")
+    cut_off.publisher.down = True
+    try:
+        disabled = t.cp.DisableEndpoint(pb.GetEndpointRequest(endpoint_id=biz.endpoint_id),
+                                        metadata=auth(t.api_key))
+        assert disabled.status == pb.ENDPOINT_STATUS_DISABLED  # committed; its config and event wait for Kafka
+        assert len(cut_off.pending(biz.endpoint_id)) == 1
+        # Past the grace period, sweeps (every second here) find it owed and fail to publish it.
+        time.sleep(PENDING_GRACE_MS / 1000 + 5)
+        assert len(cut_off.pending(biz.endpoint_id)) == 1
+        assert not [b for _, b in t.received() if b["type"] == ops.ENDPOINT_DISABLED]
+    finally:
+        cut_off.publisher.down = False
+    body = t.wait_event(ops.ENDPOINT_DISABLED, biz.endpoint_id, timeout=90, reason=ops.OPERATOR)
+    assert body["data"]["detail"].startswith("disabled by ") and body["data"]["config_version"] == 2
+    assert body["event_id"] == ops.event_id(biz.endpoint_id, "disabled", "2")
+    eventually(lambda: cut_off.pending(biz.endpoint_id) == [] or None, timeout=30, what="the pending row deleted")
+    time.sleep(10)  # more sweeps: nothing more
+    got = [(webhook_id, b) for webhook_id, b in t.received()  # each verified with the endpoint's secret
+           if b["type"] == ops.ENDPOINT_DISABLED and b["endpoint_id"] == biz.endpoint_id]
+    assert len(got) == 1, got
+    assert_no_event_twice(t)

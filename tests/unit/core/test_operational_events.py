@@ -178,3 +178,24 @@ def test_the_default_policy_is_five_days_warning_at_half_and_more() -> None:
 def test_a_bad_policy_is_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ops.AutoDisablePolicy(**kwargs)  # type: ignore[arg-type]
+
+
+# -- the events of a person's change, owed until Kafka confirms them ---------------------------------
+
+MARK = ops.ChangeMark(config_version=5, changed_by="key_a", change="disable")
+
+
+@pytest.mark.parametrize(("latest", "written", "expected"), [
+    (None, None, ops.PendingVerdict.DROP),  # no endpoint row at all: nothing was changed
+    (4, None, ops.PendingVerdict.WAIT),  # the write has not applied (yet): a Paxos round may finish it
+    (5, MARK, ops.PendingVerdict.PUBLISH),  # the row is the announced write
+    (7, MARK, ops.PendingVerdict.PUBLISH),  # changed again since: its audit row is the announced write
+    (5, ops.ChangeMark(5, "key_b", "disable"), ops.PendingVerdict.DROP),  # another writer took v5
+    (5, ops.ChangeMark(5, "key_a", "enable"), ops.PendingVerdict.DROP),
+    (5, ops.ChangeMark(5, "auto-disable", "disable: auto_disabled ..."), ops.PendingVerdict.DROP),
+    (5, ops.ChangeMark(5, "key_a", "disable"), ops.PendingVerdict.PUBLISH),  # a concurrent twin: the same event
+    (7, None, ops.PendingVerdict.WAIT),  # v5's audit row not readable: not decided on a missing row
+])
+def test_what_a_sweep_does_with_a_pending_event(latest: int | None, written: ops.ChangeMark | None,
+                                                expected: ops.PendingVerdict) -> None:
+    assert ops.pending_verdict(MARK, latest, written) is expected
