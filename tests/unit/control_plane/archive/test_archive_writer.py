@@ -1,10 +1,12 @@
 """The archive writer's roll (control_plane/archive/writer.py) over a fake consumer and a local
 directory: offsets are committed only after the files and their commit records are durable, a
 failing store is retried with consumption paused, a range written again after a crash yields
-the same files, and every value reads back as the job built it."""
+the same files, every value reads back as the job built it, and the buffer's facts are out of the
+garbage collector's way."""
 
 from __future__ import annotations
 
+import gc
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from control_plane.archive.rows import SCHEMAS
 from control_plane.archive.store import ArchiveStore, ArchiveUnavailable
-from control_plane.archive.writer import ArchiveWriter
+from control_plane.archive.writer import ArchiveWriter, Buffer
 from core import archive_facts
 from core import archive_layout as layout
 from core.fanout import FanoutSnapshot, SkippedDelivery
@@ -148,3 +150,14 @@ def test_every_value_of_every_column_reads_back_as_the_job_built_it(store):
         assert sorted(archived(store, kind), key=repr) == sorted(expected, key=repr)
     assert {f.name: f.type for f in store.read_kind(HOUR, layout.tenant_bucket("t-acme"), "attempts").schema} == {
         f.name: f.type for f in SCHEMAS["attempts"]}
+
+
+def test_buffered_facts_are_tuples_the_garbage_collector_stops_walking():
+    buffer = Buffer()
+    for m in records():
+        buffer.add(m.partition(), m.offset(), m.timestamp()[1], m.value(), 0.0)
+    gc.collect()
+    gc.collect()  # an attempt's row is let go once its signing key versions' tuple was
+    rows = [r for group in buffer.groups.values() for r in group]
+    assert len(rows) == 36 and all(type(r) is tuple for r in rows)
+    assert not any(gc.is_tracked(r) for r in rows)
