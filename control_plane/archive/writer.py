@@ -73,6 +73,9 @@ class Buffer:
     ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
     groups: dict[Group, list[Row]] = field(default_factory=dict)
     undecodable: int = 0
+    # (kind, hour, tenant id) as facts carry them -> their group's rows: one dict look-up per
+    # fact, the group's key (an hour, a tenant's bucket) made once per buffer.
+    _rows_of: dict[tuple[str, Any, Any], list[Row]] = field(default_factory=dict, repr=False)
 
     def add(self, partition: int, offset: int, timestamp_ms: int, value: bytes, now_s: float) -> None:
         held = self.ranges.get(partition)
@@ -87,16 +90,16 @@ class Buffer:
             self.undecodable += 1  # not the job's: kept in Kafka, skipped here, counted in the log
             log.error("archive facts: partition %d offset %d is not a facts record; skipped", partition, offset)
             return
-        hour_at, tenant_at = archive_facts.HOUR_AT, archive_facts.TENANT_AT
+        hour_at, tenant_at, rows_of = archive_facts.HOUR_AT, archive_facts.TENANT_AT, self._rows_of
         for kind, values in facts:
             if kind == "attempts" and type(values[_SIGNING]) is list:
                 values[_SIGNING] = tuple(values[_SIGNING])
-            key = (layout.hour_start(values[hour_at[kind]]), _bucket(values[tenant_at[kind]]), kind)
-            group = self.groups.get(key)
-            if group is None:
-                self.groups[key] = [tuple(values)]
-            else:
-                group.append(tuple(values))
+            where = (kind, values[hour_at[kind]], values[tenant_at[kind]])
+            rows = rows_of.get(where)
+            if rows is None:
+                rows = rows_of[where] = self.groups.setdefault(
+                    (layout.hour_start(where[1]), _bucket(where[2]), kind), [])
+            rows.append(tuple(values))
         self.facts += len(facts)
 
     def due(self, now_s: float, roll_facts: int, roll_s: float) -> bool:
