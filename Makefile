@@ -53,6 +53,10 @@ bench-backlog: setup up ## N pending deliveries behind a failing endpoint, TaskM
 bench-archive: setup up ## archive tier: CPU per archived delivery of every process taking part (job facts on vs off, writer, S3), bytes per delivery (ARCHIVE_ARGS="--events 3000")
 	@$(PY) -m bench.archive_sizing $(ARCHIVE_ARGS)
 
+.PHONY: bench-archive-writer
+bench-archive-writer: ## the archive writer's CPU per archived delivery, offline: no stack, no servers (WRITER_ARGS="--tenants 16 --profile")
+	@$(PY) -m bench.archive_writer_cpu $(WRITER_ARGS)
+
 archive-audit: setup up ## audit every closed hour due once: committed files present, every delivery and event Cassandra lists archived (make run keeps one doing it each hour: stack/archive.sh)
 	@$(PY) -m control_plane.archive.audit
 

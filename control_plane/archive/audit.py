@@ -201,7 +201,7 @@ def repair_from_hot(session: Session, store: ArchiveStore, hour_ms: int, deliver
     buffer.ranges[-1] = (hour_ms // 1000, int(layout.sha256_of(d.encode() for d in ids)[:12], 16))
     for kind, values in facts:
         buffer.groups.setdefault((hour_ms, layout.tenant_bucket(values[archive_facts.TENANT_AT[kind]]), kind),
-                                 []).append(values)
+                                 []).append(tuple(values))
     write_segment(store, buffer)
     return sum(1 for kind, _ in facts if kind == "deliveries")
 

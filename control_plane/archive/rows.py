@@ -47,12 +47,15 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
-def table(kind: str, rows: list[list[Any]]) -> pa.Table:
-    """Facts of one kind, each its values in column order (core/archive_facts.decode_values:
+# A fact's values as one struct (one field per column): Arrow converts a list of rows in one pass,
+# rather than Python transposing the rows into columns first (the writer's largest cost).
+_ROW_TYPES = {kind: pa.struct(list(schema)) for kind, schema in SCHEMAS.items()}
+
+
+def table(kind: str, rows: list[tuple[Any, ...]]) -> pa.Table:
+    """Facts of one kind, each its values in column order as a tuple (core/archive_facts.decode_values:
     timestamps as UTC ms), as an Arrow table."""
-    schema = SCHEMAS[kind]
-    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema]
-    return pa.table([pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
+    return pa.Table.from_struct_array(pa.array(rows, type=_ROW_TYPES[kind]))
 
 
 def naive(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -54,18 +54,28 @@ from core.settings import ArchiveSettings, Settings
 log = logging.getLogger(__name__)
 
 Group = tuple[int, int, str]  # (hour, tenant bucket, kind)
+Row = tuple[Any, ...]  # a fact's values in column order (core/archive_facts.py COLUMNS)
+_SIGNING = archive_facts.COLUMNS["attempts"].index("signing_key_versions")
 
 
 @dataclass
 class Buffer:
-    """Decoded facts by (hour, bucket, kind) and, per topic partition, the offsets they came from."""
+    """Decoded facts by (hour, bucket, kind) and, per topic partition, the offsets they came from.
+
+    Each fact is held as a tuple of immutable values (its one list, an attempt's signing key
+    versions, made a tuple too): the garbage collector stops tracking such a tuple the first time
+    it meets it, so a roll's worth of buffered facts is not walked again by every collection while
+    it waits, and Arrow converts the tuples to a table in one pass (control_plane/archive/rows.py)."""
 
     facts: int = 0
     oldest_ms: int | None = None  # the Kafka timestamp of the oldest record held
     first_at_s: float | None = None  # when the first record was added (the writer's clock)
     ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
-    groups: dict[Group, list[list[Any]]] = field(default_factory=dict)
+    groups: dict[Group, list[Row]] = field(default_factory=dict)
     undecodable: int = 0
+    # (kind, hour, tenant id) as facts carry them -> their group's rows: one dict look-up per
+    # fact, the group's key (an hour, a tenant's bucket) made once per buffer.
+    _rows_of: dict[tuple[str, Any, Any], list[Row]] = field(default_factory=dict, repr=False)
 
     def add(self, partition: int, offset: int, timestamp_ms: int, value: bytes, now_s: float) -> None:
         held = self.ranges.get(partition)
@@ -80,14 +90,16 @@ class Buffer:
             self.undecodable += 1  # not the job's: kept in Kafka, skipped here, counted in the log
             log.error("archive facts: partition %d offset %d is not a facts record; skipped", partition, offset)
             return
-        hour_at, tenant_at = archive_facts.HOUR_AT, archive_facts.TENANT_AT
+        hour_at, tenant_at, rows_of = archive_facts.HOUR_AT, archive_facts.TENANT_AT, self._rows_of
         for kind, values in facts:
-            key = (layout.hour_start(values[hour_at[kind]]), _bucket(values[tenant_at[kind]]), kind)
-            group = self.groups.get(key)
-            if group is None:
-                self.groups[key] = [values]
-            else:
-                group.append(values)
+            if kind == "attempts" and type(values[_SIGNING]) is list:
+                values[_SIGNING] = tuple(values[_SIGNING])
+            where = (kind, values[hour_at[kind]], values[tenant_at[kind]])
+            rows = rows_of.get(where)
+            if rows is None:
+                rows = rows_of[where] = self.groups.setdefault(
+                    (layout.hour_start(where[1]), _bucket(where[2]), kind), [])
+            rows.append(tuple(values))
         self.facts += len(facts)
 
     def due(self, now_s: float, roll_facts: int, roll_s: float) -> bool:
@@ -99,7 +111,7 @@ def _bucket(tenant_id: str) -> int:
     return layout.tenant_bucket(tenant_id)
 
 
-def _parquet(kind: str, rows: list[list[Any]]) -> bytes:
+def _parquet(kind: str, rows: list[Row]) -> bytes:
     sink = io.BytesIO()
     # Settings that make the bytes a function of the rows alone: same facts -> same file.
     pq.write_table(table(kind, rows), sink, compression="zstd", use_dictionary=True, write_statistics=True,

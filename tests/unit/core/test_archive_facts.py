@@ -58,7 +58,11 @@ def test_skipped_pairs_are_delivery_facts_with_their_reason():
 
 @pytest.mark.parametrize("raw", [b"{}", b'["webhooks.archive-facts/9", []]', b"not json",
                                  b'["webhooks.archive-facts/1", [["payloads", [1]]]]',
-                                 b'["webhooks.archive-facts/1", [["events", [1, 2]]]]'])
+                                 b'["webhooks.archive-facts/1", [["events", [1, 2]]]]',
+                                 # wrong shapes: a TypeError inside would stop the writer instead
+                                 b"5", b'["webhooks.archive-facts/1", 5]', b'["webhooks.archive-facts/1", [5]]',
+                                 b'["webhooks.archive-facts/1", [[["events"], []]]]',
+                                 b'["webhooks.archive-facts/1", [["events", 5]]]'])
 def test_anything_but_a_facts_record_is_refused(raw):
     with pytest.raises(ValueError):
         archive_facts.decode(raw)
