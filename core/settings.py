@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # while a class added here would be looked up in the TaskManager's older copy of this one.
 from core.archive_settings import ArchiveSettings
 from core.secrets import Keyring
+from core.tracing_settings import TracingSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -364,6 +365,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     outbox: OutboxSettings = OutboxSettings()
     archive: ArchiveSettings = ArchiveSettings()
+    tracing: TracingSettings = TracingSettings()
     # AES-256-GCM key (base64 of 32 bytes) that encrypts signing secrets at rest. The dev default
     # only exists so `make run` works; a deployment must set WEBHOOKS_MASTER_KEY.
     master_key: SecretStr = SecretStr(DEV_MASTER_KEY)
