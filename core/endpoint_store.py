@@ -38,6 +38,9 @@ written rarely and lag behind:
 | tries not sent, gauge indexes |               |                                      | (the indexes rebuilt)      |
 | tenant slots                  | scheduler     | never                                | gone with their requests   |
 
+A traced delivery's entry also holds the traceparent its attempts continue (NewDelivery.trace),
+so a retry after a restore is a span of the same trace; an entry without one keeps its old shape.
+
 Rules the driver keeps: (1) no request leaves before its attempt row is durable in Cassandra
 (the intent); (2) a delivery leaves keyed state only after its final record is durable;
 (3) a restored entry is not sent before its durable record was read (CHECK): final there means
@@ -80,8 +83,12 @@ from core.records import EndpointConfig, EventRecord
 # payload is not here (it has its own entry, see the table above).
 STORED_V1 = 1
 STORED_V2 = 2  # + the ordering key and an operator's skip
+# + the traceparent its attempts continue (NewDelivery.trace). Written only for a delivery that
+# has one: without tracing an entry stays V2, as long as it was.
+STORED_V3 = 3
 StoredDelivery = tuple
-_MANUAL = 17  # index of the manual requests in a stored delivery (both versions)
+_MANUAL = 17  # index of the manual requests in a stored delivery (every version)
+_SKIP = 19  # index of an operator's skip (v2 and v3)
 
 
 def _request(m: ManualRequest) -> tuple[str, str, int, str]:
@@ -90,19 +97,30 @@ def _request(m: ManualRequest) -> tuple[str, str, int, str]:
 
 def encode(p: Pending) -> StoredDelivery:
     d, e = p.delivery, p.delivery.event
-    return (STORED_V2, e.event_id, e.tenant_id, e.event_type, e.schema_version, e.object_id, e.object_version,
-            e.occurred_at_ms, e.target_endpoint_id, d.endpoint_config_version, d.created_at_ms, d.expires_at_ms,
-            p.stage is Stage.PERSIST, p.attempt_count, p.issued, p.next_attempt_at_ms, p.auto_retry_active,
-            # a manual request being sent is still owed until its record is durable
-            tuple(_request(m) for m in ((p.sending_manual,) if p.sending_manual else ()) + p.manual),
-            d.ordering_key, _request(p.skip) if p.skip else ())
+    stored = (STORED_V2, e.event_id, e.tenant_id, e.event_type, e.schema_version, e.object_id, e.object_version,
+              e.occurred_at_ms, e.target_endpoint_id, d.endpoint_config_version, d.created_at_ms, d.expires_at_ms,
+              p.stage is Stage.PERSIST, p.attempt_count, p.issued, p.next_attempt_at_ms, p.auto_retry_active,
+              # a manual request being sent is still owed until its record is durable
+              tuple(_request(m) for m in ((p.sending_manual,) if p.sending_manual else ()) + p.manual),
+              d.ordering_key, _request(p.skip) if p.skip else ())
+    if d.trace is not None:
+        return (STORED_V3, *stored[1:], d.trace)
+    return stored
+
+
+def _compact(t: StoredDelivery) -> StoredDelivery:
+    """A current-shape entry as it is stored: v2 when it has no trace."""
+    return (STORED_V2, *t[1:-1]) if t[-1] is None else t
 
 
 def _current(t: StoredDelivery) -> StoredDelivery:
-    """A stored delivery in the current shape (a v1 entry had no ordering key and no skip)."""
+    """A stored delivery in the current shape (a v1 entry had no ordering key and no skip, a
+    v2 entry no trace)."""
     if t[0] == STORED_V1:
-        return (STORED_V2, *t[1:], "", ())
-    if t[0] != STORED_V2:
+        return (STORED_V3, *t[1:], "", (), None)
+    if t[0] == STORED_V2:
+        return (STORED_V3, *t[1:], None)
+    if t[0] != STORED_V3:
         raise ValueError(f"unknown stored delivery version {t[0]!r}")
     return t
 
@@ -110,13 +128,13 @@ def _current(t: StoredDelivery) -> StoredDelivery:
 def decode(t: StoredDelivery, endpoint_id: str, delivery_id: str) -> Pending:
     (_, event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at_ms,
      target, config_version, created_at_ms, expires_at_ms, persist, attempt_count, issued, next_at, auto,
-     manual, ordering_key, skip) = _current(t)
+     manual, ordering_key, skip, trace) = _current(t)
     event = EventRecord(event_id=event_id, tenant_id=tenant_id, event_type=event_type,
                         schema_version=schema_version, object_id=object_id, object_version=object_version,
                         occurred_at_ms=occurred_at_ms, payload=b"", target_endpoint_id=target)
     delivery = NewDelivery(delivery_id=delivery_id, event=event, endpoint_id=endpoint_id, tenant_id=tenant_id,
                            endpoint_config_version=config_version, created_at_ms=created_at_ms,
-                           expires_at_ms=expires_at_ms, ordering_key=ordering_key)
+                           expires_at_ms=expires_at_ms, ordering_key=ordering_key, trace=trace)
     return Pending(delivery=delivery, stage=Stage.PERSIST if persist else Stage.READY,
                    attempt_count=attempt_count, issued=issued, next_attempt_at_ms=next_at,
                    auto_retry_active=auto, manual=tuple(ManualRequest(*m) for m in manual),
@@ -187,7 +205,8 @@ def with_manual(t: StoredDelivery, requests: tuple[ManualRequest, ...]) -> Store
 
 def with_skip(t: StoredDelivery, request: ManualRequest) -> StoredDelivery:
     """The stored delivery with an operator's skip owed, and nothing else of it changed."""
-    return (*_current(t)[:-1], _request(request))
+    c = _current(t)
+    return _compact((*c[:_SKIP], _request(request), *c[_SKIP + 1:]))
 
 
 class EndpointStore(Protocol):

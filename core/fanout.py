@@ -204,13 +204,18 @@ class NewDelivery:
     # The event's ordering key for this endpoint (core.ordering; "" = not ordered), decided here
     # with the config version the delivery was fanned out with.
     ordering_key: str = ""
+    # The W3C traceparent its attempts continue (core.trace_context.begin): fan-out's span when
+    # tracing recorded one, else the event's own as it came; None: no trace.
+    trace: str | None = None
 
 
 def deliveries_for(
-    event: EventRecord, endpoints: list[EndpointConfig], created_at_ms: int, deadline_ms: int
+    event: EventRecord, endpoints: list[EndpointConfig], created_at_ms: int, deadline_ms: int,
+    trace: str | None = None,
 ) -> list[NewDelivery]:
     """created_at is the event's arrival time on the CDC topic (its Kafka timestamp), so a
-    re-processed record yields identical delivery rows, deadline included."""
+    re-processed record yields identical delivery rows, deadline included. ``trace``: the
+    traceparent the deliveries' attempts continue (see NewDelivery.trace)."""
     return [
         NewDelivery(
             delivery_id=delivery_id_for(event.event_id, c.endpoint_id),
@@ -221,6 +226,7 @@ def deliveries_for(
             created_at_ms=created_at_ms,
             expires_at_ms=created_at_ms + deadline_ms,
             ordering_key=ordering.key_for(c.ordering_key, event.object_id, event.payload),
+            trace=trace,
         )
         for c in endpoints
     ]

@@ -16,7 +16,12 @@ Two forms are accepted, so a real Debezium connector on an outbox table can feed
    milliseconds (Debezium renders timestamps as epoch numbers), and ``envelope_version`` (default 1)
    versions the outbox row layout. Version 2 is the platform's own outbox table
    (outbox/sql/001_webhook_outbox.sql): ``payload`` is a bytea column, which Debezium renders as
-   base64.
+   base64. Its optional ``traceparent`` column (outbox/sql/002_traceparent.sql) is read like the
+   plain form's field.
+
+In either form a ``traceparent`` that is not a valid W3C trace context (core.trace_context) is
+dropped, never refused: the event is delivered, without a trace to continue. A valid one is kept
+in its normal form (version 00), so no producer's text ever reaches a receiver's header as given.
 
 In every form the payload must be one strict RFC 8259 document in UTF-8 (:mod:`core.strict_json`:
 no NaN or Infinity, no lone surrogate, no key twice, nothing after it): every delivery is sent as
@@ -39,7 +44,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from core import strict_json, target_proof
+from core import strict_json, target_proof, trace_context
 from core.operational_events import is_operational
 from core.records import EVENT_SCHEMA_V1, REDRIVE_SCHEMA_V1, EventRecord, RedriveRequest, json_object
 from core.timeutil import iso_to_ms
@@ -167,6 +172,8 @@ def _from_fields(d: dict[str, Any], max_payload_bytes: int, payload: bytes | Non
         payload=payload,
         target_endpoint_id=_text(d, "target_endpoint_id", required=False) or None,
         target_proof=_text(d, "target_proof", required=False) or None,
+        # One dict lookup when absent: tracing's whole cost on an event without a trace.
+        traceparent=trace_context.normalize(d["traceparent"]) if d.get("traceparent") is not None else None,
     )
 
 

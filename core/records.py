@@ -14,8 +14,10 @@ Topics and their records (all JSON, UTF-8):
   ``payload_base64`` may carry the same bytes instead (the platform's own records do). Either way
   they must be one strict JSON document in UTF-8 (core.strict_json). ``object_id`` and
   ``object_version`` are optional (ordering hints for receivers); ``target_endpoint_id`` (with
-  ``target_proof``) is only set by the control plane's test ("ping") events. See :mod:`core.ingest`
-  for the Debezium outbox envelope, which is also accepted.
+  ``target_proof``) is only set by the control plane's test ("ping") events. ``traceparent``
+  (optional) is the W3C trace context the event continues (core.trace_context); an invalid one is
+  ignored, never refused. See :mod:`core.ingest` for the Debezium outbox envelope, which is also
+  accepted.
 * ``webhooks.endpoints`` (key: endpoint_id, compacted) -- :class:`EndpointConfig`, the latest
   config of each endpoint, plus :class:`ConfigClock` heartbeats under the key ``__clock__``.
   Deletion is a config with status ``deleted`` (see :class:`EndpointStatus`).
@@ -86,6 +88,9 @@ class EventRecord:
     # with the control plane's ``target_proof`` (core.target_proof); otherwise dead-lettered.
     target_endpoint_id: str | None = None
     target_proof: str | None = None
+    # The W3C traceparent the producer wrote with the event (core.trace_context), as ingest
+    # normalised it; None when it gave none or an invalid one.
+    traceparent: str | None = None
 
     @property
     def payload_sha256(self) -> str:
@@ -107,6 +112,7 @@ class EventRecord:
                 "payload_base64": base64.b64encode(self.payload).decode(),
                 **({"target_endpoint_id": self.target_endpoint_id} if self.target_endpoint_id else {}),
                 **({"target_proof": self.target_proof} if self.target_proof else {}),
+                **({"traceparent": self.traceparent} if self.traceparent else {}),
             },
             separators=(",", ":"),
         ).encode()

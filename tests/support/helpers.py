@@ -38,11 +38,13 @@ def new_tenant(channel: grpc.Channel, settings: Settings, verify_endpoints: bool
     return tenant_id, key.api_key
 
 
-def event(tenant_id: str, event_type: str, payload: bytes, target: str | None = None) -> EventRecord:
+def event(tenant_id: str, event_type: str, payload: bytes, target: str | None = None,
+          traceparent: str | None = None) -> EventRecord:
+    """A new event in the plain form; ``traceparent``: the W3C trace context it continues."""
     return EventRecord(
         event_id=f"evt_{uuid.uuid4().hex}", tenant_id=tenant_id, event_type=event_type,
         schema_version="2026-01-01", object_id="obj_1", object_version=1,
-        occurred_at_ms=int(time.time() * 1000), payload=payload, target_endpoint_id=target)
+        occurred_at_ms=int(time.time() * 1000), payload=payload, target_endpoint_id=target, traceparent=traceparent)
 
 
 # One long-lived idempotent producer per Kafka cluster, as an outbox relay keeps: a new one's
