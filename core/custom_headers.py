@@ -58,6 +58,7 @@ _SIGNATURE = "the platform's own header (signature, ids, timestamps) that receiv
 _FRAMING = "HTTP framing and the signed body depend on it"
 _HOP = "a hop-by-hop header, meaningful to one connection only"
 _SENDER = "set by the sender on every request"
+_TRACE = "the delivery's W3C trace context, set by the platform"
 RESERVED_NAMES: Mapping[str, str] = {
     "host": _FRAMING,
     "content-length": _FRAMING,
@@ -74,6 +75,8 @@ RESERVED_NAMES: Mapping[str, str] = {
     "upgrade": _HOP,
     "user-agent": _SENDER,
     "accept-encoding": _SENDER,
+    "traceparent": _TRACE,
+    "tracestate": _TRACE,
 }
 # Any name with these prefixes: webhook-* is the Standard Webhooks family (present and future
 # ones); content-* describe the body the signature covers (encoding, range, digest, ...).

@@ -168,6 +168,7 @@ def build_headers(
     object_id: str = "",
     object_version: int | None = None,
     attempt: int | None = None,
+    traceparent: str | None = None,
 ) -> dict[str, str]:
     """Everything an attempt sends besides the user agent: signature headers plus metadata.
 
@@ -181,6 +182,9 @@ def build_headers(
     authenticated must read them from the signed body. ``webhook-key-versions`` lists the key
     versions in the same order as the signatures, space-separated like them, so a receiver can
     tell which key signed during a rotation.
+
+    ``traceparent`` (W3C Trace Context, core.trace_context) names this attempt in the delivery's
+    trace, so the receiver's spans join it; like the metadata it is not signed.
     """
     headers = sign(msg_id, timestamp_s, body, secrets)
     headers.update(
@@ -201,6 +205,8 @@ def build_headers(
         headers["webhook-object-version"] = str(object_version or 0)
     if attempt is not None:
         headers["webhook-attempt"] = str(attempt)
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
     for name, value in headers.items():
         # Event type, ids and versions come from producers; refuse header injection here rather
         # than trusting every producer to have validated them.

@@ -165,7 +165,8 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                   .process(FanOut(settings.flink.dedupe_ttl_s, settings.dispatch.retry_deadline_s,
                                   settings.control_plane.config_clock_interval_ms,
                                   settings.control_plane.config_clock_skew_ms,
-                                  settings.control_plane.config_clock_stale_after_ms, k.events_topic),
+                                  settings.control_plane.config_clock_stale_after_ms, k.events_topic,
+                                  settings.tracing if settings.tracing.enabled else None),
                            DISPATCH_INPUT)
                   .set_buffer_timeout(settings.flink.buffer_timeout_ms)
                   .uid(uids.FAN_OUT).name("dedupe + fan-out"))

@@ -75,6 +75,7 @@ from operators.snapshot_writer import SNAPSHOT_KEY_PREFIX, SnapshotWriter
 from operators.task_gauges import TaskGauges
 from operators.wakes import Wakes
 from operators.write_batcher import Completion
+from tracing import tracer
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,11 @@ class Dispatcher(KeyedProcessFunction):
         self._rt = AsyncRuntime("dispatcher-io")
         from operators.http_sender import HttpSender
 
-        self._sender = Sender(s.dispatch, self._rt.call(HttpSender.create(s.dispatch, policy)), s.master_keyring())
+        # None with tracing off (the SDK is then never imported): attempts pass a delivery's
+        # traceparent on as it came (operators/sender.py).
+        attempts_tracer = tracer(s.tracing, s.tracing.job_service_name)
+        self._sender = Sender(s.dispatch, self._rt.call(HttpSender.create(s.dispatch, policy)), s.master_keyring(),
+                              attempts_tracer)
         self._facts: list[archive_facts.Fact] | None = [] if s.archive.stream else None
         self._history = CassandraHistory(s.cassandra, s.archive.hot_ttl_s if s.archive.stream else None,
                                          self._facts)

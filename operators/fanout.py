@@ -30,6 +30,12 @@ pinned to other schema majors are left out of the match and counted (``skipped_s
 a total: an endpoint label would make the metric's cardinality the number of pinned endpoints);
 each skipped pair is listed in its endpoint's history as ``skipped`` with the reason -- that
 listing is the per-endpoint count.
+
+Tracing (``tracing`` on): fan-out is a step of the event's trace (core.trace_context.begin): a
+child span of the producer's when the event came with a sampled traceparent, the root of a new
+trace (head-sampled) when it came with none. Its deliveries carry the traceparent their attempts
+continue. Off: the event's own traceparent, if any, rides with its deliveries unchanged, and
+nothing else is done.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from pyflink.common.typeinfo import Types
 from pyflink.datastream.functions import KeyedBroadcastProcessFunction, RuntimeContext
 from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
 
-from core import fanout, schema_check
+from core import fanout, schema_check, spans
 from core.bucket_tally import BucketTally
 from core.event_schemas import ValidatorCache
 from core.records import (
@@ -57,6 +63,7 @@ from core.records import (
     EventRecord,
     SchemaPinsRecord,
 )
+from core.tracing_settings import TracingSettings
 from operators.dispatch_input import NEW, SNAPSHOT, for_dispatch
 from operators.endpoint_configs import ENDPOINT_CONFIGS
 from operators.parse_events import DEAD_LETTERS
@@ -71,8 +78,9 @@ COUNTS_EVERY_MS = 250
 
 class FanOut(KeyedBroadcastProcessFunction):
     def __init__(self, dedupe_ttl_s: int, deadline_s: float, clock_interval_ms: int, clock_skew_ms: int,
-                 clock_stale_after_ms: int, source_topic: str) -> None:
+                 clock_stale_after_ms: int, source_topic: str, tracing: TracingSettings | None = None) -> None:
         self._topic = source_topic
+        self._tracing = tracing
         self._ttl_s = dedupe_ttl_s
         self._deadline_ms = int(deadline_s * 1000)
         self._clock_interval_ms = clock_interval_ms
@@ -80,6 +88,11 @@ class FanOut(KeyedBroadcastProcessFunction):
         self._stale_after_ms = clock_stale_after_ms
 
     def open(self, runtime_context: RuntimeContext) -> None:
+        self._tracer: spans.Tracer | None = None
+        if self._tracing is not None:
+            from tracing import tracer
+
+            self._tracer = tracer(self._tracing, self._tracing.job_service_name)
         # The tenant that owns this event id. (It replaced a boolean "seen" state: after an upgrade
         # an event re-read from the topic fans out again, and the dispatcher CHECKs the re-created
         # deliveries against Cassandra -- they were created before it started -- sending none twice.)
@@ -257,6 +270,8 @@ class FanOut(KeyedBroadcastProcessFunction):
             self._schema_refused.inc()
             self._lag_tally.observe(now - arrived_ms)
             self._publish_metrics(now)
+            if self._tracer is not None:
+                self._trace(self._tracer, event, arrived_ms, now, 0, 0, degraded, verdict.reason)
             yield for_dispatch(snapshot_key(event.event_id), SNAPSHOT, fanout.snapshot_for(event, [], arrived_ms,
                                                                                            degraded))
             yield DEAD_LETTERS, _schema_letter(event, verdict, self._topic)
@@ -277,8 +292,22 @@ class FanOut(KeyedBroadcastProcessFunction):
         # pairs ride with it and are written with its row (operators/snapshot_writer.py).
         yield for_dispatch(snapshot_key(event.event_id), SNAPSHOT,
                            fanout.snapshot_for(event, chosen, arrived_ms, degraded, skipped))
-        for d in fanout.deliveries_for(event, chosen, arrived_ms, self._deadline_ms):
+        trace = event.traceparent
+        if self._tracer is not None:
+            trace = self._trace(self._tracer, event, arrived_ms, now, len(chosen), len(skipped), degraded)
+        for d in fanout.deliveries_for(event, chosen, arrived_ms, self._deadline_ms, trace):
             yield for_dispatch(d.endpoint_id, NEW, d)
+
+    def _trace(self, tracer: spans.Tracer, event: EventRecord, arrived_ms: int, now: int, endpoints: int,
+               skipped: int, degraded: bool, refused: str | None = None) -> str | None:
+        """Fan-out's step in the event's trace: its span, when sampled; the traceparent the
+        deliveries' attempts continue."""
+        step = tracer.begin(event.traceparent)
+        if step.span is not None:
+            tracer.sink.export(spans.fan_out_span(
+                step.span, step.parent_span_id, event=event, topic=self._topic, arrived_ms=arrived_ms,
+                decided_ms=now, endpoints=endpoints, skipped=skipped, degraded=degraded, refused=refused))
+        return step.forward
 
 
 class _JavaDefault:

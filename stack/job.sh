@@ -31,8 +31,9 @@ submit() {
   local jid; jid="$(running_job_id)"
   if [ -n "$jid" ]; then say "job $JOB_NAME already running ($jid)"; local_receivers_check "job $JOB_NAME" "$STATE"; return; fi
   local_receivers_apply "job $JOB_NAME" "$STATE"
+  tracing_apply
   local from; from="$(restore_point)"
-  local args=(run -d -py "$REPO/jobs/delivery_job.py" -pyfs "$REPO/core,$REPO/operators,$REPO/jobs")
+  local args=(run -d -py "$REPO/jobs/delivery_job.py" -pyfs "$REPO/core,$REPO/operators,$REPO/jobs,$REPO/tracing")
   if [ -n "$from" ]; then say "resuming $JOB_NAME from $from"; args+=(-s "$from"); fi
   say "submitting $JOB_NAME"
   WEBHOOKS_FLINK__JOB_NAME="$JOB_NAME" WEBHOOKS_FLINK__CHECKPOINT_DIR="file://$STATE/checkpoints" \

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,6 +16,8 @@ from core.records import EndpointConfig, EndpointStatus, EventRecord, SigningKey
 from core.secrets import Keyring, encrypt_secret
 from core.settings import DispatchSettings
 from core.signing import generate_secret
+from core.spans import Span, Tracer
+from core.trace_context import HeadSampler, parse
 from operators import sender as sender_module
 from operators.http_sender import SendResult
 from operators.sender import Sender, SigningKeyUnavailable
@@ -112,3 +116,74 @@ def test_a_secret_header_that_does_not_open_holds_the_endpoint_before_anything_i
         s.keys(cfg, T0)
     assert SECRET not in str(raised.value)
     assert http.headers == []
+
+
+# -- trace context ----------------------------------------------------------------------------------
+
+TRACED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+UNSAMPLED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+
+
+class MemorySpans:
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+
+    def export(self, span: Span) -> None:
+        self.spans.append(span)
+
+
+def _traced(trace: str | None) -> dispatch.Pending:
+    p = _pending()
+    return replace(p, delivery=replace(p.delivery, trace=trace))
+
+
+def _send(s: Sender, p: dispatch.Pending) -> dict[str, str]:
+    http = s._http  # type: ignore[attr-defined]
+    cfg = _config(())
+    asyncio.run(s.send(p, b"{}", cfg, s.keys(cfg, T0)))
+    return http.headers[-1]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("trace", [TRACED, UNSAMPLED])
+def test_tracing_off_passes_the_deliverys_traceparent_on_as_it_came(trace: str) -> None:
+    s = Sender(DispatchSettings(), CapturingHttp(), RING)  # type: ignore[arg-type]
+    assert _send(s, _traced(trace))["traceparent"] == trace
+
+
+def test_without_a_trace_no_traceparent_is_sent_whether_tracing_is_on_or_off() -> None:
+    spans = MemorySpans()
+    for tracer in (None, Tracer(spans, HeadSampler(1.0), random.Random(1))):
+        s = Sender(DispatchSettings(), CapturingHttp(), RING, tracer)  # type: ignore[arg-type]
+        assert "traceparent" not in _send(s, _traced(None))
+    assert spans.spans == []  # an attempt never starts a trace
+
+
+def test_tracing_on_each_attempt_is_a_child_span_of_fan_out_and_the_receiver_gets_its_id() -> None:
+    spans = MemorySpans()
+    tracer = Tracer(spans, HeadSampler(0.0), random.Random(1))
+    s = Sender(DispatchSettings(), CapturingHttp(), RING, tracer)  # type: ignore[arg-type]
+    sent = [_send(s, _traced(TRACED))["traceparent"] for _ in range(2)]  # a retry is a span of its own
+    fan_out = parse(TRACED)
+    for header, span in zip(sent, spans.spans, strict=True):
+        got = parse(header)
+        assert got.trace_id == fan_out.trace_id and got.sampled  # the parent decided, not the ratio (0)
+        assert got.span_id == span.context.span_id != fan_out.span_id
+        assert span.parent_span_id == fan_out.span_id
+        assert span.attributes["http.response.status_code"] == 200 and span.error is None
+        assert span.attributes["webhooks.attempt.number"] == 1
+        assert span.attributes["webhooks.endpoint.config_version"] == 2
+    assert sent[0] != sent[1]
+
+
+def test_tracing_on_an_unsampled_trace_goes_on_unchanged_and_nothing_is_recorded() -> None:
+    spans = MemorySpans()
+    tracer = Tracer(spans, HeadSampler(1.0), random.Random(1))
+    s = Sender(DispatchSettings(), CapturingHttp(), RING, tracer)  # type: ignore[arg-type]
+    assert _send(s, _traced(UNSAMPLED))["traceparent"] == UNSAMPLED
+    assert spans.spans == []
+
+
+def test_the_traceparent_header_is_the_platforms_a_custom_one_cannot_replace() -> None:
+    with pytest.raises(custom_headers.InvalidHeaders, match="reserved .the delivery's W3C trace context"):
+        custom_headers.check([HeaderInput("TraceParent", TRACED)])
+    assert custom_headers.with_platform_headers({"traceparent": "x", "tracestate": "y"}, {"a": "b"}) == {"a": "b"}
