@@ -8,6 +8,12 @@
                                object_id=invoice_id, object_version=7)
         # the `with` block commits both rows together, or neither
 
+Tracing: ``traceparent`` continues the application's own trace (a W3C traceparent, e.g. its
+current span's); with a ``tracer`` (``tracing.tracer(settings.tracing, ...)``, None when tracing is
+off) the row is a span of its own -- ``outbox write``, a child of the given traceparent or the root
+of a new, head-sampled trace -- and the row carries that span's traceparent to the receivers'
+requests (docs/producers.md, tracing). Without one, a given traceparent is stored as it is.
+
 The business change and the event commit or roll back together, so there is no dual write: a
 crash after the commit still leaves the row, and Debezium publishes it from the WAL (maybe twice
 -- consumers dedupe by event_id). ``write_event`` never commits and refuses an autocommit
@@ -22,6 +28,7 @@ match its type's schema version in the tenant's event-type catalog.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -30,8 +37,10 @@ from typing import Any
 
 import psycopg
 
-from core import identifiers, strict_json
+from core import identifiers, spans, strict_json, trace_context
 from outbox.schemas import SchemaGuard, SchemaRefused
+
+log = logging.getLogger(__name__)
 
 # The delivery job's default limit (ingest.max_payload_bytes); pass the deployment's own if it differs.
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
@@ -104,13 +113,17 @@ def write_event(
     occurred_at: datetime | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     schemas: SchemaGuard | None = None,
+    traceparent: str | None = None,
+    tracer: spans.Tracer | None = None,
 ) -> str:
     """Insert one outbox row in ``conn``'s open transaction and return its event_id.
 
     Does not commit. Raises :class:`OutboxError` for invalid input (nothing is written), and
     psycopg's ``UniqueViolation`` if ``event_id`` was already written: the caller's transaction is
     then aborted, as for any failed statement. ``schemas`` checks the payload against the tenant's
-    catalog first (the job checks again at fan-out either way)."""
+    catalog first (the job checks again at fan-out either way). An invalid ``traceparent`` is
+    ignored (logged), as the W3C specification asks: tracing never refuses an event."""
+    started_ns = time.time_ns() if tracer is not None else 0
     if conn.autocommit:
         raise OutboxError("write_event needs a transaction: the connection is in autocommit mode")
     _check("tenant_id", tenant_id, identifiers.TENANT_ID)
@@ -132,9 +145,30 @@ def write_event(
             schemas.check(tenant_id, event_type, schema_version, body)
         except SchemaRefused as exc:
             raise OutboxError(str(exc)) from None
-    conn.execute(
-        "INSERT INTO webhook_outbox (event_id, tenant_id, event_type, schema_version, object_id,"
-        " object_version, occurred_at, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-        (event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at, body),
-    )
+    step = None
+    if traceparent is not None and trace_context.parse_or_none(traceparent) is None:
+        log.warning("write_event: ignoring an invalid traceparent (W3C Trace Context) for event %s", event_id)
+        traceparent = None
+    if tracer is not None:
+        step = tracer.begin(traceparent)
+        traceparent = step.forward
+    elif traceparent is not None:
+        traceparent = trace_context.normalize(traceparent)
+    if traceparent is None:
+        # Without a trace the column is not named: a database not yet migrated to it still works.
+        conn.execute(
+            "INSERT INTO webhook_outbox (event_id, tenant_id, event_type, schema_version, object_id,"
+            " object_version, occurred_at, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            (event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at, body),
+        )
+    else:
+        conn.execute(
+            "INSERT INTO webhook_outbox (event_id, tenant_id, event_type, schema_version, object_id,"
+            " object_version, occurred_at, payload, traceparent) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (event_id, tenant_id, event_type, schema_version, object_id, object_version, occurred_at, body,
+             traceparent),
+        )
+    if tracer is not None and step is not None and step.span is not None:
+        tracer.sink.export(spans.outbox_span(step.span, step.parent_span_id, event_id=event_id, tenant_id=tenant_id,
+                                             event_type=event_type, start_ns=started_ns, end_ns=time.time_ns()))
     return event_id

@@ -1,6 +1,7 @@
 """`webhookctl events publish`: emit one event the way an application does, a row written to the
 producer database's transactional outbox in one transaction (outbox.producer), checked against
-the tenant's event-type catalog when a credential is set.
+the tenant's event-type catalog when a credential is set, and with tracing on the first span of
+its trace (docs/producers.md, tracing).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import sys
 import psycopg
 
 from control_plane.cli.common import plaintext
+from core import trace_context
 from core.settings import load_settings
 from outbox.catalog_client import GrpcCatalog
 from outbox.producer import OutboxError, write_event
 from outbox.schemas import SchemaGuard
+from tracing import tracer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pub.add_argument("--schema-version", default="1")
     pub.add_argument("--event-id", help="default: a new time-ordered id")
     pub.add_argument("--dsn", default=None, help="producer database (default: settings outbox.dsn)")
+    pub.add_argument("--traceparent", default=None,
+                     help="a W3C traceparent the event continues (with tracing on, the outbox write is its child)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -37,7 +42,10 @@ def main(args: argparse.Namespace) -> int:
     an application gets: strict JSON always, and the tenant's event-type catalog (SchemaGuard, read
     from the control plane) when a credential is set. The outbox is the producer database."""
     data = _event_data(args.data)
-    dsn = args.dsn or load_settings().outbox.dsn
+    settings = load_settings()
+    dsn = args.dsn or settings.outbox.dsn
+    # None with tracing off; on, the row is the "outbox write" span (flushed when the process exits).
+    producer_tracer = tracer(settings.tracing, settings.tracing.producer_service_name)
     try:
         catalog = _catalog(args)
     except OSError as exc:
@@ -50,7 +58,9 @@ def main(args: argparse.Namespace) -> int:
         with psycopg.connect(dsn, connect_timeout=5) as conn:
             event_id = write_event(conn, args.tenant, args.type, data, object_id=args.object_id,
                                    object_version=args.object_version, schema_version=args.schema_version,
-                                   event_id=args.event_id, schemas=SchemaGuard(catalog) if catalog else None)
+                                   event_id=args.event_id, schemas=SchemaGuard(catalog) if catalog else None,
+                                   traceparent=args.traceparent, tracer=producer_tracer)
+            trace = _row_trace(conn, event_id) if producer_tracer is not None or args.traceparent else None
     except OutboxError as exc:
         print(f"webhookctl: invalid event: {exc}", file=sys.stderr)
         return 2
@@ -60,8 +70,19 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if catalog is not None:
             catalog.close()
-    print(json.dumps({"event_id": event_id}) if args.json else event_id)
+    if trace is not None and trace.sampled and producer_tracer is not None:
+        print(f"webhookctl: trace {settings.tracing.ui_url}/trace/{trace.trace_id_hex}", file=sys.stderr)
+    out: dict[str, str] = {"event_id": event_id}
+    if trace is not None:
+        out["traceparent"] = trace.traceparent
+    print(json.dumps(out) if args.json else event_id)
     return 0
+
+
+def _row_trace(conn: psycopg.Connection, event_id: str) -> trace_context.TraceContext | None:
+    """The trace context the event's row carries (what the receivers' requests will continue)."""
+    row = conn.execute("SELECT traceparent FROM webhook_outbox WHERE event_id = %s", (event_id,)).fetchone()
+    return trace_context.parse_or_none(row[0]) if row else None
 
 
 def _event_data(data: str) -> str | bytes:

@@ -5,12 +5,15 @@ table's size cap) is tested on the real PostgreSQL in tests/integration/test_out
 from __future__ import annotations
 
 import json
+import random
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 from core.ingest import parse_event
+from core.spans import Span, Tracer
+from core.trace_context import HeadSampler, parse
 from outbox.producer import OutboxError, canonical_payload, new_event_id, write_event
 
 
@@ -139,3 +142,78 @@ def test_what_the_library_writes_the_job_reads_back_byte_for_byte() -> None:
     assert (record.event_id, record.tenant_id, record.event_type, record.payload) == (
         event_id, "acme", "invoice.paid", body)
     assert record.occurred_at_ms == int(at.timestamp() * 1000)
+
+
+# -- trace context ----------------------------------------------------------------------------------
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+class MemorySpans:
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+
+    def export(self, span: Span) -> None:
+        self.spans.append(span)
+
+
+def _row_trace(conn: RecordingConnection) -> str | None:
+    ((query, params),) = conn.executed
+    if "traceparent" not in query:
+        return None
+    assert len(params) == 9
+    return str(params[8])
+
+
+GIVEN = [
+    # the caller's traceparent                     what the row carries (no tracer)
+    (None, None),  # nothing named: the insert of a database not migrated to the column still works
+    (TRACEPARENT, TRACEPARENT),
+    (" " + TRACEPARENT[:-2] + "09\t", TRACEPARENT),  # kept in the normal form
+    ("00-not-a-traceparent", None),  # invalid: ignored, the event is written
+]
+
+
+@pytest.mark.parametrize(("given", "row"), GIVEN)
+def test_a_given_traceparent_is_stored_as_it_is_without_a_tracer(given: str | None, row: str | None) -> None:
+    _, conn = write(traceparent=given)
+    assert _row_trace(conn) == row
+
+
+def test_a_tracer_starts_a_trace_and_the_row_carries_the_outbox_spans_id() -> None:
+    spans = MemorySpans()
+    event_id, conn = write(tracer=Tracer(spans, HeadSampler(1.0), random.Random(4)))
+    (span,) = spans.spans
+    assert span.name == "outbox write" and span.parent_span_id is None
+    assert span.attributes["webhooks.event.id"] == event_id
+    assert _row_trace(conn) == span.context.traceparent
+    assert span.start_ns <= span.end_ns
+
+
+def test_a_tracer_continues_the_callers_trace_as_a_child() -> None:
+    spans = MemorySpans()
+    _, conn = write(traceparent=TRACEPARENT, tracer=Tracer(spans, HeadSampler(0.0), random.Random(4)))
+    (span,) = spans.spans  # the caller's decision, not the ratio (0)
+    parent = parse(TRACEPARENT)
+    assert span.context.trace_id == parent.trace_id and span.parent_span_id == parent.span_id
+    assert _row_trace(conn) == span.context.traceparent
+
+
+def test_a_trace_not_sampled_records_nothing_and_the_decision_rides_with_the_row() -> None:
+    spans = MemorySpans()
+    _, conn = write(tracer=Tracer(spans, HeadSampler(0.0), random.Random(4)))
+    assert spans.spans == []
+    row = _row_trace(conn)
+    assert row is not None and parse(row).sampled is False  # the job does not sample it again
+
+
+def test_the_traceparent_the_row_carries_reaches_the_event_the_job_reads() -> None:
+    import base64
+
+    _, conn = write(traceparent=TRACEPARENT)
+    (_, (eid, tenant, etype, schema, obj, version, occurred, body, traceparent)), = conn.executed
+    envelope = {"op": "c", "before": None, "after": {
+        "event_id": eid, "tenant_id": tenant, "event_type": etype, "schema_version": schema, "object_id": obj,
+        "object_version": version, "occurred_at": occurred.isoformat().replace("+00:00", "Z"),
+        "payload": base64.b64encode(body).decode(), "envelope_version": 2, "traceparent": traceparent}}
+    assert parse_event(json.dumps(envelope).encode(), 256 * 1024).traceparent == TRACEPARENT
