@@ -58,7 +58,8 @@ def reconciled(gap_counts: Mapping[str, int]) -> None:
     RECONCILE_RUNS.inc()
 
 
-def _code(context: grpc.ServicerContext, failed: bool) -> str:
+def call_code(context: grpc.ServicerContext, failed: bool) -> str:
+    """The status code name a call ended with (what abort()/set_code() set; OK or UNKNOWN else)."""
     code = context.code()  # set by abort()/set_code(); None when the handler just returned
     if code is None:
         return "UNKNOWN" if failed else "OK"
@@ -83,7 +84,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                     failed = False
                     return out
                 finally:
-                    self._observe(method, _code(context, failed), start)
+                    self._observe(method, call_code(context, failed), start)
 
             return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
                                                        handler.response_serializer)
@@ -96,7 +97,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                     yield from inner_stream(request, context)
                     failed = False
                 finally:
-                    self._observe(method, _code(context, failed), start)
+                    self._observe(method, call_code(context, failed), start)
 
             return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
                                                         handler.response_serializer)

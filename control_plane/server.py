@@ -25,7 +25,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionP
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from control_plane import console, faults, metrics
+from control_plane import console, faults, metrics, traced_calls
 from control_plane.admin import AdminService
 from control_plane.archive.store import ArchiveStore
 from control_plane.auth import Authenticator
@@ -65,6 +65,7 @@ from core import target_proof
 from core.egress import EgressPolicy
 from core.secrets import redact
 from core.settings import Settings, load_settings_or_exit
+from tracing import tracer
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +203,13 @@ def build(
     )
     auth = Authenticator(store, cp.admin_token.get_secret_value())
 
+    # None with tracing off: no span, no SDK (control_plane.traced_calls).
+    calls_tracer = tracer(settings.tracing, settings.tracing.control_plane_service_name)
+    interceptors: list[grpc.ServerInterceptor] = [metrics.RpcMetrics()]
+    if calls_tracer is not None:
+        interceptors.append(traced_calls.RpcTracing(calls_tracer))
     grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
-                              interceptors=[metrics.RpcMetrics()])
+                              interceptors=interceptors)
     # Every servicer is added through the registry, which keeps their handlers for the HTTP API.
     registry = http_api.MethodRegistry(grpc_server)
     server = registry.as_server()
@@ -262,7 +268,7 @@ def build(
           if cp.reconcile_interval_s else []),
     )
     idempotency = MemoryIdempotency(cp.idempotency_ttl_s, cp.idempotency_max_entries, time.monotonic)
-    http = http_api.wire(registry, idempotency)
+    http = http_api.wire(registry, idempotency, tracer=calls_tracer)
     return ControlPlaneServer(grpc_server, bound, publication, publisher, loops, health_servicer, signals,
                               console_services, http)
 

@@ -35,7 +35,7 @@ from aiohttp import web
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
-from control_plane import metrics
+from control_plane import metrics, traced_calls
 from control_plane.httpapi import openapi_doc
 from control_plane.httpapi import problems as http_problems
 from control_plane.httpapi import transcoding as http_transcoding
@@ -53,6 +53,7 @@ from control_plane.httpapi.idempotency import (
 from control_plane.httpapi.problems import PROBLEM_JSON, Problem, problem
 from control_plane.httpapi.transcoding import BadRequest, Route
 from control_plane.rpc.servicer import ERROR_CLASS_KEY
+from core.spans import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,8 @@ class HttpApi:
     handlers: dict[tuple[str, str], grpc.RpcMethodHandler]
     idempotency: IdempotencyStore
     document: dict[str, Any] = field(default_factory=dict)
+    # A span per request when tracing is on (control_plane.traced_calls); None: off.
+    tracer: Tracer | None = None
 
     def __post_init__(self) -> None:
         missing = [f"{r.service}/{r.name}" for r in self.table if (r.service, r.name) not in self.handlers]
@@ -149,10 +152,13 @@ class HttpApi:
     # Blocking: runs on a worker thread.
     def handle(self, verb: str, path: str, query: Sequence[tuple[str, str]], headers: dict[str, str],
                body: bytes, peer: str = "") -> Answer:
-        start = time.perf_counter()
+        start, start_ns = time.perf_counter(), time.time_ns()
         answer = self._answer(verb, path, query, headers, body, peer)
         route = http_transcoding.match(self.table, verb, path)[0]
         metrics.http_request(route.name if route is not None else "-", answer.status, time.perf_counter() - start)
+        if self.tracer is not None:
+            traced_calls.http_request_span(self.tracer, headers.get("traceparent"), verb,
+                                           route.template if route is not None else None, answer.status, start_ns)
         return answer
 
     def _answer(self, verb: str, path: str, query: Sequence[tuple[str, str]], headers: dict[str, str],
@@ -314,8 +320,9 @@ def serve(api: HttpApi, host: str, port: int) -> Any:
     return server
 
 
-def wire(registry: MethodRegistry, idempotency: IdempotencyStore, server_url: str = "") -> HttpApi:
+def wire(registry: MethodRegistry, idempotency: IdempotencyStore, server_url: str = "",
+         tracer: Tracer | None = None) -> HttpApi:
     """The API over the handlers ``registry`` recorded, for the routes of openapi_doc.services()."""
     table = http_transcoding.routes(openapi_doc.services())
-    return HttpApi(table, registry.handlers, idempotency, openapi_doc.document(table, server_url))
+    return HttpApi(table, registry.handlers, idempotency, openapi_doc.document(table, server_url), tracer)
 

@@ -473,3 +473,33 @@ def test_the_registry_passes_every_registration_on_so_grpc_serves_what_http_serv
         assert (CONTROL_PLANE.full_name, "CreateEndpoint") in registry.handlers
     finally:
         server.stop(0)
+
+
+# -- tracing ------------------------------------------------------------------------------------
+
+
+def test_with_tracing_on_each_request_is_a_span_of_the_callers_trace_named_by_its_route(api: Api) -> None:
+    import random
+
+    from core.spans import Span, Tracer
+    from core.trace_context import HeadSampler, parse
+
+    class Spans:
+        def __init__(self) -> None:
+            self.got: list[Span] = []
+
+        def export(self, span: Span) -> None:
+            self.got.append(span)
+
+    spans = Spans()
+    api.api.tracer = Tracer(spans, HeadSampler(1.0), random.Random(1))
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    endpoint_id = created(api)["endpoint_id"]
+    api.call("GET", f"{E}/{endpoint_id}", traceparent=caller)
+    api.call("GET", "/v1/nowhere")
+    create, get, nowhere = spans.got
+    assert (create.name, create.parent_span_id) == ("POST /v1/webhook-endpoints", None)
+    assert create.attributes["http.response.status_code"] == 201
+    assert get.name == "GET /v1/webhook-endpoints/{endpoint_id}"
+    assert get.context.trace_id == parse(caller).trace_id and get.parent_span_id == parse(caller).span_id
+    assert nowhere.name == "GET" and nowhere.attributes["http.response.status_code"] == 404
