@@ -4,17 +4,17 @@ PY := .venv/bin/python
 
 .PHONY: run test setup up down job bench lint proto clean status
 
-run: setup up job ## install, start the local stack, submit the delivery job, say where things are (LOCAL_RECEIVERS=1: deliveries to 127.0.0.1 allowed, for `webhookctl listen`; stack/local_receivers.sh; TOPOLOGY=cluster: 3 Kafka, 3 Cassandra, 2 TaskManagers, 2 control planes, stack/topologies/cluster.env)
+run: setup up job ## install, start the local stack, submit the delivery job, say where things are (LOCAL_RECEIVERS=1: deliveries to 127.0.0.1 allowed, for `webhookctl listen`; stack/local_receivers.sh; TOPOLOGY=cluster: 3 Kafka, 3 Cassandra, 2 TaskManagers, 2 control planes, stack/topologies/cluster.env; TRACING=1: one trace per delivery, Jaeger's UI on http://127.0.0.1:16686, remembered until TRACING=0)
 	@bash stack/archive.sh start && bash stack/archive.sh ready  # the archive writer and its hourly audit (not in make up: make test runs without them)
 	@bash stack/status.sh
 
 test: setup ## bring up what is missing, run the whole suite, stop what this target started
 	@bash stack/test.sh
 
-setup: ## venv from requirements.lock, JVM servers from Maven Central, gRPC code, test certs
+setup: ## venv from requirements.lock, JVM servers from Maven Central, gRPC code, test certs (TRACING=1: Jaeger too, built from its Go module)
 	@bash stack/setup.sh
 
-up: setup ## start Kafka, Cassandra, Flink and the control plane (idempotent; TOPOLOGY=cluster once: recorded in .run/topology for status, job, down)
+up: setup ## start Kafka, Cassandra, Flink and the control plane (idempotent; TOPOLOGY=cluster once: recorded in .run/topology for status, job, down; TRACING=1 once: Jaeger too, recorded in .run/tracing)
 	@bash stack/up.sh
 
 job: ## submit the delivery job to the local Flink cluster unless it already runs
@@ -26,7 +26,7 @@ down: ## stop everything the stack scripts started (data stays in .run/)
 status:
 	@bash stack/status.sh
 
-bench: setup up ## end-to-end benchmark; last line is the comparable summary (BENCH_ARGS="--catalog": fan-out validates every event)
+bench: setup up ## end-to-end benchmark; last line is the comparable summary (BENCH_ARGS="--catalog": fan-out validates every event; BENCH_ARGS="--tracing-ratio 0.01": the run's job traces 1 % of deliveries, needs TRACING=1's Jaeger)
 	@$(PY) -m bench.run $(BENCH_ARGS)
 
 .PHONY: chaos

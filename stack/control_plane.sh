@@ -19,6 +19,7 @@ start_one() {
   fi
   mkdir -p "$dir"
   local_receivers_apply "$part" "$dir"
+  tracing_apply
   say "starting $part on 127.0.0.1:$((PORT + n - 1))"
   WEBHOOKS_CONTROL_PLANE__PORT=$((PORT + n - 1)) \
   WEBHOOKS_CONTROL_PLANE__METRICS_PORT="$(shifted "$METRICS_PORT" "$n")" \

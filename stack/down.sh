@@ -12,4 +12,5 @@ stop_part receiver 5
 "$REPO/stack/cassandra.sh" stop  # every node of the topology
 "$REPO/stack/kafka.sh" stop
 "$REPO/stack/prometheus.sh" stop
+"$REPO/stack/jaeger.sh" stop  # if it runs (tracing on); its traces were in memory only
 say "stack stopped (topology $TOPOLOGY)"

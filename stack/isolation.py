@@ -33,6 +33,9 @@ def isolated_env(run: str, own_keyspace: bool = False) -> dict[str, str]:
         "WEBHOOKS_FLINK__JOB_NAME": f"webhooks-{run}",
         # /metrics on 9464 is the stack's control plane's; a run's own one serves none.
         "WEBHOOKS_CONTROL_PLANE__METRICS_PORT": "0",
+        # Traced only when the run says so (a test of tracing, `bench.run --tracing-ratio`), never
+        # because the stack was started with TRACING=1 (stack/lib.sh, tracing_apply).
+        "WEBHOOKS_TRACING__ENABLED": "false",
     }
     if own_keyspace:
         env["WEBHOOKS_CASSANDRA__KEYSPACE"] = "webhooks_" + run.replace("-", "_")

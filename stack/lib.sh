@@ -140,3 +140,28 @@ if [ "$TOPOLOGY" != "$TOPOLOGY_RECORDED" ]; then refuse_other_topology; fi
 
 # record_topology: up.sh, before starting anything, so later commands act on this topology.
 record_topology() { echo "$TOPOLOGY" > "$RUN/topology"; }
+
+# Tracing (docs/operating.md, tracing): TRACING=1 once (`make run TRACING=1`) turns it on for the
+# control plane and the job (WEBHOOKS_TRACING__ENABLED=true) and adds Jaeger to the stack; up.sh
+# records it in $RUN/tracing, so later commands (job, status, a restart) act alike, until
+# TRACING=0. WEBHOOKS_TRACING__ENABLED in the environment also counts, for that command only.
+case "${TRACING:-}" in
+  ''|0|1) ;;
+  *) fail "TRACING must be 1 (on) or 0 (off), not '${TRACING}'" ;;
+esac
+tracing_on() {
+  case "${TRACING:-}" in 1) return 0 ;; 0) return 1 ;; esac
+  case "${WEBHOOKS_TRACING__ENABLED:-}" in
+    [Tt]rue|TRUE|1|[Yy]es|[Oo]n) return 0 ;;
+    '') [ -f "$RUN/tracing" ] ;;
+    *) return 1 ;;
+  esac
+}
+# record_tracing: up.sh; TRACING=1 or 0 is remembered, no TRACING leaves the record as it is.
+record_tracing() {
+  case "${TRACING:-}" in 1) echo on > "$RUN/tracing" ;; 0) rm -f "$RUN/tracing" ;; esac
+}
+# tracing_apply: before starting a control plane or submitting a job, what it is started with.
+tracing_apply() {
+  if tracing_on; then export WEBHOOKS_TRACING__ENABLED=true; else export WEBHOOKS_TRACING__ENABLED=false; fi
+}

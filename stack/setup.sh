@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the project needs, idempotently: the Python venv from the lock file, the JVM
 # servers and connectors from Maven Central (stack/maven/*.xml), Debian's PostgreSQL server,
-# generated gRPC code, test certs.
+# generated gRPC code, test certs; with TRACING=1 also Jaeger, from the Go module proxy.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO"
 command -v java >/dev/null || fail "java (JDK 17) not found: apt-get install openjdk-17-jdk-headless"
@@ -66,6 +66,10 @@ if [ ! -f "$specs/.version-$ASYNCAPI_SPECS_VERSION" ]; then
   rm "$specs/$tarball"
   touch "$specs/.version-$ASYNCAPI_SPECS_VERSION"
 fi
+
+# Jaeger, the trace backend, built from source only where tracing is wanted (TRACING=1, or a stack
+# started with it); `make test` and `make up TRACING=1` build it when missing (stack/jaeger.sh).
+if tracing_on; then bash "$REPO/stack/jaeger.sh" build; fi
 
 "$PY" -m protogen
 # The HTTP API's Python client, from its OpenAPI document (build/http-client, git-ignored).

@@ -18,8 +18,13 @@ for part in $parts; do
 done
 show archive-writer  # started by make run, not make up (stack/archive.sh)
 show archive-audit
+if tracing_on || running jaeger; then show jaeger; fi  # the trace backend (TRACING=1: stack/jaeger.sh)
 if running control-plane && [ -f "$RUN/control-plane/local-receivers" ]; then  # stack/local_receivers.sh
   printf '  \033[33m%-14s %s\033[0m\n' "egress" "LOCAL_RECEIVERS on: 127.0.0.1 reachable despite the SSRF policy (development only)"
+fi
+traces=""
+if tracing_on || running jaeger; then
+  traces=$'\n'"  Traces           http://127.0.0.1:${WEBHOOKS_JAEGER_UI_PORT:-16686}   (Jaeger UI; tracing $(tracing_on && echo on || echo off); spans by OTLP/HTTP to ${WEBHOOKS_TRACING__OTLP_ENDPOINT:-http://127.0.0.1:4318})"
 fi
 cat <<TXT
   Flink dashboard  http://127.0.0.1:${WEBHOOKS_FLINK_REST_PORT:-8081}
@@ -30,7 +35,7 @@ cat <<TXT
   Cassandra        $(seq -f "127.0.0.%g" 1 "$CASSANDRA_NODES" | paste -sd,):${WEBHOOKS_CASSANDRA_PORT:-9042}   keyspace webhooks
   PostgreSQL       127.0.0.1:${WEBHOOKS_POSTGRES_PORT:-55432}   database webhooks, table webhook_outbox (webhookctl events publish)
   Kafka Connect    http://127.0.0.1:${WEBHOOKS_OUTBOX__CONNECT_REST_PORT:-8083}/connectors/webhooks-outbox/status   (Debezium: outbox -> webhooks.events)
-  Prometheus       http://127.0.0.1:${WEBHOOKS_PROMETHEUS_PORT:-9090}   (alerts /alerts, rules /rules; webhookctl stats)
+  Prometheus       http://127.0.0.1:${WEBHOOKS_PROMETHEUS_PORT:-9090}   (alerts /alerts, rules /rules; webhookctl stats)${traces}
   Metrics          Flink -> Pushgateway http://127.0.0.1:${WEBHOOKS_PUSHGATEWAY_PORT:-9091}; control plane http://127.0.0.1:${WEBHOOKS_CONTROL_PLANE__METRICS_PORT:-9464}/metrics
   Logs             $RUN/*/  (kafka/kafka.log, cassandra/cassandra.log, flink/log/, control-plane/control-plane.log,
                    postgres/postgres.log, connect/connect.log)

@@ -5,7 +5,7 @@
 source "$(dirname "$0")/lib.sh"
 cd "$REPO"
 started=()
-for part in connect postgres kafka cassandra flink-jm flink-tm control-plane prometheus pushgateway; do
+for part in connect postgres kafka cassandra flink-jm flink-tm control-plane prometheus pushgateway jaeger; do
   running "$part" || started+=("$part")
 done
 cleanup() {
@@ -21,6 +21,7 @@ cleanup() {
       postgres) bash "$REPO/stack/postgres.sh" stop ;;
       prometheus) stop_part prometheus 20 ;;
       pushgateway) stop_part pushgateway 10 ;;
+      jaeger) stop_part jaeger 10 ;;
     esac
   done
   exit $rc
@@ -54,6 +55,9 @@ fi
 say "lint: ruff, mypy, import contracts, doc links"
 make -s -C "$REPO" lint || exit 1
 bash "$REPO/stack/up.sh"
+# The trace backend test_tracing reads its traces from, whether or not the stack traces (it builds
+# Jaeger first if this machine has not yet: stack/jaeger.sh).
+bash "$REPO/stack/jaeger.sh" start && bash "$REPO/stack/jaeger.sh" ready
 set +e
 # The fault matrix's long faults (minutes each) are `make chaos`, the rescale and node-loss faults
 # `make chaos-cluster`; faults 1-4 run here.

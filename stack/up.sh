@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Start the local stack (Kafka, Cassandra, Flink, control plane, PostgreSQL with the outbox and the
-# Kafka Connect worker streaming it, Prometheus and its Pushgateway), create topics and apply the schemas. Every part waits for real readiness; starting twice is harmless.
+# Kafka Connect worker streaming it, Prometheus and its Pushgateway; Jaeger when tracing is on),
+# create topics and apply the schemas. Every part waits for real readiness; starting twice is harmless.
 source "$(dirname "$0")/lib.sh"
 cd "$REPO"
 record_topology  # TOPOLOGY=cluster: stack/topologies/cluster.env (lib.sh refused it if another one runs)
-say "topology: $TOPOLOGY"
+record_tracing   # TRACING=1/0, remembered for job, status and the next up
+say "topology: $TOPOLOGY$(tracing_on && echo ", tracing on")"
+if tracing_on; then "$REPO/stack/jaeger.sh" start; fi  # first, so the first spans find it
 "$REPO/stack/prometheus.sh" start
 "$REPO/stack/kafka.sh" start
 "$REPO/stack/cassandra.sh" start
@@ -22,3 +25,4 @@ say "topology: $TOPOLOGY"
 "$REPO/stack/control_plane.sh" ready
 "$REPO/stack/connect.sh" ready
 "$REPO/stack/prometheus.sh" ready
+if tracing_on; then "$REPO/stack/jaeger.sh" ready; fi
