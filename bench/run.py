@@ -30,8 +30,15 @@ One run, loopback only, bounded in count and time:
 
 The last line is the comparable summary (a `bench-outbox:` line before it gives the outbox path's,
 a `bench-idle:` line the idle stack's cores by process, a `catalog:` line whether fan-out validated
-the events, a `schema_check:` line what that validation costs per event); `.run/bench/report.md`
-and its charts say where the time and the CPU went:
+the events, a `schema_check:` line what that validation costs per event, a `tracing:` line whether
+the run's job and control plane traced, at what ratio); `.run/bench/report.md` and its charts say
+where the time and the CPU went.
+
+``--tracing-ratio R`` turns tracing on for the run's job and control plane (off otherwise, whatever
+the stack was started with), head-sampling at R (docs/operating.md, tracing); the outbox phases'
+producer writes its spans too. It needs the stack's Jaeger (`make up TRACING=1`), whose CPU then
+counts as a group of the delivery path (``jaeger``): the collector's share of tracing's cost. The
+cost per delivery is the difference of ``cpu_ms_per_delivery`` from a run without it, side by side:
 
     bench: deliveries_per_s=N raw_http_per_s=N ratio=R p50_first_attempt_ms=N p99_first_attempt_ms=N
            half_p50_first_attempt_ms=N half_p99_first_attempt_ms=N cpu_ms_per_delivery=X
@@ -86,6 +93,8 @@ from bench.results import Costs, PhaseResult
 from control_plane.rpc.api import pb, rpc
 from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
+from core.spans import Tracer
+from core.tracing_settings import TracingSettings
 from outbox.producer import write_event
 from stack import cpu
 from stack.flink_jobs import cancel, extra_taskmanagers, job_sh, wait_all_running
@@ -93,6 +102,7 @@ from stack.isolation import harness_cluster, isolated_env, keyspace_session, set
 from stack.outbox_relay import OutboxRelay, free_port
 from stack.topics import create_topics
 from tests.support.receiver import ReceiverControl
+from tracing import tracer
 
 RUN = REPO_ROOT / ".run"
 CERTS = RUN / "certs"
@@ -370,7 +380,8 @@ def produce_outbox(relay: OutboxRelay, tenants: list[Tenant], n_events: int, bod
     with relay.connect() as conn:
         for t in _paced(tenants, n_events, rate_per_s):
             event_id = write_event(conn, t.tenant_id, EVENT_TYPE, body,
-                                   schema_version=t.schema_version or UNCATALOGUED_OUTBOX_VERSION)
+                                   schema_version=t.schema_version or UNCATALOGUED_OUTBOX_VERSION,
+                                   tracer=PRODUCER_TRACER)
             conn.commit()
             _expect(sent, event_id, t, time.time())
     sent.first_produce, sent.last_produce = begin, time.time()
@@ -589,10 +600,42 @@ REPORT_DIR = RUN / "bench"
 # stack's (its control plane; its outbox's PostgreSQL and Connect worker when started).
 PHASES: dict[str, PhaseResult] = {}
 EXTRA_GROUPS: dict[str, list[Path]] = {}
+# The outbox phases' producer, when the run traces (the outbox library's spans, in this process).
+PRODUCER_TRACER: Tracer | None = None
+# The stack's trace collector, counted on the delivery path when the run traces (the idle sample
+# counts every stack process already).
+COLLECTOR: dict[str, list[Path]] = {}
+
+
+def tracing_env(ratio: float) -> dict[str, str]:
+    """WEBHOOKS_* that turn tracing on at ``ratio`` for the run's job and control plane."""
+    return {"WEBHOOKS_TRACING__ENABLED": "true", "WEBHOOKS_TRACING__SAMPLE_RATIO": repr(ratio)}
+
+
+def check_collector(t: TracingSettings, timeout_s: float = 3.0) -> None:
+    """Stop before the run, not after it with every batch of spans refused: something must take
+    OTLP/HTTP on the settings' endpoint (the stack's Jaeger: make up TRACING=1)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(t.otlp_endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "127.0.0.1", port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RuntimeError(f"tracing is on but nothing takes OTLP spans at {t.otlp_endpoint} ({exc}): "
+                           "start Jaeger with `make up TRACING=1`") from None
+
+
+def tracing_line(t: TracingSettings) -> str:
+    if not t.enabled:
+        return "tracing: off"
+    return (f"tracing: on sample_ratio={t.sample_ratio:g} otlp={t.traces_url} "
+            "(the collector's CPU is the delivery path's group jaeger)")
 
 
 def _groups() -> dict[str, list[Path]]:
-    return cpu.stack_groups(RUN, EXTRA_GROUPS)
+    return cpu.stack_groups(RUN, {**EXTRA_GROUPS, **COLLECTOR})
 
 
 def measure_idle(seconds: float) -> cpu.Usage:
@@ -610,7 +653,7 @@ def idle_line(usage: cpu.Usage) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    global LATENCY_DIR, PHASE_STALL_S
+    global LATENCY_DIR, PHASE_STALL_S, PRODUCER_TRACER
     PHASE_STALL_S = args.stall_timeout
     started = time.monotonic()
     if args.latency_dir:
@@ -636,7 +679,14 @@ def run(args: argparse.Namespace) -> int:
         stack.enter_context(extra_taskmanagers(args.taskmanagers - 1, say))
         env = bench_env(run_id, port, max(args.partitions, args.taskmanagers))
         env["WEBHOOKS_FLINK__PARALLELISM"] = str(args.taskmanagers)
+        if args.tracing_ratio is not None:
+            env.update(tracing_env(args.tracing_ratio))
         settings = settings_with(env)
+        if settings.tracing.enabled:
+            check_collector(settings.tracing)
+            COLLECTOR["jaeger"] = [RUN / "jaeger/pid"]
+            PRODUCER_TRACER = tracer(settings.tracing, settings.tracing.producer_service_name)
+        say(tracing_line(settings.tracing))
         ks_session = stack.enter_context(keyspace_session(settings))
         read_writes = partial(cassandra_writes.read, ks_session, settings.cassandra.keyspace)
         stack.enter_context(topics(settings))
@@ -702,6 +752,7 @@ def run(args: argparse.Namespace) -> int:
     if idle is not None:
         lines.append(idle_line(idle))
     lines.append(bench_catalog.catalog_line(args.catalog, EVENT_TYPE))
+    lines.append(tracing_line(settings.tracing))
     lines.append(schema_validation.report_line(body))  # fan-out's catalog check, per event
     costs = None
     if full is not None:
@@ -776,11 +827,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-dir", help="write each phase's per-delivery latencies here as CSV")
     ap.add_argument("--fair-rate", type=float, default=0.0,
                     help="healthy tenant's deliveries/s (default: a quarter of the full-speed rate)")
+    ap.add_argument("--tracing-ratio", type=float, default=None,
+                    help="trace the run's job and control plane, head-sampling this share of traces "
+                         "(e.g. 0.01; needs `make up TRACING=1`'s Jaeger)")
     args = ap.parse_args(argv)
     if min(args.events, args.endpoints, args.tenants, args.partitions, args.taskmanagers) < 1:
         ap.error("--events, --endpoints, --tenants, --partitions and --taskmanagers must be >= 1")
     if args.idle_seconds < 0:
         ap.error("--idle-seconds must be >= 0 (0 skips the idle sample)")
+    if args.tracing_ratio is not None and not 0 <= args.tracing_ratio <= 1:
+        ap.error("--tracing-ratio must be within 0..1")
     return run(args)
 
 
