@@ -25,6 +25,7 @@ class TopicWatch:
         self.consumer.assign(starts)
         self.counts: Counter[str] = Counter()
         self.values: dict[str, bytes] = {}
+        self.headers: dict[str, list[tuple[str, bytes | None]]] = {}  # the last record's, per key
 
     def poll(self, seconds: float = 1.0) -> Counter[str]:
         deadline = time.time() + seconds
@@ -35,6 +36,7 @@ class TopicWatch:
             key = msg.key().decode()
             self.counts[key] += 1
             self.values[key] = msg.value()
+            self.headers[key] = list(msg.headers() or ())
         return self.counts
 
     def wait_for(self, keys: set[str], copies: int = 1, timeout: float = 90) -> Counter[str]:
