@@ -21,21 +21,27 @@ interpreter. Three readings over a measured phase, each taken by a tool outside 
 
 What counts as the facts' (the frames, as py-spy names them: function and file):
 
-* ``python``: any frame of core/archive_facts.py (building each fact, encoding a record); the
-  dispatcher's ``_facts_out`` (operators/dispatcher.py: one record per call, its latin-1 text);
-  operators/history_store.py as the innermost frame on a line that appends to the facts list
-  (found from its source, ``fact_append_lines``); and PyFlink's side output under
+* ``python``, the facts' own (``facts``): any frame of core/archive_facts.py (building each
+  fact, encoding a record); the dispatcher's ``_facts_out`` (operators/dispatcher.py: one record
+  per call, its latin-1 text); operators/history_store.py as the innermost frame on a line that
+  appends to the facts list (found from its source, ``fact_append_lines``).
+* ``python``, the side output's (``side_output``): Python running nested under PyFlink's
   ``SideOutputContext.collect`` (pyflink/fn_execution/datastream/embedded/side_output_context.py,
-  called by ``process_func`` in datastream/embedded/operations.py for a ``(OutputTag, value)``
-  result) when the innermost frame is below it (the value's converter, embedded/converters.py).
-* ``jvm_task``: samples whose innermost Python frame is that ``collect`` itself. It is then in
-  its call of the Java operator's ``SideOutputContext.collectSideOutputById`` through pemja:
-  the Python string turned into a Java one, then, all synchronously in that call,
-  ``TimestampedCollector.collect`` -> the chained ``SinkWriterOperator.processElement`` ->
-  ``KafkaWriter.write`` (serialising with ISO-8859-1) -> ``KafkaProducer.send`` (appending to a
-  batch). Only on the task thread whose name holds the facts sink's (``facts_task``): a side
-  output elsewhere (dead letters of parse and fan-out) is not the archive's.
+  called by ``process_func`` in datastream/embedded/operations.py for each ``(OutputTag, value)``
+  result). That is the value's converter (embedded/converters.py) and, mostly, the identity map
+  PyFlink's ``get_side_output`` adds (``ds.map(lambda i: i)``, pyflink/datastream/data_stream.py:
+  a Python operator chained after the side output, "Map" in the task's name), which the JVM calls
+  back into for each record before the sink.
+* ``jvm_task``: samples whose innermost Python frame is that ``collect`` itself. The thread is
+  then in its call of the Java operator's ``SideOutputContext.collectSideOutputById`` through
+  pemja, which runs synchronously: the Python string turned into a Java one,
+  ``TimestampedCollector.collect``, the chained Map's Java (the string back into Python and its
+  result out again), then the chained ``SinkWriterOperator.processElement`` -> ``KafkaWriter.write``
+  (serialising with ISO-8859-1) -> ``KafkaProducer.send`` (appending to a batch).
 * ``producer_thread``: the facts producer's network thread, all of it.
+
+The side output's parts count only on the task thread whose name holds the facts sink's
+(``facts_task``): a side output elsewhere (dead letters of parse and fan-out) is not the archive's.
 
 Not attributed (and so not in the job's share): the facts sink's flush at a checkpoint (Java on
 the task thread outside Python, indistinguishable by stack from the signals sink's flush, and
@@ -70,12 +76,16 @@ SIDE_OUTPUT_JAVA = ("org.apache.flink.streaming.api.operators.python.embedded."
                     "AbstractEmbeddedDataStreamPythonFunctionOperator$SideOutputContext.collectSideOutputById")
 SINK_WRITER_JAVA = ("org.apache.flink.streaming.runtime.operators.sink.SinkWriterOperator.processElement",
                     "org.apache.flink.connector.kafka.sink.KafkaWriter.write")
+# The chained identity Map's Java (the Python operator get_side_output adds), as JFR names it: the
+# declaring class of processElement.
+PYTHON_MAP_JAVA = ("org.apache.flink.streaming.api.operators.python.embedded."
+                   "AbstractOneInputEmbeddedPythonFunctionOperator.processElement")
 # A Java frame of pemja below a sample: that Java runs inside a call into Python.
 PEMJA_JAVA = "pemja.core."
 
 PRODUCER_THREAD = "kafka-producer-network-thread | "
 
-Part = Literal["python", "jvm_task"]
+Part = Literal["facts", "side_output", "jvm_task"]
 
 
 def facts_task(facts_topic: str) -> Callable[[str], bool]:
@@ -162,19 +172,20 @@ def classify(frames: tuple[PyFrame, ...], on_facts_task: bool, append_lines: fro
     if on_facts_task:
         for i, f in enumerate(frames):
             if _is(f, SIDE_OUTPUT_COLLECT):
-                return "jvm_task" if i == len(frames) - 1 else "python"
+                return "jvm_task" if i == len(frames) - 1 else "side_output"
     if any(_is(f, code) for f in frames for code in FACTS_CODE):
-        return "python"
+        return "facts"
     leaf = frames[-1]
     if leaf.file.endswith(HISTORY_STORE) and leaf.line in append_lines:
-        return "python"
+        return "facts"
     return None
 
 
 @dataclass
 class ThreadTally:
     samples: int = 0
-    python: int = 0
+    facts: int = 0
+    side_output: int = 0
     jvm_task: int = 0
 
 
@@ -186,10 +197,8 @@ def tally(stacks: Mapping[PyStack, int], is_facts_task: Callable[[int | None], b
         t = out.setdefault(stack.tid, ThreadTally())
         t.samples += n
         part = classify(stack.frames, is_facts_task(stack.tid), append_lines)
-        if part == "python":
-            t.python += n
-        elif part == "jvm_task":
-            t.jvm_task += n
+        if part is not None:
+            setattr(t, part, getattr(t, part) + n)
     return out
 
 
@@ -246,10 +255,11 @@ class JfrTally:
     in_python: int = 0  # Java running inside a call into Python (a pemja frame below it)
     side_output: int = 0  # of those, under the side output's collectSideOutputById
     sink_writer: int = 0  # of those, in the facts sink's writer (SinkWriterOperator / KafkaWriter)
+    python_map: int = 0  # of those, in the chained identity Map's Java, not in the writer
 
     def plus(self, o: JfrTally) -> JfrTally:
-        return JfrTally(self.samples + o.samples, self.in_python + o.in_python,
-                        self.side_output + o.side_output, self.sink_writer + o.sink_writer)
+        return JfrTally(self.samples + o.samples, self.in_python + o.in_python, self.side_output + o.side_output,
+                        self.sink_writer + o.sink_writer, self.python_map + o.python_map)
 
 
 def tally_jfr(samples: Iterable[JfrSample], is_facts_task: Callable[[str], bool]) -> JfrTally:
@@ -263,10 +273,12 @@ def tally_jfr(samples: Iterable[JfrSample], is_facts_task: Callable[[str], bool]
         t.in_python += 1
         if SIDE_OUTPUT_JAVA in s.frames:
             t.side_output += 1
-            # Innermost first: the writer's frames sit above (before) the side output's.
+            # Innermost first: the writer's and the Map's frames sit above (before) the side output's.
             above = s.frames[:s.frames.index(SIDE_OUTPUT_JAVA)]
             if any(f in SINK_WRITER_JAVA for f in above):
                 t.sink_writer += 1
+            elif PYTHON_MAP_JAVA in above:
+                t.python_map += 1
     return t
 
 
@@ -303,11 +315,13 @@ def cpu_between(before: Mapping[int, int], after: Mapping[int, int], ticks_per_s
 @dataclass(frozen=True)
 class JobShare:
     """The facts' CPU seconds in one TaskManager (or summed over several) over a phase."""
-    python_s: float = 0.0
+    facts_s: float = 0.0  # python: the facts' own code
+    side_output_s: float = 0.0  # python: PyFlink's side output and its identity map
     jvm_task_s: float = 0.0
     producer_thread_s: float = 0.0
     samples: int = 0  # py-spy's, on threads whose CPU was read
-    python_samples: int = 0
+    facts_samples: int = 0
+    side_output_samples: int = 0
     jvm_task_samples: int = 0
     unmeasured_samples: int = 0  # on threads with no CPU reading (ended, or no OS id): left out
     threads: int = 0  # interpreter threads sampled
@@ -317,16 +331,21 @@ class JobShare:
     jfr: JfrTally = field(default_factory=JfrTally)
 
     @property
+    def python_s(self) -> float:
+        return self.facts_s + self.side_output_s
+
+    @property
     def cpu_s(self) -> float:
         return self.python_s + self.jvm_task_s + self.producer_thread_s
 
     def plus(self, o: JobShare) -> JobShare:
-        return JobShare(self.python_s + o.python_s, self.jvm_task_s + o.jvm_task_s,
-                        self.producer_thread_s + o.producer_thread_s, self.samples + o.samples,
-                        self.python_samples + o.python_samples, self.jvm_task_samples + o.jvm_task_samples,
-                        self.unmeasured_samples + o.unmeasured_samples, self.threads + o.threads,
-                        self.facts_tasks + o.facts_tasks, self.producer_threads + o.producer_threads,
-                        self.pyspy_errors + o.pyspy_errors, self.jfr.plus(o.jfr))
+        return JobShare(
+            self.facts_s + o.facts_s, self.side_output_s + o.side_output_s, self.jvm_task_s + o.jvm_task_s,
+            self.producer_thread_s + o.producer_thread_s, self.samples + o.samples,
+            self.facts_samples + o.facts_samples, self.side_output_samples + o.side_output_samples,
+            self.jvm_task_samples + o.jvm_task_samples, self.unmeasured_samples + o.unmeasured_samples,
+            self.threads + o.threads, self.facts_tasks + o.facts_tasks, self.producer_threads + o.producer_threads,
+            self.pyspy_errors + o.pyspy_errors, self.jfr.plus(o.jfr))
 
 
 def attribute(tallies: Mapping[int | None, ThreadTally], cpu_s: Mapping[int, float], names: Mapping[int, str],
@@ -334,20 +353,22 @@ def attribute(tallies: Mapping[int | None, ThreadTally], cpu_s: Mapping[int, flo
     """One TaskManager's facts CPU over a phase: each interpreter thread's CPU split by its py-spy
     samples, plus the facts producer's network thread(s) whole. ``names``: OS thread id -> Java
     name (the thread dump); ``cpu_s``: OS thread id -> CPU seconds over the phase."""
-    python = jvm_task = 0.0
-    samples = python_n = jvm_n = unmeasured = 0
+    seconds = {"facts": 0.0, "side_output": 0.0, "jvm_task": 0.0}
+    counts = dict.fromkeys(seconds, 0)
+    samples = unmeasured = 0
     for tid, t in tallies.items():
         if tid is None or tid not in cpu_s or not t.samples:
             unmeasured += t.samples
             continue
         samples += t.samples
-        python_n += t.python
-        jvm_n += t.jvm_task
-        python += cpu_s[tid] * t.python / t.samples
-        jvm_task += cpu_s[tid] * t.jvm_task / t.samples
+        for part in seconds:
+            n = getattr(t, part)
+            counts[part] += n
+            seconds[part] += cpu_s[tid] * n / t.samples
     producers = [tid for tid, name in names.items() if name == PRODUCER_THREAD + client_id]
-    return JobShare(python, jvm_task, sum(cpu_s.get(tid, 0.0) for tid in producers), samples, python_n, jvm_n,
-                    unmeasured, len(tallies), sum(1 for name in names.values() if is_facts_task(name)),
+    return JobShare(seconds["facts"], seconds["side_output"], seconds["jvm_task"],
+                    sum(cpu_s.get(tid, 0.0) for tid in producers), samples, counts["facts"], counts["side_output"],
+                    counts["jvm_task"], unmeasured, len(tallies), sum(1 for n in names.values() if is_facts_task(n)),
                     len(producers), pyspy_errors, jfr)
 
 
@@ -356,11 +377,14 @@ def ms_line(share: JobShare, deliveries: int) -> str:
     def ms(s: float) -> float:
         return s * 1000 / deliveries if deliveries else 0.0
     j = share.jfr
+    facts_n = share.facts_samples + share.side_output_samples + share.jvm_task_samples
     return (f"python={ms(share.python_s):.4f} jvm_task={ms(share.jvm_task_s):.4f} "
             f"producer_thread={ms(share.producer_thread_s):.4f} total={ms(share.cpu_s):.4f} "
-            f"(samples n/N {share.python_samples + share.jvm_task_samples}/{share.samples} py-spy on "
-            f"{share.threads} interpreter threads, {share.jvm_task_samples} of them in the side output's call; "
-            f"{share.unmeasured_samples} on threads not measured; py-spy errors {share.pyspy_errors}; "
-            f"JFR on the facts task ({share.facts_tasks} found): {j.in_python}/{j.samples} Java samples inside "
-            f"Python, {j.side_output} under collectSideOutputById, {j.sink_writer} of them in the sink writer; "
+            f"(python: the facts' own {ms(share.facts_s):.4f}, the side output's and its identity map's "
+            f"{ms(share.side_output_s):.4f}; samples n/N {facts_n}/{share.samples} py-spy on {share.threads} "
+            f"interpreter threads ({share.facts_samples} facts, {share.side_output_samples} side output, "
+            f"{share.jvm_task_samples} in its call into the JVM), {share.unmeasured_samples} more on threads "
+            f"not measured, {share.pyspy_errors} py-spy errors; JFR on the facts task ({share.facts_tasks} found): "
+            f"{j.in_python}/{j.samples} Java samples inside Python, {j.side_output} under collectSideOutputById: "
+            f"{j.sink_writer} in the sink's writer, {j.python_map} in the identity Map's Java; "
             f"{share.producer_threads} facts producer thread(s))")

@@ -16,6 +16,7 @@ SIDE = "pyflink/fn_execution/datastream/embedded/side_output_context.py"
 OPS = "pyflink/fn_execution/datastream/embedded/operations.py"
 EMB = "pyflink/fn_execution/embedded/operations.py"
 CONV = "pyflink/fn_execution/embedded/converters.py"
+MAP = "pyflink/datastream/data_stream.py"
 APPEND_LINES = frozenset({247, 276, 277})
 
 
@@ -51,17 +52,21 @@ def test_pyspy_raw_stacks_by_os_thread() -> None:
     [
         # building a fact, under the history store's append and the dispatcher's pass
         ((F("_element", "operators/dispatcher.py"), F("_write_created", "operators/history_store.py", 247),
-          F("created_fact", "core/archive_facts.py")), False, "python"),
-        ((F("_facts_out", "operators/dispatcher.py"), F("encode", "core/archive_facts.py")), True, "python"),
-        ((F("process_func", OPS), F("_facts_out", "operators/dispatcher.py", 243)), True, "python"),  # latin-1
+          F("created_fact", "core/archive_facts.py")), False, "facts"),
+        ((F("_facts_out", "operators/dispatcher.py"), F("encode", "core/archive_facts.py")), True, "facts"),
+        ((F("process_func", OPS), F("_facts_out", "operators/dispatcher.py", 243)), True, "facts"),  # latin-1
         # the append itself (the innermost frame on an append line), and not another line
         ((F("_element", "operators/dispatcher.py"), F("_write_created", "operators/history_store.py", 247)),
-         False, "python"),
+         False, "facts"),
         ((F("_element", "operators/dispatcher.py"), F("_write_created", "operators/history_store.py", 245)),
          False, None),
         ((F("_write_created", "operators/history_store.py", 247), F("bind", "cassandra/query.py")), False, None),
-        # the side output: in Python below collect, in the JVM when collect is innermost
-        ((F("process_func", OPS), F("collect", SIDE, 34), F("to_external", CONV)), True, "python"),
+        # the side output: in Python below collect (its converter, the identity map's call back into
+        # Python), in the JVM when collect is innermost
+        ((F("process_func", OPS), F("collect", SIDE, 34), F("to_external", CONV)), True, "side_output"),
+        ((F("process_func", OPS), F("collect", SIDE, 34), F("process_element", EMB),
+          F("process_element_func", OPS), F("process_func", OPS), F("process_element", MAP),
+          F("<lambda>", MAP, 898)), True, "side_output"),
         ((F("process_element", EMB), F("process_func", OPS), F("collect", SIDE, 34)), True, "jvm_task"),
         ((F("process_func", OPS), F("collect", SIDE, 34)), False, None),  # parse's dead letters
         ((F("process_func", OPS),), True, None),  # a main output: not the facts'
@@ -101,7 +106,8 @@ def test_each_threads_cpu_is_split_by_its_samples() -> None:
     stacks = Counter({
         attr.PyStack(10, (F("encode", "core/archive_facts.py"),)): 10,
         attr.PyStack(10, (F("process_func", OPS), F("collect", SIDE))): 5,
-        attr.PyStack(10, ()): 85,
+        attr.PyStack(10, (F("process_func", OPS), F("collect", SIDE), F("<lambda>", MAP))): 5,
+        attr.PyStack(10, ()): 80,
         attr.PyStack(11, (F("_run_once", "asyncio/base_events.py"),)): 50,
         attr.PyStack(12, (F("encode", "core/archive_facts.py"),)): 3,  # ended before the last reading
         attr.PyStack(None, (F("encode", "core/archive_facts.py"),)): 2,
@@ -110,18 +116,20 @@ def test_each_threads_cpu_is_split_by_its_samples() -> None:
              20: "kafka-producer-network-thread | archive-facts-x", 21: "kafka-producer-network-thread | producer-3"}
     is_facts = attr.facts_task("facts.x")
     tallies = attr.tally(stacks, lambda tid: tid is not None and is_facts(names.get(tid, "")), frozenset())
-    assert tallies[10] == attr.ThreadTally(100, 10, 5)
+    assert tallies[10] == attr.ThreadTally(samples=100, facts=10, side_output=5, jvm_task=5)
     cpu = {10: 20.0, 11: 4.0, 20: 0.5, 21: 0.3}
-    share = attr.attribute(tallies, cpu, names, is_facts, "archive-facts-x", attr.JfrTally(9, 4, 3, 2), 1)
-    assert share.python_s == pytest.approx(2.0) and share.jvm_task_s == pytest.approx(1.0)
-    assert share.producer_thread_s == 0.5 and share.cpu_s == pytest.approx(3.5)
-    assert (share.samples, share.python_samples, share.jvm_task_samples, share.unmeasured_samples) == (150, 10, 5, 5)
+    share = attr.attribute(tallies, cpu, names, is_facts, "archive-facts-x", attr.JfrTally(9, 4, 3, 2, 1), 1)
+    assert (share.facts_s, share.side_output_s, share.jvm_task_s) == pytest.approx((2.0, 1.0, 1.0))
+    assert share.python_s == pytest.approx(3.0) and share.producer_thread_s == 0.5
+    assert share.cpu_s == pytest.approx(4.5)
+    assert (share.samples, share.facts_samples, share.side_output_samples, share.jvm_task_samples,
+            share.unmeasured_samples) == (150, 10, 5, 5, 5)
     assert (share.threads, share.facts_tasks, share.producer_threads, share.pyspy_errors) == (4, 1, 1, 1)
     both = share.plus(share)
-    assert both.cpu_s == pytest.approx(7.0) and both.jfr == attr.JfrTally(18, 8, 6, 4)
+    assert both.cpu_s == pytest.approx(9.0) and both.jfr == attr.JfrTally(18, 8, 6, 4, 2)
     line = attr.ms_line(share, 1000)
-    assert line.startswith("python=2.0000 jvm_task=1.0000 producer_thread=0.5000 total=3.5000 ")
-    assert "(samples n/N 15/150 " in line
+    assert line.startswith("python=3.0000 jvm_task=1.0000 producer_thread=0.5000 total=4.5000 ")
+    assert "samples n/N 20/150 " in line
 
 
 @pytest.mark.parametrize(
@@ -169,6 +177,19 @@ jdk.ExecutionSample {{
 }}
 
 jdk.ExecutionSample {{
+  startTime = 04:51:02.115 (2026-12-07)
+  sampledThread = "{TASK}" (javaThreadId = 88)
+  state = "STATE_RUNNABLE"
+  stackTrace = [
+    pemja.core.object.PyIterator.next(long, long)
+    {attr.PYTHON_MAP_JAVA}(StreamRecord) line: 120
+    org.apache.flink.streaming.runtime.tasks.ChainingOutput.pushToOperator(StreamRecord) line: 99
+    {attr.SIDE_OUTPUT_JAVA}(String, Object) line: 97
+    pemja.core.PythonInterpreter.invokeMethod(long, String, String, Object[])
+  ]
+}}
+
+jdk.ExecutionSample {{
   startTime = 04:51:02.121 (2026-12-07)
   sampledThread = "{TASK}" (javaThreadId = 88)
   state = "STATE_RUNNABLE"
@@ -198,18 +219,19 @@ jdk.ExecutionSample {{
 
 def test_jfr_samples_as_printed() -> None:
     samples = list(attr.parse_jfr_samples(JFR.splitlines(keepends=True)))
-    assert [s.thread for s in samples] == [TASK, TASK, TASK, "Kafka: webhooks.events.x (1/1)#0", TASK]
+    assert [s.thread for s in samples] == [TASK, TASK, TASK, TASK, "Kafka: webhooks.events.x (1/1)#0", TASK]
     first = samples[0].frames
     assert len(first) == 7 and first[1] == "org.apache.flink.connector.kafka.sink.KafkaWriter.write"
     assert first[4] == attr.SIDE_OUTPUT_JAVA and first[-1] == "pemja.core.PythonInterpreter.invokeMethod"
-    assert samples[4].frames == ()
+    assert samples[5].frames == ()
 
 
 def test_jfr_samples_of_the_facts_task_by_where_they_run() -> None:
     samples = attr.parse_jfr_samples(JFR.splitlines())
-    # 4 of the facts task; 2 inside Python, both under the side output, 1 in the sink's writer;
-    # the writer's frame outside Python (the signals sink's, or a flush) is not counted.
-    assert attr.tally_jfr(samples, attr.facts_task("facts.x")) == attr.JfrTally(4, 2, 2, 1)
+    # 5 of the facts task; 3 inside Python, all under the side output: 1 in the sink's writer, 1 in
+    # the identity Map's Java; the writer's frame outside Python (the signals sink's, or a flush)
+    # is not counted.
+    assert attr.tally_jfr(samples, attr.facts_task("facts.x")) == attr.JfrTally(5, 3, 3, 1, 1)
 
 
 THREADS = """\
@@ -248,7 +270,7 @@ def rnd(mode: str, tm_s: float, job: attr.JobShare | None) -> Round:
 
 
 def test_the_job_share_is_the_attributed_one_when_every_facts_on_round_was_profiled() -> None:
-    share = attr.JobShare(python_s=0.004, jvm_task_s=0.003, producer_thread_s=0.002)
+    share = attr.JobShare(facts_s=0.003, side_output_s=0.001, jvm_task_s=0.003, producer_thread_s=0.002)
     cost = archive_cost([rnd("off", 1.0, share)], [rnd("on", 1.1, share)], audit=0.02)
     assert cost.job_attributed == pytest.approx(0.009)
     assert cost.shares["taskmanagers"] == pytest.approx(0.1)  # on-off, beside it, not summed
