@@ -26,13 +26,14 @@ def F(function: str, file: str, line: int = 1) -> attr.PyFrame:
 
 # ---- py-spy ----------------------------------------------------------------------------------------
 
-RAW = """\
-thread (4242): Dummy-1;process_element (pyflink/fn_execution/embedded/operations.py:86);process_func (pyflink/fn_execution/datastream/embedded/operations.py:108);collect (pyflink/fn_execution/datastream/embedded/side_output_context.py:34) 7
-thread (4242): Dummy-1 30
-thread (4243);_run_once (asyncio/base_events.py:1922);select (selectors.py:468) 2
-thread (0x7F12AB);encode (core/archive_facts.py:121) 1
-<module> (x.py) 4
-"""
+# One line per stack (long ones split here only to fit the page).
+RAW = "\n".join([
+    f"thread (4242): Dummy-1;process_element ({EMB}:86);process_func ({OPS}:108);collect ({SIDE}:34) 7",
+    "thread (4242): Dummy-1 30",
+    "thread (4243);_run_once (asyncio/base_events.py:1922);select (selectors.py:468) 2",
+    "thread (0x7F12AB);encode (core/archive_facts.py:121) 1",
+    "<module> (x.py) 4",
+]) + "\n"
 
 
 def test_pyspy_raw_stacks_by_os_thread() -> None:
@@ -148,13 +149,14 @@ def test_the_facts_task_is_the_one_chaining_the_runs_facts_sink(name: str, facts
 # ---- JFR and jcmd -----------------------------------------------------------------------------------
 
 TASK = "dispatch (per endpoint) -> Kafka: facts.x: Writer (1/1)#0"
+ACCUMULATOR = "org.apache.flink.kafka.shaded.org.apache.kafka.clients.producer.internals.RecordAccumulator"
 JFR = f"""\
 jdk.ExecutionSample {{
   startTime = 04:51:02.101 (2026-12-07)
   sampledThread = "{TASK}" (javaThreadId = 88)
   state = "STATE_RUNNABLE"
   stackTrace = [
-    org.apache.flink.kafka.shaded.org.apache.kafka.clients.producer.internals.RecordAccumulator.append(String, int, long, byte[], byte[], Header[], RecordAccumulator$AppendCallbacks, long, long, Cluster) line: 310
+    {ACCUMULATOR}.append(String, int, long, byte[], byte[], Header[], long, long, Cluster) line: 310
     org.apache.flink.connector.kafka.sink.KafkaWriter.write(Object, SinkWriter$Context) line: 203
     org.apache.flink.streaming.runtime.operators.sink.SinkWriterOperator.processElement(StreamRecord) line: 228
     org.apache.flink.streaming.api.operators.TimestampedCollector.collect(OutputTag, StreamRecord) line: 56
@@ -234,25 +236,27 @@ def test_jfr_samples_of_the_facts_task_by_where_they_run() -> None:
     assert attr.tally_jfr(samples, attr.facts_task("facts.x")) == attr.JfrTally(5, 3, 3, 1, 1)
 
 
-THREADS = """\
-2026-12-07 04:51:00
-Full thread dump OpenJDK 64-Bit Server VM (17.0.15+6-Debian-1deb12u1 mixed mode, sharing):
-
-"main" #1 prio=5 os_prio=0 cpu=1523.45ms elapsed=3600.12s tid=0x00007f3c4802a000 nid=0x1f03 waiting on condition  [0x00007f3c4f9fe000]
-   java.lang.Thread.State: WAITING (parking)
-
-"kafka-producer-network-thread | archive-facts-x" #212 daemon prio=5 os_prio=0 cpu=812.00ms elapsed=90.50s tid=0x00007f3b9c0b2800 nid=0x2a10 runnable  [0x00007f3b2dffe000]
-   java.lang.Thread.State: RUNNABLE
-
-"dispatch (per endpoint) -> Kafka: facts.x: Writer (1/1)#0" #201 prio=5 os_prio=0 cpu=22000.10ms elapsed=95.00s tid=0x00007f3b9c001000 nid=10755 runnable
-"VM Thread" os_prio=0 cpu=310.22ms elapsed=3600.00s tid=0x00007f3c480c5000 nid=0x1f0a runnable
-"""
+THREADS = "\n".join([
+    "2026-12-07 04:51:00",
+    "Full thread dump OpenJDK 64-Bit Server VM (17.0.15+6-Debian-1deb12u1 mixed mode, sharing):",
+    "",
+    '"main" #1 prio=5 os_prio=0 cpu=1523.45ms elapsed=3600.12s tid=0x00007f3c4802a000 nid=0x1f03 '
+    "waiting on condition  [0x00007f3c4f9fe000]",
+    "   java.lang.Thread.State: WAITING (parking)",
+    "",
+    '"kafka-producer-network-thread | archive-facts-x" #212 daemon prio=5 os_prio=0 cpu=812.00ms elapsed=90.50s '
+    "tid=0x00007f3b9c0b2800 nid=0x2a10 runnable  [0x00007f3b2dffe000]",
+    "   java.lang.Thread.State: RUNNABLE",
+    "",
+    f'"{TASK}" #201 prio=5 os_prio=0 cpu=22000.10ms elapsed=95.00s tid=0x00007f3b9c001000 nid=10755 runnable',
+    '"VM Thread" os_prio=0 cpu=310.22ms elapsed=3600.00s tid=0x00007f3c480c5000 nid=0x1f0a runnable',
+])
 
 
 def test_thread_dump_names_by_os_thread_id() -> None:
     assert attr.parse_thread_dump(THREADS) == {
         0x1F03: "main", 0x2A10: "kafka-producer-network-thread | archive-facts-x",
-        10755: "dispatch (per endpoint) -> Kafka: facts.x: Writer (1/1)#0", 0x1F0A: "VM Thread"}
+        10755: TASK, 0x1F0A: "VM Thread"}
 
 
 def test_thread_cpu_from_proc_stat() -> None:
