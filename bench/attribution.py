@@ -63,13 +63,15 @@ from typing import Literal
 # (file, function; None: any function of the file) of the Python frames that build and encode
 # the facts. Files are matched by their end: py-spy shortens a path to its packages
 # ("core/archive_facts.py"), and the job's files live in a directory Flink unpacked them to.
+# Functions by their qualified name's last part: py-spy 0.4 prints the qualified name on Python
+# 3.11 ("Dispatcher._facts_out"), older ones the bare one.
 FACTS_CODE: tuple[tuple[str, str | None], ...] = (
     ("core/archive_facts.py", None),
-    ("operators/dispatcher.py", "_facts_out"),
+    ("operators/dispatcher.py", "Dispatcher._facts_out"),
 )
 HISTORY_STORE = "operators/history_store.py"
 # PyFlink 2.2's side output in thread mode: the Python half of the crossing to the JVM.
-SIDE_OUTPUT_COLLECT = ("pyflink/fn_execution/datastream/embedded/side_output_context.py", "collect")
+SIDE_OUTPUT_COLLECT = ("pyflink/fn_execution/datastream/embedded/side_output_context.py", "SideOutputContext.collect")
 
 # The JVM's side of that call, as JFR names methods (package.Class.method).
 SIDE_OUTPUT_JAVA = ("org.apache.flink.streaming.api.operators.python.embedded."
@@ -162,7 +164,8 @@ def _py_frame(text: str) -> PyFrame:
 
 def _is(frame: PyFrame, where: tuple[str, str | None]) -> bool:
     file, function = where
-    return frame.file.endswith(file) and (function is None or frame.function == function)
+    return frame.file.endswith(file) and (
+        function is None or frame.function.rsplit(".", 1)[-1] == function.rsplit(".", 1)[-1])
 
 
 def classify(frames: tuple[PyFrame, ...], on_facts_task: bool, append_lines: frozenset[int]) -> Part | None:

@@ -26,11 +26,14 @@ def F(function: str, file: str, line: int = 1) -> attr.PyFrame:
 
 # ---- py-spy ----------------------------------------------------------------------------------------
 
-# One line per stack (long ones split here only to fit the page).
+# One line per stack (long ones split here only to fit the page). py-spy 0.4 on Python 3.11 names
+# functions by their qualified names; a thread pemja attached has no Python name.
+PROCESS_FUNC = "extract_process_function.<locals>.process_func"
 RAW = "\n".join([
-    f"thread (4242): Dummy-1;process_element ({EMB}:86);process_func ({OPS}:108);collect ({SIDE}:34) 7",
-    "thread (4242): Dummy-1 30",
-    "thread (4243);_run_once (asyncio/base_events.py:1922);select (selectors.py:468) 2",
+    f"thread (4242);OneInputFunctionOperation.process_element ({EMB}:86);{PROCESS_FUNC} ({OPS}:108);"
+    f"SideOutputContext.collect ({SIDE}:34) 7",
+    "thread (4242) 30",
+    "thread (4243): Dummy-2;BaseEventLoop._run_once (asyncio/base_events.py:1922);select (selectors.py:468) 2",
     "thread (0x7F12AB);encode (core/archive_facts.py:121) 1",
     "<module> (x.py) 4",
 ]) + "\n"
@@ -38,10 +41,10 @@ RAW = "\n".join([
 
 def test_pyspy_raw_stacks_by_os_thread() -> None:
     stacks = attr.parse_pyspy_raw(RAW)
-    assert stacks[attr.PyStack(4242, (F("process_element", EMB, 86), F("process_func", OPS, 108),
-                                      F("collect", SIDE, 34)))] == 7
+    assert stacks[attr.PyStack(4242, (F("OneInputFunctionOperation.process_element", EMB, 86),
+                                      F(PROCESS_FUNC, OPS, 108), F("SideOutputContext.collect", SIDE, 34)))] == 7
     assert stacks[attr.PyStack(4242, ())] == 30  # the thread running Java: no Python frame
-    assert stacks[attr.PyStack(4243, (F("_run_once", "asyncio/base_events.py", 1922),
+    assert stacks[attr.PyStack(4243, (F("BaseEventLoop._run_once", "asyncio/base_events.py", 1922),
                                       F("select", "selectors.py", 468)))] == 2
     assert stacks[attr.PyStack(None, (F("encode", "core/archive_facts.py", 121),))] == 1  # a pthread id only
     assert stacks[attr.PyStack(None, (F("<module>", "x.py", 0),))] == 4  # recorded without --threads
@@ -56,6 +59,13 @@ def test_pyspy_raw_stacks_by_os_thread() -> None:
           F("created_fact", "core/archive_facts.py")), False, "facts"),
         ((F("_facts_out", "operators/dispatcher.py"), F("encode", "core/archive_facts.py")), True, "facts"),
         ((F("process_func", OPS), F("_facts_out", "operators/dispatcher.py", 243)), True, "facts"),  # latin-1
+        # py-spy 0.4 on Python 3.11 prints qualified names
+        ((F("Dispatcher.process_element", "operators/dispatcher.py"),
+          F("Dispatcher._facts_out", "operators/dispatcher.py", 243)), True, "facts"),
+        ((F("process_func", OPS), F("SideOutputContext.collect", SIDE, 34)), True, "jvm_task"),
+        ((F("process_func", OPS), F("SideOutputContext.collect", SIDE, 34),
+          F("IdentityDataConverter.to_external", CONV)), True, "side_output"),
+        ((F("Other.collect", "x/side_output_context.py"),), True, None),
         # the append itself (the innermost frame on an append line), and not another line
         ((F("_element", "operators/dispatcher.py"), F("_write_created", "operators/history_store.py", 247)),
          False, "facts"),
