@@ -12,17 +12,19 @@ measured from /proc as `make bench` measures the delivery path (stack/cpu.py):
   default when py-spy and the TaskManager's JDK tools are there): the same phase (``--events``
   events x ``--endpoints`` endpoints, the bench's body) is run by two jobs back to back, archive
   facts off then on (``archive.stream``), each on an events topic of its own, and each
-  TaskManager is profiled over each phase (bench/profilers.py: py-spy on its embedded
-  interpreter, JDK Flight Recorder, a thread dump, every thread's CPU). The facts-on job's share
+  TaskManager is profiled over the facts-on phase (bench/profilers.py: py-spy on its embedded
+  interpreter at ``--pyspy-rate`` samples a second, JDK Flight Recorder, a thread dump, every
+  thread's CPU). The facts-on job's share
   is its threads' CPU split by their samples (bench/attribution.py says which frames are the
   facts'): ``python`` (building and encoding the facts, PyFlink's side output in Python),
   ``jvm_task`` (the call into the JVM with each record: the crossing and the chained facts
   sink's writer) and ``producer_thread`` (the facts producer's network thread, named by the
-  run's ``kafka.archive_facts_client_id``). The facts-off job is attributed alike, as a check of
-  what the matchers find with no facts. Without the profilers the job's share is the difference
-  of the TaskManagers' CPU per delivery between the two phases, as it is still printed beside it
-  for comparison; the JobManager's, Kafka's and Cassandra's during the phase are on-off
-  differences either way. ``--rounds 2`` alternates off/on twice and averages;
+  run's ``kafka.archive_facts_client_id``). ``--attribute-off-phases`` profiles and attributes
+  the facts-off job alike: a check of what the matchers find with no facts, and an on-off
+  difference with the profilers on both sides. Without the profilers the job's share is the
+  difference of the TaskManagers' CPU per delivery between the two phases, as it is still
+  printed beside it for comparison; the JobManager's, Kafka's and Cassandra's during the phase
+  are on-off differences either way. ``--rounds 2`` alternates off/on twice and averages;
 * the archive writer (a process of its own, with its settings' rolls: 100,000 facts or 60 s, on
   S3Proxy, stack/s3proxy.sh) and the object store: all their CPU from the facts phase's start
   until the writer, stopped at the phase's end, rolled and committed the last fact, plus Kafka's
@@ -31,8 +33,9 @@ measured from /proc as `make bench` measures the delivery path (stack/cpu.py):
   object store's meanwhile).
 
 The profilers' own CPU is in their processes (py-spy, jcmd, jfr: children of this one, in no
-measured group), except JFR's sampling, which runs inside the TaskManager: in both phases' CPU
-alike. Their files stay in .run/bench-<id>-profiles/<round>-<mode>/.
+measured group), except JFR's sampling, which runs inside the TaskManager: in the profiled
+phases' TaskManager CPU. py-spy still takes a share of the machine's two cores while it samples
+(bench/profilers.py, ``PY_SPY_RATE``). Their files stay in .run/bench-<id>-profiles/<round>-<mode>/.
 
 ``release_hot_bytes_per_delivery``: what is written to the hot tier to let a delivery go. No
 statement is: hot rows expire by the TTL they were written with. The Cassandra write counts of
@@ -236,12 +239,12 @@ def run(args: argparse.Namespace) -> int:
                     warm = bench.phase(f"warm-{mode}-{i}", m_settings, rx, tenants, args.warm_events, body,
                                        args.timeout)[0].delivered
                 before = cassandra_writes.settled(read_writes)
-                # Both jobs profiled alike, so that JFR's own CPU inside the TaskManager is in both
-                # sides of the on-off difference; the facts-off job's attribution is the matchers' check.
+                # The facts-on phase profiled; the facts-off one too with --attribute-off-phases (the
+                # matchers' check, and an on-off difference with the profilers on both sides).
                 no_profiles: list[profilers.TaskManagerProfile] = []
                 profiling = (profilers.profiled(tools, taskmanager_pids(), bench.RUN / f"bench-{run_id}-profiles" /
-                                                f"{i}-{mode}", f"archive-bench-{run_id}-{i}")
-                             if tools else nullcontext(no_profiles))
+                                                f"{i}-{mode}", f"archive-bench-{run_id}-{i}", args.pyspy_rate)
+                             if tools and (mode == "on" or args.attribute_off_phases) else nullcontext(no_profiles))
                 with profiling as profiles:
                     r, _ = bench.phase(f"facts-{mode}-{i}", m_settings, rx, tenants, args.events, body,
                                        args.timeout)
@@ -309,13 +312,18 @@ def run(args: argparse.Namespace) -> int:
     shares, own = cost.shares, cost.own
     on_off = f"job (TaskManagers on-off)={shares['taskmanagers']:.3f}"
     if cost.job_attributed is not None:
-        on_job, off_job = summed([r.job for r in ons]), summed([r.job for r in offs])
-        print(f"archive-bench: job share attributed ms/delivery: {attribution.ms_line(on_job, archived)}; "
-              f"TaskManagers on-off for comparison={shares['taskmanagers']:.4f}", flush=True)
-        print(f"archive-bench: the facts-off job attributed alike (what the matchers find with no facts), "
-              f"ms/delivery: {attribution.ms_line(off_job, sum(r.deliveries for r in offs))}", flush=True)
+        profiled_off = all(r.job is not None for r in offs)
+        # With only the facts-on phase profiled, JFR's own CPU in the TaskManager is in its side alone.
+        which = "both phases profiled" if profiled_off else "the facts-on phase profiled"
+        on_line = attribution.ms_line(summed([r.job for r in ons]), archived)
+        print(f"archive-bench: job share attributed ms/delivery: {on_line}; "
+              f"TaskManagers on-off for comparison ({which})={shares['taskmanagers']:.4f}", flush=True)
+        if profiled_off:
+            off_line = attribution.ms_line(summed([r.job for r in offs]), sum(r.deliveries for r in offs))
+            print(f"archive-bench: the facts-off job attributed alike (what the matchers find with no facts), "
+                  f"ms/delivery: {off_line}", flush=True)
         on_off = (f"job (attributed)={cost.job_attributed:.3f} "
-                  f"job (TaskManagers on-off, for comparison, not summed)={shares['taskmanagers']:.3f}")
+                  f"job (TaskManagers on-off, {which}, for comparison, not summed)={shares['taskmanagers']:.3f}")
     print(f"archive-bench: per archived delivery, ms of CPU: {on_off} "
           f"jobmanager={shares['jobmanager']:.3f} kafka={shares['kafka'] + cost.kafka_catch_up:.3f} "
           f"cassandra={shares['cassandra']:.3f} writer={own['archive-writer']:.3f} s3proxy={own['s3proxy']:.3f} "
@@ -384,8 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--roll-s", type=float, default=60.0, help="the writer's archive.roll_s for the run")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--attribute", action=argparse.BooleanOptionalAction, default=None,
-                    help="attribute the job's share from profiles of each measured phase (py-spy, JFR, "
+                    help="attribute the job's share from profiles of each facts-on phase (py-spy, JFR, "
                          "per-thread CPU); default: when the tools are there; --attribute fails without them")
+    ap.add_argument("--attribute-off-phases", action="store_true",
+                    help="profile the facts-off phases too: what the matchers find with no facts, and an on-off "
+                         "difference with the profilers on both sides")
+    ap.add_argument("--pyspy-rate", type=int, default=profilers.PY_SPY_RATE,
+                    help="py-spy's samples per second (its cost grows with the TaskManager's threads)")
     return run(ap.parse_args(argv))
 
 

@@ -46,7 +46,10 @@ JFC = """<?xml version="1.0" encoding="UTF-8"?>
 """
 # Deep enough for the side output's route from the Python call to the Kafka producer's append.
 JFR_STACK_DEPTH = 64
-PY_SPY_RATE = 200
+# py-spy reads every OS thread's state in each round (/proc/<tid>/stat, to leave idle threads
+# out), so a round's cost grows with the TaskManager's threads, and a TaskManager has hundreds:
+# a rate it keeps up with, at a cost the machine can spare (docs/archive.md#sizing).
+PY_SPY_RATE = 50
 
 
 class ToolsMissing(RuntimeError):
@@ -124,8 +127,8 @@ class TaskManagerProfile:
     """One TaskManager over one phase: started before it, stopped after it, read afterwards
     (``share``) -- reading a recording costs CPU, so it is done outside any measured span."""
 
-    def __init__(self, tools: Tools, pid: int, out_dir: Path, name: str) -> None:
-        self.tools, self.pid, self.name = tools, pid, name
+    def __init__(self, tools: Tools, pid: int, out_dir: Path, name: str, rate: int = PY_SPY_RATE) -> None:
+        self.tools, self.pid, self.name, self.rate = tools, pid, name, rate
         out_dir.mkdir(parents=True, exist_ok=True)
         self.jfc = out_dir / "attribution.jfc"
         self.jfr_file = out_dir / f"tm-{pid}.jfr"
@@ -148,7 +151,7 @@ class TaskManagerProfile:
         self.names = attr.parse_thread_dump(text)
         with open(self.log, "wb") as log:
             self._py_spy = subprocess.Popen(
-                [self.tools.py_spy, "record", "--nonblocking", "--threads", "--rate", str(PY_SPY_RATE),
+                [self.tools.py_spy, "record", "--nonblocking", "--threads", "--rate", str(self.rate),
                  "--format", "raw", "-o", str(self.raw), "--pid", str(self.pid)],
                 stdout=log, stderr=subprocess.STDOUT)
         self._wait_sampling()
@@ -215,9 +218,10 @@ class TaskManagerProfile:
 
 
 @contextmanager
-def profiled(tools: Tools, tm_pids: list[int], out_dir: Path, name: str) -> Iterator[list[TaskManagerProfile]]:
+def profiled(tools: Tools, tm_pids: list[int], out_dir: Path, name: str,
+             rate: int = PY_SPY_RATE) -> Iterator[list[TaskManagerProfile]]:
     """Every TaskManager profiled over the body; the profiles, to read once the body is done."""
-    profiles = [TaskManagerProfile(tools, pid, out_dir, f"{name}-{pid}") for pid in tm_pids]
+    profiles = [TaskManagerProfile(tools, pid, out_dir, f"{name}-{pid}", rate) for pid in tm_pids]
     started: list[TaskManagerProfile] = []
     try:
         for p in profiles:
