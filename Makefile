@@ -50,7 +50,7 @@ bench-backlog: setup up ## N pending deliveries behind a failing endpoint, TaskM
 	@$(PY) -m bench.backlog $(BACKLOG_ARGS)
 
 .PHONY: bench-archive archive-audit
-bench-archive: setup up ## archive tier: CPU per archived delivery of every process taking part (job facts on vs off, writer, S3), bytes per delivery (ARCHIVE_ARGS="--events 3000")
+bench-archive: setup up ## archive tier: CPU per archived delivery of every process taking part (the job's share attributed from its profiles, writer, S3), bytes per delivery (ARCHIVE_ARGS="--events 3000 --no-attribute")
 	@$(PY) -m bench.archive_sizing $(ARCHIVE_ARGS)
 
 .PHONY: bench-archive-writer

@@ -1,17 +1,30 @@
 """Archive tier cost: CPU per archived delivery of every process taking part, and bytes.
 
     .venv/bin/python -m bench.archive_sizing [--events 3000] [--endpoints 10] [--rounds 1]
+                                             [--attribute | --no-attribute]
 
 The archive is written once from the stream (docs/archive.md): the job sends its history facts
 to Kafka, the archive writer turns them into Parquet on an object store, the audit recounts an
 hour against Cassandra's indexes. So the archive's cost is spread over processes, and each is
 measured from /proc as `make bench` measures the delivery path (stack/cpu.py):
 
-* the job's share: the same phase (``--events`` events x ``--endpoints`` endpoints, the bench's
-  body) run by two jobs back to back, archive facts off then on (``archive.stream``), each on an
-  events topic of its own; the difference of the TaskManagers', the JobManager's, Kafka's and
-  Cassandra's CPU per delivery between the two is the job's, the broker's and Cassandra's share;
-  ``--rounds 2`` alternates off/on twice and averages;
+* the job's share, attributed within the job that writes the facts (``--attribute``, on by
+  default when py-spy and the TaskManager's JDK tools are there): the same phase (``--events``
+  events x ``--endpoints`` endpoints, the bench's body) is run by two jobs back to back, archive
+  facts off then on (``archive.stream``), each on an events topic of its own, and each
+  TaskManager is profiled over the facts-on phase (bench/profilers.py: py-spy on its embedded
+  interpreter at ``--pyspy-rate`` samples a second, JDK Flight Recorder, a thread dump, every
+  thread's CPU). The facts-on job's share
+  is its threads' CPU split by their samples (bench/attribution.py says which frames are the
+  facts'): ``python`` (building and encoding the facts, PyFlink's side output in Python),
+  ``jvm_task`` (the call into the JVM with each record: the crossing and the chained facts
+  sink's writer) and ``producer_thread`` (the facts producer's network thread, named by the
+  run's ``kafka.archive_facts_client_id``). ``--attribute-off-phases`` profiles and attributes
+  the facts-off job alike: a check of what the matchers find with no facts, and an on-off
+  difference with the profilers on both sides. Without the profilers the job's share is the
+  difference of the TaskManagers' CPU per delivery between the two phases, as it is still
+  printed beside it for comparison; the JobManager's, Kafka's and Cassandra's during the phase
+  are on-off differences either way. ``--rounds 2`` alternates off/on twice and averages;
 * the archive writer (a process of its own, with its settings' rolls: 100,000 facts or 60 s, on
   S3Proxy, stack/s3proxy.sh) and the object store: all their CPU from the facts phase's start
   until the writer, stopped at the phase's end, rolled and committed the last fact, plus Kafka's
@@ -19,13 +32,18 @@ measured from /proc as `make bench` measures the delivery path (stack/cpu.py):
 * the audit of the phase's hours (in this process: its CPU time, plus Cassandra's and the
   object store's meanwhile).
 
+The profilers' own CPU is in their processes (py-spy, jcmd, jfr: children of this one, in no
+measured group), except JFR's sampling, which runs inside the TaskManager: in the profiled
+phases' TaskManager CPU. py-spy still takes a share of the machine's two cores while it samples
+(bench/profilers.py, ``PY_SPY_RATE``). Their files stay in .run/bench-<id>-profiles/<round>-<mode>/.
+
 ``release_hot_bytes_per_delivery``: what is written to the hot tier to let a delivery go. No
 statement is: hot rows expire by the TTL they were written with. The Cassandra write counts of
 the two phases (facts off/on) show the history writes are the same statements.
 
-The last line is the comparable summary (``archive-bench: ...``); ``delivery_cpu_ms_per_delivery``
-is the facts-off phase's whole-stack figure (`make bench`'s ``cpu_ms_per_delivery`` measures the
-same thing on its own run).
+The last line is the comparable summary (``archive-bench: ...``, ``job_share=attributed`` or
+``on-off``); ``delivery_cpu_ms_per_delivery`` is the facts-off phase's whole-stack figure
+(`make bench`'s ``cpu_ms_per_delivery`` measures the same thing on its own run).
 """
 
 from __future__ import annotations
@@ -36,13 +54,13 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench import cassandra_writes, raw_http
+from bench import attribution, cassandra_writes, profilers, raw_http
 from bench import run as bench
 from control_plane.archive.audit import Auditor
 from control_plane.archive.store import ArchiveStore
@@ -69,6 +87,7 @@ class Round:
     catch_up_s: float = 0.0
     writer_cpu_s: float = 0.0  # the writer's whole life ("on"): it archived the warm-up's facts too
     writer_deliveries: int = 0  # the deliveries whose facts it archived (warm-up burst + phase)
+    job: attribution.JobShare | None = None  # the facts' CPU in the job, from its profiles (--attribute)
 
     def per_delivery(self, group: str) -> float:
         return self.cpu_s.get(group, 0.0) * 1000 / self.deliveries if self.deliveries else 0.0
@@ -152,9 +171,29 @@ def facts_bytes(settings: Settings) -> tuple[int, int]:
     return records, size
 
 
+def taskmanager_pids() -> list[int]:
+    return [pid for f in cpu.stack_groups(bench.RUN)["taskmanagers"] if (pid := cpu.pid_from(f)) is not None]
+
+
+def attribution_tools(wanted: bool | None) -> profilers.Tools | None:
+    """The profilers when the attribution runs: asked for (``--attribute``: fail when one is
+    missing), or by default when they are all there."""
+    if wanted is False:
+        return None
+    try:
+        return profilers.find_tools(taskmanager_pids())
+    except profilers.ToolsMissing as e:
+        if wanted:
+            raise SystemExit(f"archive-bench: --attribute: {e}") from None
+        say(f"the job's share is not attributed ({e}): it is the facts-on minus facts-off difference")
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     body = raw_http.make_body(args.body_bytes)
     run_id = uuid.uuid4().hex[:8]
+    tools = attribution_tools(args.attribute)
+    client_id = f"archive-facts-{run_id}"  # names the facts producer's network thread
     subprocess.run([PY, "-m", "stack.certs", "--out", str(bench.CERTS)], check=True, capture_output=True)
     rounds: list[Round] = []
     with ExitStack() as stack:
@@ -168,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
                     "WEBHOOKS_ARCHIVE__S3_ACCESS_KEY": "local-identity",
                     "WEBHOOKS_ARCHIVE__S3_SECRET_KEY": "local-credential", "WEBHOOKS_ARCHIVE__PUSHGATEWAY": "",
                     "WEBHOOKS_ARCHIVE__WRITER_GROUP": f"archive-bench-{run_id}",
-                    "WEBHOOKS_ARCHIVE__ROLL_S": str(args.roll_s)})
+                    "WEBHOOKS_ARCHIVE__ROLL_S": str(args.roll_s),
+                    "WEBHOOKS_KAFKA__ARCHIVE_FACTS_CLIENT_ID": client_id})
         settings = settings_with(env)
         ks = stack.enter_context(keyspace_session(settings))
         read_writes = lambda: cassandra_writes.read(ks, settings.cassandra.keyspace)  # noqa: E731
@@ -199,7 +239,15 @@ def run(args: argparse.Namespace) -> int:
                     warm = bench.phase(f"warm-{mode}-{i}", m_settings, rx, tenants, args.warm_events, body,
                                        args.timeout)[0].delivered
                 before = cassandra_writes.settled(read_writes)
-                r, _ = bench.phase(f"facts-{mode}-{i}", m_settings, rx, tenants, args.events, body, args.timeout)
+                # The facts-on phase profiled; the facts-off one too with --attribute-off-phases (the
+                # matchers' check, and an on-off difference with the profilers on both sides).
+                no_profiles: list[profilers.TaskManagerProfile] = []
+                profiling = (profilers.profiled(tools, taskmanager_pids(), bench.RUN / f"bench-{run_id}-profiles" /
+                                                f"{i}-{mode}", f"archive-bench-{run_id}-{i}", args.pyspy_rate)
+                             if tools and (mode == "on" or args.attribute_off_phases) else nullcontext(no_profiles))
+                with profiling as profiles:
+                    r, _ = bench.phase(f"facts-{mode}-{i}", m_settings, rx, tenants, args.events, body,
+                                       args.timeout)
                 writes = sum(cassandra_writes.delta(before, cassandra_writes.settled(read_writes)).values())
                 catch_up: dict[str, float] = {}
                 waited = writer_cpu_s = 0.0
@@ -219,10 +267,16 @@ def run(args: argparse.Namespace) -> int:
                     if writer_committed(m_settings) != end:
                         raise RuntimeError("the archive writer stopped before committing every fact")
                 r.usage.cpu_s.pop("archive-writer", None)  # counted whole, from the kernel (writer_cpu_s)
+                # Read after the catch-up's measurement: reading a recording costs CPU.
+                job = (profilers.job_share(profiles, m_settings.kafka.archive_facts_topic, client_id)
+                       if profiles else None)
                 rounds.append(Round(mode, r.delivered, dict(r.usage.cpu_s), writes, catch_up, waited, writer_cpu_s,
-                                    r.delivered + warm))
+                                    r.delivered + warm, job))
                 say(f"round {i + 1} ({mode}): {r.delivered} deliveries, {r.usage.summary(r.delivered)}"
                     + (f"; writer caught up {waited:.1f}s after" if mode == "on" else ""))
+                if job is not None:
+                    say(f"round {i + 1} ({mode}): job share attributed ms/delivery: "
+                        f"{attribution.ms_line(job, r.delivered)}")
 
         # The audit of the hours the phases wrote, as the hourly audit would run it.
         store = ArchiveStore.from_settings(settings.archive)
@@ -248,15 +302,30 @@ def run(args: argparse.Namespace) -> int:
     ons = [r for r in rounds if r.mode == "on"]
     archived = sum(r.deliveries for r in ons)
     audit = audit_cpu_s * 1000 / audited if audited else 0.0  # per delivery the audit read
-    x, shares, own, kafka_catch_up = archive_cost(offs, ons, audit)
-    # Each off/on pair on its own: the job's share is a difference between two jobs, and jobs
-    # differ by more than the facts cost; the spread of the pairs shows how much.
-    pairs = [archive_cost([off], [on], audit)[0] for off, on in zip(offs, ons, strict=True)]
+    cost = archive_cost(offs, ons, audit)
+    # Each off/on pair on its own: the on-off difference is between two jobs, and jobs differ by
+    # more than the facts cost; the spread of the pairs shows how much.
+    pairs = [archive_cost([off], [on], audit).total for off, on in zip(offs, ons, strict=True)]
     delivery = sum(r.total_ms for r in offs) / len(offs)
     writes_off = sum(r.writes for r in offs) / sum(r.deliveries for r in offs)
     writes_on = sum(r.writes for r in ons) / archived
-    print(f"archive-bench: per archived delivery, ms of CPU: job (TaskManagers on-off)={shares['taskmanagers']:.3f} "
-          f"jobmanager={shares['jobmanager']:.3f} kafka={shares['kafka'] + kafka_catch_up:.3f} "
+    shares, own = cost.shares, cost.own
+    on_off = f"job (TaskManagers on-off)={shares['taskmanagers']:.3f}"
+    if cost.job_attributed is not None:
+        profiled_off = all(r.job is not None for r in offs)
+        # With only the facts-on phase profiled, JFR's own CPU in the TaskManager is in its side alone.
+        which = "both phases profiled" if profiled_off else "the facts-on phase profiled"
+        on_line = attribution.ms_line(summed([r.job for r in ons]), archived)
+        print(f"archive-bench: job share attributed ms/delivery: {on_line}; "
+              f"TaskManagers on-off for comparison ({which})={shares['taskmanagers']:.4f}", flush=True)
+        if profiled_off:
+            off_line = attribution.ms_line(summed([r.job for r in offs]), sum(r.deliveries for r in offs))
+            print(f"archive-bench: the facts-off job attributed alike (what the matchers find with no facts), "
+                  f"ms/delivery: {off_line}", flush=True)
+        on_off = (f"job (attributed)={cost.job_attributed:.3f} "
+                  f"job (TaskManagers on-off, {which}, for comparison, not summed)={shares['taskmanagers']:.3f}")
+    print(f"archive-bench: per archived delivery, ms of CPU: {on_off} "
+          f"jobmanager={shares['jobmanager']:.3f} kafka={shares['kafka'] + cost.kafka_catch_up:.3f} "
           f"cassandra={shares['cassandra']:.3f} writer={own['archive-writer']:.3f} s3proxy={own['s3proxy']:.3f} "
           f"audit={audit:.3f}; Cassandra writes per delivery off={writes_off:.2f} on={writes_on:.2f}; "
           f"facts {records} records, {fact_bytes / archived:.0f} B/delivery on Kafka; "
@@ -264,17 +333,36 @@ def run(args: argparse.Namespace) -> int:
     if len(pairs) > 1:
         print("archive-bench: per off/on pair, archive_cpu_ms_per_delivery=" + ",".join(f"{p:.3f}" for p in pairs)
               + f" (min {min(pairs):.3f}, max {max(pairs):.3f})", flush=True)
+    x = cost.total
     print(f"archive-bench: archive_cpu_ms_per_delivery={x:.3f} release_hot_bytes_per_delivery=0 "
           f"delivery_cpu_ms_per_delivery={delivery:.3f} ratio={x / delivery if delivery else float('nan'):.3f} "
-          f"deliveries_off={sum(r.deliveries for r in offs)} deliveries_on={archived} rounds={args.rounds}",
-          flush=True)
+          f"deliveries_off={sum(r.deliveries for r in offs)} deliveries_on={archived} rounds={args.rounds} "
+          f"job_share={'attributed' if cost.job_attributed is not None else 'on-off'}", flush=True)
     return 0
 
 
-def archive_cost(offs: list[Round], ons: list[Round], audit: float
-                 ) -> tuple[float, dict[str, float], dict[str, float], float]:
-    """(ms of CPU per archived delivery, the job's shares on-off by group, the writer's and the
-    store's own, Kafka's and Cassandra's over the writer's catch-up) of these rounds."""
+def summed(shares: list[attribution.JobShare | None]) -> attribution.JobShare:
+    total = attribution.JobShare()
+    for s in shares:
+        if s is not None:
+            total = total.plus(s)
+    return total
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The archive's CPU of a set of rounds, ms per archived delivery."""
+    total: float
+    shares: dict[str, float]  # facts on - off, by group
+    own: dict[str, float]  # the writer's and the object store's, whole
+    kafka_catch_up: float  # Kafka's and Cassandra's over the writer's catch-up
+    job_attributed: float | None  # the facts' CPU in the job, from its profiles; None: not profiled
+
+
+def archive_cost(offs: list[Round], ons: list[Round], audit: float) -> Cost:
+    """The archive's CPU of these rounds. The job's part is the attributed one when every facts-on
+    round was profiled, else the TaskManagers' on-off difference; the JobManager's, Kafka's and
+    Cassandra's during the phase are on-off differences either way."""
     archived = sum(r.deliveries for r in ons)
 
     def avg(rs: list[Round], group: str) -> float:
@@ -286,7 +374,11 @@ def archive_cost(offs: list[Round], ons: list[Round], audit: float
            "s3proxy": sum(r.cpu_s.get("s3proxy", 0.0) + r.catch_up_cpu_s.get("s3proxy", 0.0) for r in ons) * 1000
            / written}
     kafka_catch_up = sum(r.catch_up_cpu_s.get(g, 0.0) for r in ons for g in ("kafka", "cassandra")) * 1000 / archived
-    return sum(shares.values()) + sum(own.values()) + kafka_catch_up + audit, shares, own, kafka_catch_up
+    attributed = (sum(r.job.cpu_s for r in ons if r.job is not None) * 1000 / archived
+                  if ons and all(r.job is not None for r in ons) else None)
+    job = shares["taskmanagers"] if attributed is None else attributed
+    others = sum(v for g, v in shares.items() if g != "taskmanagers")
+    return Cost(job + others + sum(own.values()) + kafka_catch_up + audit, shares, own, kafka_catch_up, attributed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,6 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="facts off then on, this many times (averaged)")
     ap.add_argument("--roll-s", type=float, default=60.0, help="the writer's archive.roll_s for the run")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--attribute", action=argparse.BooleanOptionalAction, default=None,
+                    help="attribute the job's share from profiles of each facts-on phase (py-spy, JFR, "
+                         "per-thread CPU); default: when the tools are there; --attribute fails without them")
+    ap.add_argument("--attribute-off-phases", action="store_true",
+                    help="profile the facts-off phases too: what the matchers find with no facts, and an on-off "
+                         "difference with the profilers on both sides")
+    ap.add_argument("--pyspy-rate", type=int, default=profilers.PY_SPY_RATE,
+                    help="py-spy's samples per second (its cost grows with the TaskManager's threads)")
     return run(ap.parse_args(argv))
 
 
