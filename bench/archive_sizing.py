@@ -23,12 +23,17 @@ measured from /proc as `make bench` measures the delivery path (stack/cpu.py):
   the facts-off job alike: a check of what the matchers find with no facts, and an on-off
   difference with the profilers on both sides. Without the profilers the job's share is the
   difference of the TaskManagers' CPU per delivery between the two phases, as it is still
-  printed beside it for comparison; the JobManager's, Kafka's and Cassandra's during the phase
-  are on-off differences either way. ``--rounds 2`` alternates off/on twice and averages;
+  printed beside it for comparison; the JobManager's and Cassandra's during the phase are on-off
+  differences either way (a negative one counted as 0). ``--rounds 2`` alternates off/on twice
+  and averages;
+* the Kafka broker's share, measured on its own after the phases (bench/facts_broker_cost.py):
+  the run's facts replayed into a scratch topic of the same spec with the job's facts producer
+  settings and read back with the writer's consumer settings, the broker's CPU over both with no
+  job running; its on-off difference during the phases is printed beside it for comparison;
 * the archive writer (a process of its own, with its settings' rolls: 100,000 facts or 60 s, on
   S3Proxy, stack/s3proxy.sh) and the object store: all their CPU from the facts phase's start
-  until the writer, stopped at the phase's end, rolled and committed the last fact, plus Kafka's
-  and Cassandra's over that catch-up;
+  until the writer, stopped at the phase's end, rolled and committed the last fact, plus
+  Cassandra's over that catch-up;
 * the audit of the phase's hours (in this process: its CPU time, plus Cassandra's and the
   object store's meanwhile).
 
@@ -60,7 +65,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench import attribution, cassandra_writes, profilers, raw_http
+from bench import attribution, cassandra_writes, facts_broker_cost, profilers, raw_http
 from bench import run as bench
 from control_plane.archive.audit import Auditor
 from control_plane.archive.store import ArchiveStore
@@ -297,15 +302,23 @@ def run(args: argparse.Namespace) -> int:
         parquet = sum(f.bytes for h in hours for b in layout.ALL_BUCKETS for c in store.commits(h, b)
                       for f in c.files)
         records, fact_bytes = facts_bytes(settings)
+        # The broker's facts cost on its own: the run's facts replayed as the job's sink sent them
+        # and read as the writer reads them, with no job running (bench/facts_broker_cost.py).
+        replayed = facts_broker_cost.measure(settings, bench._groups,
+                                             facts_broker_cost.read_all(settings.kafka.bootstrap_servers,
+                                                                        settings.kafka.archive_facts_topic))
+        say(f"facts replayed to the broker: {replayed.records} records, {replayed.bytes} B in "
+            f"{replayed.seconds:.1f}s, broker CPU {replayed.cpu_s:.2f}s")
 
     offs = [r for r in rounds if r.mode == "off"]
     ons = [r for r in rounds if r.mode == "on"]
     archived = sum(r.deliveries for r in ons)
     audit = audit_cpu_s * 1000 / audited if audited else 0.0  # per delivery the audit read
-    cost = archive_cost(offs, ons, audit)
+    broker = replayed.cpu_s * 1000 / sum(r.writer_deliveries for r in ons)
+    cost = archive_cost(offs, ons, audit, broker)
     # Each off/on pair on its own: the on-off difference is between two jobs, and jobs differ by
     # more than the facts cost; the spread of the pairs shows how much.
-    pairs = [archive_cost([off], [on], audit).total for off, on in zip(offs, ons, strict=True)]
+    pairs = [archive_cost([off], [on], audit, broker).total for off, on in zip(offs, ons, strict=True)]
     delivery = sum(r.total_ms for r in offs) / len(offs)
     writes_off = sum(r.writes for r in offs) / sum(r.deliveries for r in offs)
     writes_on = sum(r.writes for r in ons) / archived
@@ -325,8 +338,10 @@ def run(args: argparse.Namespace) -> int:
         on_off = (f"job (attributed)={cost.job_attributed:.3f} "
                   f"job (TaskManagers on-off, {which}, for comparison, not summed)={shares['taskmanagers']:.3f}")
     print(f"archive-bench: per archived delivery, ms of CPU: {on_off} "
-          f"jobmanager={shares['jobmanager']:.3f} kafka={shares['kafka'] + cost.kafka_catch_up:.3f} "
-          f"cassandra={shares['cassandra']:.3f} writer={own['archive-writer']:.3f} s3proxy={own['s3proxy']:.3f} "
+          f"jobmanager={max(shares['jobmanager'], 0.0):.3f} kafka (facts replayed)={broker:.3f} "
+          f"(on-off for comparison, not summed: {shares['kafka']:.3f}) "
+          f"cassandra={max(shares['cassandra'], 0.0):.3f} (on-off {shares['cassandra']:.3f}) "
+          f"catch-up={cost.kafka_catch_up:.3f} writer={own['archive-writer']:.3f} s3proxy={own['s3proxy']:.3f} "
           f"audit={audit:.3f}; Cassandra writes per delivery off={writes_off:.2f} on={writes_on:.2f}; "
           f"facts {records} records, {fact_bytes / archived:.0f} B/delivery on Kafka; "
           f"Parquet {parquet / archived:.0f} B/delivery", flush=True)
@@ -355,14 +370,17 @@ class Cost:
     total: float
     shares: dict[str, float]  # facts on - off, by group
     own: dict[str, float]  # the writer's and the object store's, whole
-    kafka_catch_up: float  # Kafka's and Cassandra's over the writer's catch-up
+    kafka_catch_up: float  # Cassandra's over the writer's catch-up (Kafka's is in the replay)
     job_attributed: float | None  # the facts' CPU in the job, from its profiles; None: not profiled
 
 
-def archive_cost(offs: list[Round], ons: list[Round], audit: float) -> Cost:
+def archive_cost(offs: list[Round], ons: list[Round], audit: float, broker: float) -> Cost:
     """The archive's CPU of these rounds. The job's part is the attributed one when every facts-on
-    round was profiled, else the TaskManagers' on-off difference; the JobManager's, Kafka's and
-    Cassandra's during the phase are on-off differences either way."""
+    round was profiled, else the TaskManagers' on-off difference; the broker's is ``broker``, from
+    the facts' replay (ms per archived delivery); the JobManager's and Cassandra's during the phase
+    are on-off differences, a negative one counted as 0: the facts path sends Cassandra nothing
+    (the write counts per delivery of both phases show it), so a difference is noise, and noise
+    is not subtracted from the archive's cost."""
     archived = sum(r.deliveries for r in ons)
 
     def avg(rs: list[Round], group: str) -> float:
@@ -373,11 +391,11 @@ def archive_cost(offs: list[Round], ons: list[Round], audit: float) -> Cost:
     own = {"archive-writer": sum(r.writer_cpu_s for r in ons) * 1000 / written,
            "s3proxy": sum(r.cpu_s.get("s3proxy", 0.0) + r.catch_up_cpu_s.get("s3proxy", 0.0) for r in ons) * 1000
            / written}
-    kafka_catch_up = sum(r.catch_up_cpu_s.get(g, 0.0) for r in ons for g in ("kafka", "cassandra")) * 1000 / archived
+    kafka_catch_up = sum(r.catch_up_cpu_s.get("cassandra", 0.0) for r in ons) * 1000 / archived
     attributed = (sum(r.job.cpu_s for r in ons if r.job is not None) * 1000 / archived
                   if ons and all(r.job is not None for r in ons) else None)
     job = shares["taskmanagers"] if attributed is None else attributed
-    others = sum(v for g, v in shares.items() if g != "taskmanagers")
+    others = broker + max(shares["jobmanager"], 0.0) + max(shares["cassandra"], 0.0)
     return Cost(job + others + sum(own.values()) + kafka_catch_up + audit, shares, own, kafka_catch_up, attributed)
 
 

@@ -277,17 +277,30 @@ def test_thread_cpu_from_proc_stat() -> None:
 
 # ---- the bench's sum ---------------------------------------------------------------------------------
 
-def rnd(mode: str, tm_s: float, job: attr.JobShare | None) -> Round:
-    return Round(mode, 1000, {"taskmanagers": tm_s, "jobmanager": 0.1, "kafka": 0.2, "cassandra": 0.3,
+def rnd(mode: str, tm_s: float, job: attr.JobShare | None, jm_s: float = 0.1, cassandra_s: float = 0.3) -> Round:
+    return Round(mode, 1000, {"taskmanagers": tm_s, "jobmanager": jm_s, "kafka": 0.2, "cassandra": cassandra_s,
                               "s3proxy": 0.01 if mode == "on" else 0.0}, 3800, {}, 0.0,
                  writer_cpu_s=0.05 if mode == "on" else 0.0, writer_deliveries=1000, job=job)
 
 
 def test_the_job_share_is_the_attributed_one_when_every_facts_on_round_was_profiled() -> None:
     share = attr.JobShare(facts_s=0.003, side_output_s=0.001, jvm_task_s=0.003, producer_thread_s=0.002)
-    cost = archive_cost([rnd("off", 1.0, share)], [rnd("on", 1.1, share)], audit=0.02)
+    cost = archive_cost([rnd("off", 1.0, share)], [rnd("on", 1.1, share)], audit=0.02, broker=0.004)
     assert cost.job_attributed == pytest.approx(0.009)
     assert cost.shares["taskmanagers"] == pytest.approx(0.1)  # on-off, beside it, not summed
-    assert cost.total == pytest.approx(0.009 + 0.05 + 0.01 + 0.02)
-    unprofiled = archive_cost([rnd("off", 1.0, None)], [rnd("on", 1.1, None)], audit=0.02)
-    assert unprofiled.job_attributed is None and unprofiled.total == pytest.approx(0.1 + 0.05 + 0.01 + 0.02)
+    assert cost.total == pytest.approx(0.009 + 0.004 + 0.05 + 0.01 + 0.02)
+    unprofiled = archive_cost([rnd("off", 1.0, None)], [rnd("on", 1.1, None)], audit=0.02, broker=0.004)
+    assert unprofiled.job_attributed is None
+    assert unprofiled.total == pytest.approx(0.1 + 0.004 + 0.05 + 0.01 + 0.02)
+
+
+def test_the_broker_is_the_replay_and_noise_is_not_subtracted() -> None:
+    """Kafka's on-off difference is shown, not summed (the replay is the broker's share); the
+    JobManager's and Cassandra's are summed when positive and counted 0 when negative."""
+    share = attr.JobShare(facts_s=0.003)
+    more = archive_cost([rnd("off", 1.0, share, jm_s=0.1, cassandra_s=0.3)],
+                        [rnd("on", 1.0, share, jm_s=0.11, cassandra_s=0.32)], audit=0.0, broker=0.005)
+    assert more.total == pytest.approx(0.003 + 0.005 + 0.01 + 0.02 + 0.05 + 0.01)
+    less = archive_cost([rnd("off", 1.0, share, jm_s=0.1, cassandra_s=0.3)],
+                        [rnd("on", 1.0, share, jm_s=0.09, cassandra_s=0.25)], audit=0.0, broker=0.005)
+    assert less.total == pytest.approx(0.003 + 0.005 + 0.05 + 0.01)
