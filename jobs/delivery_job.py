@@ -13,7 +13,7 @@ from typing import Any
 from pyflink.common import Configuration, WatermarkStrategy
 from pyflink.common.serialization import SimpleStringSchema
 from pyflink.common.typeinfo import TypeInformation, Types
-from pyflink.datastream import DataStream, KeyedStream, StreamExecutionEnvironment
+from pyflink.datastream import DataStream, KeyedStream, OutputTag, StreamExecutionEnvironment
 from pyflink.datastream.checkpointing_mode import CheckpointingMode
 from pyflink.datastream.connectors.base import DeliveryGuarantee
 from pyflink.datastream.connectors.kafka import (
@@ -139,6 +139,14 @@ def keyed_by_first_field(stream: DataStream, key_type: TypeInformation, value_ty
     return KeyedStream(j_keyed, value_type, stream)
 
 
+def java_side_output(stream: DataStream, tag: OutputTag) -> DataStream:
+    """A side output read in Java, for a sink. PyFlink's ``get_side_output`` follows it with an
+    identity map, a Python operator of its own: each record would cross into Python and back, and
+    the map would not chain with the operator that emitted it. A ``Types.STRING()`` tag's records
+    are Java strings already, all a string sink needs."""
+    return DataStream(stream._j_data_stream.getSideOutput(tag.get_java_output_tag()))
+
+
 def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
     k = settings.kafka
     no_wm = WatermarkStrategy.no_watermarks()
@@ -171,7 +179,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                   .set_buffer_timeout(settings.flink.buffer_timeout_ms)
                   .uid(uids.FAN_OUT).name("dedupe + fan-out"))
     # Refused records: unreadable or untrusted ones from parsing, event-id conflicts from fan-out.
-    (parsed.get_side_output(DEAD_LETTERS).union(deliveries.get_side_output(DEAD_LETTERS))
+    (java_side_output(parsed, DEAD_LETTERS).union(java_side_output(deliveries, DEAD_LETTERS))
      .sink_to(_string_sink(settings, k.dlq_topic)).uid(uids.DEAD_LETTER_SINK).name("Kafka: " + k.dlq_topic))
 
     # Configs reach the dispatcher keyed by endpoint, in its one keyed input: a config change
@@ -190,7 +198,7 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
         producer = dict(ARCHIVE_FACTS_PRODUCER)
         if k.archive_facts_client_id:
             producer["client.id"] = k.archive_facts_client_id
-        (signals.get_side_output(ARCHIVE_FACTS)
+        (java_side_output(signals, ARCHIVE_FACTS)
          .sink_to(_string_sink(settings, k.archive_facts_topic, producer))
          .uid(uids.ARCHIVE_FACTS_SINK).name("Kafka: " + k.archive_facts_topic))
 

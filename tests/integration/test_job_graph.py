@@ -97,3 +97,18 @@ def test_the_replay_source_long_polls_the_broker_and_the_event_source_keeps_kafk
     events, replays = sources[f"Source: Kafka: {k.events_topic}"], sources[f"Source: Kafka: {k.replays_topic}"]
     assert events.getProperty("fetch.max.wait.ms") is None
     assert replays.getProperty("fetch.max.wait.ms") == str(k.control_fetch_max_wait_ms) == "5000"
+
+
+def test_side_outputs_reach_their_sinks_with_no_python_in_between():
+    # PyFlink's get_side_output adds an identity map, a Python operator: each facts record would
+    # cross from the JVM into Python and back before the sink. The side outputs are read in Java
+    # (jobs/delivery_job.py: java_side_output), so the facts sink's input is the dispatcher itself
+    # and the dead letters' are parsing and fan-out.
+    settings = settings_with({"WEBHOOKS_ARCHIVE__STREAM": "true"})
+    facts_sink = f"Kafka: {settings.kafka.archive_facts_topic}"
+    edges = _edges(settings)
+    into_facts = {src for src, dst, _ in edges if dst == f"{facts_sink}: Writer"}
+    assert into_facts == {"dispatch (per endpoint)"}, edges
+    into_dlq = {src for src, dst, _ in edges if dst == f"Kafka: {settings.kafka.dlq_topic}: Writer"}
+    assert into_dlq == {"parse events", "dedupe + fan-out"}, edges
+    assert not [n for n in _stream_nodes(settings) if n.getOperatorName() == "Map"]
