@@ -38,8 +38,8 @@ measured from /proc as `make bench` measures the delivery path (stack/cpu.py):
   object store's meanwhile).
 
 The profilers' own CPU is in their processes (py-spy, jcmd, jfr: children of this one, in no
-measured group), except JFR's sampling, which runs inside the TaskManager: in the profiled
-phases' TaskManager CPU. py-spy still takes a share of the machine's two cores while it samples
+measured group), except JFR's sampling (``--jfr``, off by default), which runs inside the
+TaskManager: in the profiled phases' TaskManager CPU. py-spy still takes a share of the machine's two cores while it samples
 (bench/profilers.py, ``PY_SPY_RATE``). Their files stay in .run/bench-<id>-profiles/<round>-<mode>/.
 
 ``release_hot_bytes_per_delivery``: what is written to the hot tier to let a delivery go. No
@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
                 # matchers' check, and an on-off difference with the profilers on both sides).
                 no_profiles: list[profilers.TaskManagerProfile] = []
                 profiling = (profilers.profiled(tools, taskmanager_pids(), bench.RUN / f"bench-{run_id}-profiles" /
-                                                f"{i}-{mode}", f"archive-bench-{run_id}-{i}", args.pyspy_rate)
+                                                f"{i}-{mode}", f"archive-bench-{run_id}-{i}", args.pyspy_rate, args.jfr)
                              if tools and (mode == "on" or args.attribute_off_phases) else nullcontext(no_profiles))
                 with profiling as profiles:
                     r, _ = bench.phase(f"facts-{mode}-{i}", m_settings, rx, tenants, args.events, body,
@@ -410,11 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--roll-s", type=float, default=60.0, help="the writer's archive.roll_s for the run")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--attribute", action=argparse.BooleanOptionalAction, default=None,
-                    help="attribute the job's share from profiles of each facts-on phase (py-spy, JFR, "
-                         "per-thread CPU); default: when the tools are there; --attribute fails without them")
+                    help="attribute the job's share from profiles of each facts-on phase (py-spy, a thread "
+                         "dump, per-thread CPU); default: when the tools are there; --attribute fails without them")
     ap.add_argument("--attribute-off-phases", action="store_true",
                     help="profile the facts-off phases too: what the matchers find with no facts, and an on-off "
                          "difference with the profilers on both sides")
+    ap.add_argument("--jfr", action="store_true",
+                    help="also record JDK Flight Recorder execution samples on each TaskManager: counts that "
+                         "describe the JVM side of the crossing (in no figure); off by default: a TaskManager "
+                         "died once while recording")
     ap.add_argument("--pyspy-rate", type=int, default=profilers.PY_SPY_RATE,
                     help="py-spy's samples per second (its cost grows with the TaskManager's threads)")
     return run(ap.parse_args(argv))

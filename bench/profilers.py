@@ -1,6 +1,6 @@
 """Profiles of the TaskManagers over a measured phase, read by bench/attribution.py: py-spy on the
-interpreter embedded in each TaskManager, JDK Flight Recorder and a thread dump through ``jcmd``,
-and each thread's CPU from /proc/<pid>/task.
+interpreter embedded in each TaskManager, a thread dump through ``jcmd`` (and, asked for, JDK
+Flight Recorder), and each thread's CPU from /proc/<pid>/task.
 
 The tools are processes of this bench (py-spy, jcmd, jfr), in no measured group: their own CPU
 is not in any figure. JFR's is: it samples from inside the JVM, so its sampler thread and
@@ -11,7 +11,10 @@ The JDK tools are taken from the TaskManager's own JDK (next to /proc/<pid>/exe)
 the virtualenv (requirements.txt pins it). The recording's settings enable the execution
 sampler only: the JDK's ``profile`` settings would also record ``jdk.ThreadCPULoad``, whose
 per-thread CPU clock read crashed a TaskManager on a thread pemja had attached
-(docs/performance.md, profiling).
+(docs/performance.md, profiling). Even with execution samples only, a TaskManager died once
+while recording (the thread dump after JFR.start hung, then the JVM was gone), and the
+recording's counts only describe the crossing, they enter no figure: JFR is off unless asked
+(``jfr=True``; `make bench-archive ARCHIVE_ARGS=--jfr`).
 """
 
 from __future__ import annotations
@@ -127,8 +130,9 @@ class TaskManagerProfile:
     """One TaskManager over one phase: started before it, stopped after it, read afterwards
     (``share``) -- reading a recording costs CPU, so it is done outside any measured span."""
 
-    def __init__(self, tools: Tools, pid: int, out_dir: Path, name: str, rate: int = PY_SPY_RATE) -> None:
-        self.tools, self.pid, self.name, self.rate = tools, pid, name, rate
+    def __init__(self, tools: Tools, pid: int, out_dir: Path, name: str, rate: int = PY_SPY_RATE,
+                 jfr: bool = False) -> None:
+        self.tools, self.pid, self.name, self.rate, self.jfr = tools, pid, name, rate, jfr
         out_dir.mkdir(parents=True, exist_ok=True)
         self.jfc = out_dir / "attribution.jfc"
         self.jfr_file = out_dir / f"tm-{pid}.jfr"
@@ -142,10 +146,11 @@ class TaskManagerProfile:
         self._recording = False
 
     def start(self) -> None:
-        self.jfc.write_text(JFC)
-        _jcmd(self.tools, self.pid, "JFR.start", f"name={self.name}", f"settings={self.jfc}",
-              f"filename={self.jfr_file}")
-        self._recording = True
+        if self.jfr:
+            self.jfc.write_text(JFC)
+            _jcmd(self.tools, self.pid, "JFR.start", f"name={self.name}", f"settings={self.jfc}",
+                  f"filename={self.jfr_file}")
+            self._recording = True
         text = _jcmd(self.tools, self.pid, "Thread.print")
         self.dump.write_text(text)
         self.names = attr.parse_thread_dump(text)
@@ -219,9 +224,9 @@ class TaskManagerProfile:
 
 @contextmanager
 def profiled(tools: Tools, tm_pids: list[int], out_dir: Path, name: str,
-             rate: int = PY_SPY_RATE) -> Iterator[list[TaskManagerProfile]]:
+             rate: int = PY_SPY_RATE, jfr: bool = False) -> Iterator[list[TaskManagerProfile]]:
     """Every TaskManager profiled over the body; the profiles, to read once the body is done."""
-    profiles = [TaskManagerProfile(tools, pid, out_dir, f"{name}-{pid}", rate) for pid in tm_pids]
+    profiles = [TaskManagerProfile(tools, pid, out_dir, f"{name}-{pid}", rate, jfr) for pid in tm_pids]
     started: list[TaskManagerProfile] = []
     try:
         for p in profiles:
