@@ -39,8 +39,9 @@ measured from /proc as `make bench` measures the delivery path (stack/cpu.py):
 
 The profilers' own CPU is in their processes (py-spy, jcmd, jfr: children of this one, in no
 measured group), except JFR's sampling (``--jfr``, off by default), which runs inside the
-TaskManager: in the profiled phases' TaskManager CPU. py-spy still takes a share of the machine's two cores while it samples
-(bench/profilers.py, ``PY_SPY_RATE``). Their files stay in .run/bench-<id>-profiles/<round>-<mode>/.
+TaskManager: in the profiled phases' TaskManager CPU. py-spy still takes a share of the
+machine's two cores while it samples (bench/profilers.py, ``PY_SPY_RATE``). Their files stay in
+.run/bench-<id>-profiles/<round>-<mode>/.
 
 ``release_hot_bytes_per_delivery``: what is written to the hot tier to let a delivery go. No
 statement is: hot rows expire by the TTL they were written with. The Cassandra write counts of
