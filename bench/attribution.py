@@ -86,6 +86,10 @@ PYTHON_MAP_JAVA = ("org.apache.flink.streaming.api.operators.python.embedded."
 PEMJA_JAVA = "pemja.core."
 
 PRODUCER_THREAD = "kafka-producer-network-thread | "
+# The same threads as the kernel names them (/proc/<pid>/task/<tid>/comm: the JVM gives each
+# native thread the first 15 characters of its Java name): every Kafka producer's network
+# thread of the TaskManager, the facts sink's and the others' alike.
+PRODUCER_COMM = "kafka-producer-"
 
 Part = Literal["facts", "side_output", "jvm_task"]
 
@@ -352,10 +356,13 @@ class JobShare:
 
 
 def attribute(tallies: Mapping[int | None, ThreadTally], cpu_s: Mapping[int, float], names: Mapping[int, str],
-              is_facts_task: Callable[[str], bool], client_id: str, jfr: JfrTally, pyspy_errors: int = 0) -> JobShare:
+              is_facts_task: Callable[[str], bool], client_id: str, jfr: JfrTally, pyspy_errors: int = 0,
+              is_producer: Callable[[str], bool] | None = None) -> JobShare:
     """One TaskManager's facts CPU over a phase: each interpreter thread's CPU split by its py-spy
-    samples, plus the facts producer's network thread(s) whole. ``names``: OS thread id -> Java
-    name (the thread dump); ``cpu_s``: OS thread id -> CPU seconds over the phase."""
+    samples, plus the facts producer's network thread(s) whole. ``names``: OS thread id -> thread
+    name (a thread dump's Java names, or the kernel's); ``cpu_s``: OS thread id -> CPU seconds over
+    the phase; ``is_producer``: which names are the facts producer's network thread (default: the
+    Java name with ``client_id``)."""
     seconds = {"facts": 0.0, "side_output": 0.0, "jvm_task": 0.0}
     counts = dict.fromkeys(seconds, 0)
     samples = unmeasured = 0
@@ -368,7 +375,10 @@ def attribute(tallies: Mapping[int | None, ThreadTally], cpu_s: Mapping[int, flo
             n = getattr(t, part)
             counts[part] += n
             seconds[part] += cpu_s[tid] * n / t.samples
-    producers = [tid for tid, name in names.items() if name == PRODUCER_THREAD + client_id]
+    if is_producer is None:
+        def is_producer(name: str) -> bool:
+            return name == PRODUCER_THREAD + client_id
+    producers = [tid for tid, name in names.items() if is_producer(name)]
     return JobShare(seconds["facts"], seconds["side_output"], seconds["jvm_task"],
                     sum(cpu_s.get(tid, 0.0) for tid in producers), samples, counts["facts"], counts["side_output"],
                     counts["jvm_task"], unmeasured, len(tallies), sum(1 for n in names.values() if is_facts_task(n)),
@@ -387,7 +397,7 @@ def ms_line(share: JobShare, deliveries: int) -> str:
             f"{ms(share.side_output_s):.4f}; samples n/N {facts_n}/{share.samples} py-spy on {share.threads} "
             f"interpreter threads ({share.facts_samples} facts, {share.side_output_samples} side output, "
             f"{share.jvm_task_samples} in its call into the JVM), {share.unmeasured_samples} more on threads "
-            f"not measured, {share.pyspy_errors} py-spy errors; JFR on the facts task ({share.facts_tasks} found): "
+            f"not measured, {share.pyspy_errors} py-spy errors; JFR (--jfr): "
             f"{j.in_python}/{j.samples} Java samples inside Python, {j.side_output} under collectSideOutputById: "
             f"{j.sink_writer} in the sink's writer, {j.python_map} in the identity Map's Java; "
-            f"{share.producer_threads} facts producer thread(s))")
+            f"{share.producer_threads} producer network thread(s) counted as the facts')")

@@ -4,6 +4,7 @@ execution samples, `jcmd Thread.print`'s thread headers, /proc's per-thread stat
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
@@ -304,3 +305,21 @@ def test_the_broker_is_the_replay_and_noise_is_not_subtracted() -> None:
     less = archive_cost([rnd("off", 1.0, share, jm_s=0.1, cassandra_s=0.3)],
                         [rnd("on", 1.0, share, jm_s=0.09, cassandra_s=0.25)], audit=0.0, broker=0.005)
     assert less.total == pytest.approx(0.003 + 0.005 + 0.05 + 0.01)
+
+
+def test_thread_names_are_the_kernels_for_every_thread_of_a_process() -> None:
+    import threading
+
+    from bench.profilers import thread_names
+
+    names = thread_names(os.getpid())
+    assert threading.get_native_id() in names and all(len(n) <= 15 for n in names.values())
+
+
+def test_with_the_kernels_names_every_producer_network_thread_counts() -> None:
+    # /proc's names are 15 characters: the facts producer's thread cannot be told from the
+    # signals' one, so both count (an upper bound).
+    names = {1: "kafka-producer-", 2: "kafka-producer-", 3: "dispatch (per e"}
+    share = attr.attribute({}, {1: 0.5, 2: 0.25, 3: 9.0}, names, lambda n: False, "facts-x", attr.JfrTally(),
+                           is_producer=lambda n: n.startswith(attr.PRODUCER_COMM))
+    assert share.producer_thread_s == 0.75 and share.producer_threads == 2
