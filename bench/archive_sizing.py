@@ -13,13 +13,13 @@ measured from /proc as `make bench` measures the delivery path (stack/cpu.py):
   events x ``--endpoints`` endpoints, the bench's body) is run by two jobs back to back, archive
   facts off then on (``archive.stream``), each on an events topic of its own, and each
   TaskManager is profiled over the facts-on phase (bench/profilers.py: py-spy on its embedded
-  interpreter at ``--pyspy-rate`` samples a second, JDK Flight Recorder, a thread dump, every
+  interpreter at ``--pyspy-rate`` samples a second, the kernel's thread names, every
   thread's CPU). The facts-on job's share
   is its threads' CPU split by their samples (bench/attribution.py says which frames are the
   facts'): ``python`` (building and encoding the facts, PyFlink's side output in Python),
   ``jvm_task`` (the call into the JVM with each record: the crossing and the chained facts
-  sink's writer) and ``producer_thread`` (the facts producer's network thread, named by the
-  run's ``kafka.archive_facts_client_id``). ``--attribute-off-phases`` profiles and attributes
+  sink's writer) and ``producer_thread`` (the TaskManager's Kafka producers' network threads,
+  the facts' among them: an upper bound, docs/archive.md#sizing). ``--attribute-off-phases`` profiles and attributes
   the facts-off job alike: a check of what the matchers find with no facts, and an on-off
   difference with the profilers on both sides. Without the profilers the job's share is the
   difference of the TaskManagers' CPU per delivery between the two phases, as it is still

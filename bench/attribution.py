@@ -17,7 +17,8 @@ interpreter. Three readings over a measured phase, each taken by a tool outside 
   not while it runs Python or native code -- so its counts say *what* the crossing's JVM side
   is; they are not a share of the thread's CPU and are printed, not multiplied.
 * the facts producer's **network thread** (``kafka-producer-network-thread | <client.id>``,
-  found by name in ``jcmd Thread.print``, nid = its OS thread id): all its CPU is the facts'.
+  found by name in ``jcmd Thread.print``, nid = its OS thread id; the bench reads the kernel's
+  15-character names instead, and counts every producer's network thread): all its CPU is the facts'.
 
 What counts as the facts' (the frames, as py-spy names them: function and file):
 

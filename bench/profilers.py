@@ -1,6 +1,6 @@
 """Profiles of the TaskManagers over a measured phase, read by bench/attribution.py: py-spy on the
-interpreter embedded in each TaskManager, a thread dump through ``jcmd`` (and, asked for, JDK
-Flight Recorder), and each thread's CPU from /proc/<pid>/task.
+interpreter embedded in each TaskManager, each thread's name and CPU from /proc/<pid>/task (and,
+asked for, JDK Flight Recorder through ``jcmd``).
 
 The tools are processes of this bench (py-spy, jcmd, jfr), in no measured group: their own CPU
 is not in any figure. JFR's is: it samples from inside the JVM, so its sampler thread and
