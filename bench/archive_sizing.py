@@ -155,28 +155,6 @@ def writer_committed(settings: Settings) -> dict[int, int]:
         c.close()
 
 
-def facts_bytes(settings: Settings) -> tuple[int, int]:
-    """(records, bytes) on the facts topic."""
-    topic = settings.kafka.archive_facts_topic
-    end = facts_end(settings)
-    c = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": f"ab-{uuid.uuid4().hex[:6]}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    c.assign([TopicPartition(topic, p, 0) for p, n in end.items() if n > 0])
-    seen = dict.fromkeys(end, 0)
-    records = size = 0
-    deadline = time.monotonic() + 120
-    try:
-        while any(seen[p] < end[p] for p in end) and time.monotonic() < deadline:
-            for m in c.consume(num_messages=1000, timeout=1.0):
-                if not m.error():
-                    records += 1
-                    size += len(m.value() or b"")
-                    seen[m.partition()] = m.offset() + 1
-    finally:
-        c.close()
-    return records, size
-
-
 def taskmanager_pids() -> list[int]:
     return [pid for f in cpu.stack_groups(bench.RUN)["taskmanagers"] if (pid := cpu.pid_from(f)) is not None]
 
@@ -199,7 +177,6 @@ def run(args: argparse.Namespace) -> int:
     body = raw_http.make_body(args.body_bytes)
     run_id = uuid.uuid4().hex[:8]
     tools = attribution_tools(args.attribute)
-    client_id = f"archive-facts-{run_id}"  # names the facts producer's network thread
     subprocess.run([PY, "-m", "stack.certs", "--out", str(bench.CERTS)], check=True, capture_output=True)
     rounds: list[Round] = []
     with ExitStack() as stack:
@@ -213,8 +190,7 @@ def run(args: argparse.Namespace) -> int:
                     "WEBHOOKS_ARCHIVE__S3_ACCESS_KEY": "local-identity",
                     "WEBHOOKS_ARCHIVE__S3_SECRET_KEY": "local-credential", "WEBHOOKS_ARCHIVE__PUSHGATEWAY": "",
                     "WEBHOOKS_ARCHIVE__WRITER_GROUP": f"archive-bench-{run_id}",
-                    "WEBHOOKS_ARCHIVE__ROLL_S": str(args.roll_s),
-                    "WEBHOOKS_KAFKA__ARCHIVE_FACTS_CLIENT_ID": client_id})
+                    "WEBHOOKS_ARCHIVE__ROLL_S": str(args.roll_s)})
         settings = settings_with(env)
         ks = stack.enter_context(keyspace_session(settings))
         read_writes = lambda: cassandra_writes.read(ks, settings.cassandra.keyspace)  # noqa: E731
@@ -274,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
                         raise RuntimeError("the archive writer stopped before committing every fact")
                 r.usage.cpu_s.pop("archive-writer", None)  # counted whole, from the kernel (writer_cpu_s)
                 # Read after the catch-up's measurement: reading a recording costs CPU.
-                job = (profilers.job_share(profiles, m_settings.kafka.archive_facts_topic, client_id)
+                job = (profilers.job_share(profiles, m_settings.kafka.archive_facts_topic)
                        if profiles else None)
                 rounds.append(Round(mode, r.delivered, dict(r.usage.cpu_s), writes, catch_up, waited, writer_cpu_s,
                                     r.delivered + warm, job))
@@ -302,12 +278,11 @@ def run(args: argparse.Namespace) -> int:
                     f"{o.detail[:160]}".rstrip())
         parquet = sum(f.bytes for h in hours for b in layout.ALL_BUCKETS for c in store.commits(h, b)
                       for f in c.files)
-        records, fact_bytes = facts_bytes(settings)
+        facts = facts_broker_cost.read_all(settings.kafka.bootstrap_servers, settings.kafka.archive_facts_topic)
+        records, fact_bytes = len(facts), sum(len(value) for _, value in facts)
         # The broker's facts cost on its own: the run's facts replayed as the job's sink sent them
         # and read as the writer reads them, with no job running (bench/facts_broker_cost.py).
-        replayed = facts_broker_cost.measure(settings, bench._groups,
-                                             facts_broker_cost.read_all(settings.kafka.bootstrap_servers,
-                                                                        settings.kafka.archive_facts_topic))
+        replayed = facts_broker_cost.measure(settings, bench._groups, facts)
         say(f"facts replayed to the broker: {replayed.records} records, {replayed.bytes} B in "
             f"{replayed.seconds:.1f}s, broker CPU {replayed.cpu_s:.2f}s")
 

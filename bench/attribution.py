@@ -16,9 +16,9 @@ interpreter. Three readings over a measured phase, each taken by a tool outside 
   sink's writer, the Kafka producer's append). JFR samples a thread only while it runs Java --
   not while it runs Python or native code -- so its counts say *what* the crossing's JVM side
   is; they are not a share of the thread's CPU and are printed, not multiplied.
-* the facts producer's **network thread** (``kafka-producer-network-thread | <client.id>``,
-  found by name in ``jcmd Thread.print``, nid = its OS thread id; the bench reads the kernel's
-  15-character names instead, and counts every producer's network thread): all its CPU is the facts'.
+* the producers' **network threads** (``kafka-producer-network-thread | <client.id>``, which
+  the kernel's 15-character names do not tell apart): all their CPU is counted as the facts', an
+  upper bound.
 
 What counts as the facts' (the frames, as py-spy names them: function and file):
 
@@ -86,10 +86,9 @@ PYTHON_MAP_JAVA = ("org.apache.flink.streaming.api.operators.python.embedded."
 # A Java frame of pemja below a sample: that Java runs inside a call into Python.
 PEMJA_JAVA = "pemja.core."
 
-PRODUCER_THREAD = "kafka-producer-network-thread | "
-# The same threads as the kernel names them (/proc/<pid>/task/<tid>/comm: the JVM gives each
-# native thread the first 15 characters of its Java name): every Kafka producer's network
-# thread of the TaskManager, the facts sink's and the others' alike.
+# The Kafka producers' network threads as the kernel names them (/proc/<pid>/task/<tid>/comm: the
+# JVM gives each native thread the first 15 characters of its Java name,
+# "kafka-producer-network-thread | <client.id>"): the facts sink's and the others' alike.
 PRODUCER_COMM = "kafka-producer-"
 
 Part = Literal["facts", "side_output", "jvm_task"]
@@ -290,21 +289,6 @@ def tally_jfr(samples: Iterable[JfrSample], is_facts_task: Callable[[str], bool]
     return t
 
 
-_DUMP_THREAD = re.compile(r'"(?P<name>.*)" .*?\bnid=(?P<nid>0x[0-9a-fA-F]+|\d+)\b')
-
-
-def parse_thread_dump(text: str) -> dict[int, str]:
-    """OS thread id -> Java thread name, from ``jcmd <pid> Thread.print``: each thread's header
-    line, e.g. ``"main" #1 prio=5 os_prio=0 cpu=12.3ms elapsed=4.5s tid=0x00007f... nid=0x1f03 runnable``."""
-    out: dict[int, str] = {}
-    for line in text.splitlines():
-        m = _DUMP_THREAD.match(line)
-        if m:
-            nid = m["nid"]
-            out[int(nid, 16) if nid.startswith("0x") else int(nid)] = m["name"]
-    return out
-
-
 # ---- CPU and the shares -------------------------------------------------------------------------
 
 def stat_ticks(stat: str) -> int:
@@ -357,13 +341,12 @@ class JobShare:
 
 
 def attribute(tallies: Mapping[int | None, ThreadTally], cpu_s: Mapping[int, float], names: Mapping[int, str],
-              is_facts_task: Callable[[str], bool], client_id: str, jfr: JfrTally, pyspy_errors: int = 0,
-              is_producer: Callable[[str], bool] | None = None) -> JobShare:
+              is_facts_task: Callable[[str], bool], is_producer: Callable[[str], bool], jfr: JfrTally,
+              pyspy_errors: int = 0) -> JobShare:
     """One TaskManager's facts CPU over a phase: each interpreter thread's CPU split by its py-spy
     samples, plus the facts producer's network thread(s) whole. ``names``: OS thread id -> thread
     name (a thread dump's Java names, or the kernel's); ``cpu_s``: OS thread id -> CPU seconds over
-    the phase; ``is_producer``: which names are the facts producer's network thread (default: the
-    Java name with ``client_id``)."""
+    the phase; ``is_producer``: which names are counted as the facts producer's network thread."""
     seconds = {"facts": 0.0, "side_output": 0.0, "jvm_task": 0.0}
     counts = dict.fromkeys(seconds, 0)
     samples = unmeasured = 0
@@ -376,9 +359,6 @@ def attribute(tallies: Mapping[int | None, ThreadTally], cpu_s: Mapping[int, flo
             n = getattr(t, part)
             counts[part] += n
             seconds[part] += cpu_s[tid] * n / t.samples
-    if is_producer is None:
-        def is_producer(name: str) -> bool:
-            return name == PRODUCER_THREAD + client_id
     producers = [tid for tid, name in names.items() if is_producer(name)]
     return JobShare(seconds["facts"], seconds["side_output"], seconds["jvm_task"],
                     sum(cpu_s.get(tid, 0.0) for tid in producers), samples, counts["facts"], counts["side_output"],

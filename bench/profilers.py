@@ -207,7 +207,7 @@ class TaskManagerProfile:
                 self._recording = False
                 _jcmd(self.tools, self.pid, "JFR.stop", f"name={self.name}")
 
-    def share(self, facts_topic: str, client_id: str, append_lines: frozenset[int]) -> attr.JobShare:
+    def share(self, facts_topic: str, append_lines: frozenset[int]) -> attr.JobShare:
         is_facts = attr.facts_task(facts_topic)
         stacks = attr.parse_pyspy_raw(self.raw.read_text()) if self.raw.exists() else Counter()
         if not stacks:
@@ -223,8 +223,8 @@ class TaskManagerProfile:
         # Every producer network thread of the TaskManager is counted as the facts': an upper
         # bound (the signals' and dead letters' producers idle beside it).
         return attr.attribute(tallies, attr.cpu_between(self.before, self.after, cpu.CLK_TCK), self.names,
-                              is_facts, client_id, jfr, int(errors[1]) if errors else 0,
-                              is_producer=lambda name: name.startswith(attr.PRODUCER_COMM))
+                              is_facts, lambda name: name.startswith(attr.PRODUCER_COMM), jfr,
+                              int(errors[1]) if errors else 0)
 
     def _jfr_tally(self, is_facts: Callable[[str], bool]) -> attr.JfrTally:
         if not self.jfr_file.exists():
@@ -262,10 +262,10 @@ def profiled(tools: Tools, tm_pids: list[int], out_dir: Path, name: str,
             raise errors[0]
 
 
-def job_share(profiles: list[TaskManagerProfile], facts_topic: str, client_id: str) -> attr.JobShare:
+def job_share(profiles: list[TaskManagerProfile], facts_topic: str) -> attr.JobShare:
     """The facts' CPU over the phase, summed over the TaskManagers."""
     lines = attr.fact_append_lines((REPO_ROOT / "operators/history_store.py").read_text())
     total = attr.JobShare()
     for p in profiles:
-        total = total.plus(p.share(facts_topic, client_id, lines))
+        total = total.plus(p.share(facts_topic, lines))
     return total

@@ -38,11 +38,6 @@ class KafkaSettings(BaseModel):
     # The delivery job's history facts for the archive (core/archive_facts.py).
     archive_facts_topic: str = "webhooks.archive.facts"
     archive_facts_retention_ms: int = Field(default=7 * 24 * 3600 * 1000, gt=0)
-    # The facts sink's Kafka client.id: the producer's network thread is named after it
-    # ("kafka-producer-network-thread | <id>"), and so are its requests in the broker's logs and
-    # quotas. None: Kafka's own (producer-N). The archive bench sets one to find that thread and
-    # count its CPU (bench/attribution.py).
-    archive_facts_client_id: str | None = None
     consumer_group: str = "webhooks-delivery-job"
     # Partitions for the event topics when the scripts create them; a real cluster sets its own.
     partitions: int = Field(default=4, ge=1)

@@ -195,11 +195,8 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
     if settings.archive.stream:
         # The history's facts for the archive writer (control_plane/archive/writer.py), flushed on
         # every checkpoint like the signals: what a checkpoint acknowledges is in Kafka.
-        producer = dict(ARCHIVE_FACTS_PRODUCER)
-        if k.archive_facts_client_id:
-            producer["client.id"] = k.archive_facts_client_id
         (java_side_output(signals, ARCHIVE_FACTS)
-         .sink_to(_string_sink(settings, k.archive_facts_topic, producer))
+         .sink_to(_string_sink(settings, k.archive_facts_topic, ARCHIVE_FACTS_PRODUCER))
          .uid(uids.ARCHIVE_FACTS_SINK).name("Kafka: " + k.archive_facts_topic))
 
 

@@ -130,7 +130,9 @@ def test_each_threads_cpu_is_split_by_its_samples() -> None:
     tallies = attr.tally(stacks, lambda tid: tid is not None and is_facts(names.get(tid, "")), frozenset())
     assert tallies[10] == attr.ThreadTally(samples=100, facts=10, side_output=5, jvm_task=5)
     cpu = {10: 20.0, 11: 4.0, 20: 0.5, 21: 0.3}
-    share = attr.attribute(tallies, cpu, names, is_facts, "archive-facts-x", attr.JfrTally(9, 4, 3, 2, 1), 1)
+    facts_producer = "kafka-producer-network-thread | archive-facts-x"
+    share = attr.attribute(tallies, cpu, names, is_facts, lambda n: n == facts_producer, attr.JfrTally(9, 4, 3, 2, 1),
+                           1)
     assert (share.facts_s, share.side_output_s, share.jvm_task_s) == pytest.approx((2.0, 1.0, 1.0))
     assert share.python_s == pytest.approx(3.0) and share.producer_thread_s == 0.5
     assert share.cpu_s == pytest.approx(4.5)
@@ -247,29 +249,6 @@ def test_jfr_samples_of_the_facts_task_by_where_they_run() -> None:
     assert attr.tally_jfr(samples, attr.facts_task("facts.x")) == attr.JfrTally(5, 3, 3, 1, 1)
 
 
-THREADS = "\n".join([
-    "2026-12-07 04:51:00",
-    "Full thread dump OpenJDK 64-Bit Server VM (17.0.15+6-Debian-1deb12u1 mixed mode, sharing):",
-    "",
-    '"main" #1 prio=5 os_prio=0 cpu=1523.45ms elapsed=3600.12s tid=0x00007f3c4802a000 nid=0x1f03 '
-    "waiting on condition  [0x00007f3c4f9fe000]",
-    "   java.lang.Thread.State: WAITING (parking)",
-    "",
-    '"kafka-producer-network-thread | archive-facts-x" #212 daemon prio=5 os_prio=0 cpu=812.00ms elapsed=90.50s '
-    "tid=0x00007f3b9c0b2800 nid=0x2a10 runnable  [0x00007f3b2dffe000]",
-    "   java.lang.Thread.State: RUNNABLE",
-    "",
-    f'"{TASK}" #201 prio=5 os_prio=0 cpu=22000.10ms elapsed=95.00s tid=0x00007f3b9c001000 nid=10755 runnable',
-    '"VM Thread" os_prio=0 cpu=310.22ms elapsed=3600.00s tid=0x00007f3c480c5000 nid=0x1f0a runnable',
-])
-
-
-def test_thread_dump_names_by_os_thread_id() -> None:
-    assert attr.parse_thread_dump(THREADS) == {
-        0x1F03: "main", 0x2A10: "kafka-producer-network-thread | archive-facts-x",
-        10755: TASK, 0x1F0A: "VM Thread"}
-
-
 def test_thread_cpu_from_proc_stat() -> None:
     stat = ("10755 (dispatch (per e) R 1 2 3 4 5 6 7 8 9 10 1500 230 0 0 20 0 90 0 100 200 300\n")
     assert attr.stat_ticks(stat) == 1730
@@ -320,6 +299,6 @@ def test_with_the_kernels_names_every_producer_network_thread_counts() -> None:
     # /proc's names are 15 characters: the facts producer's thread cannot be told from the
     # signals' one, so both count (an upper bound).
     names = {1: "kafka-producer-", 2: "kafka-producer-", 3: "dispatch (per e"}
-    share = attr.attribute({}, {1: 0.5, 2: 0.25, 3: 9.0}, names, lambda n: False, "facts-x", attr.JfrTally(),
-                           is_producer=lambda n: n.startswith(attr.PRODUCER_COMM))
+    share = attr.attribute({}, {1: 0.5, 2: 0.25, 3: 9.0}, names, lambda n: False,
+                           lambda n: n.startswith(attr.PRODUCER_COMM), attr.JfrTally())
     assert share.producer_thread_s == 0.75 and share.producer_threads == 2
