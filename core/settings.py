@@ -54,6 +54,26 @@ class KafkaSettings(BaseModel):
     # that moved to another broker join a consumer's fetch only when its fetch in flight there
     # returns, up to this long later (docs/operating.md, faults beyond one node).
     control_fetch_max_wait_ms: int = Field(default=5_000, ge=1)
+    # How clients find a partition's new leader after a broker dies (docs/operating.md, recovery
+    # timelines). A client learns it from a metadata refresh; it asks for one when a connection
+    # fails, and reconnects with a back-off that grows to reconnect_backoff_max_ms. librdkafka's
+    # own ceiling is 10 s (the Java client's 1 s), so the control plane's clock ticks could wait
+    # up to ~10 s past the moment a new leader was elected. metadata_refresh_ms is the backstop
+    # whatever the client: a metadata request for its topics at least this often (librdkafka
+    # topic.metadata.refresh.interval.ms, Java metadata.max.age.ms; both default to 5 min). One
+    # small request per client every few seconds: nothing on the normal path.
+    reconnect_backoff_max_ms: int = Field(default=1_000, ge=100)
+    metadata_refresh_ms: int = Field(default=5_000, ge=1_000)
+
+    def librdkafka_failover(self) -> dict[str, int]:
+        """The properties above, for a confluent-kafka (librdkafka) client's configuration."""
+        return {"reconnect.backoff.max.ms": self.reconnect_backoff_max_ms,
+                "topic.metadata.refresh.interval.ms": self.metadata_refresh_ms}
+
+    def java_failover(self) -> dict[str, str]:
+        """The same for a Java client (the job's Kafka sources and sinks)."""
+        return {"reconnect.backoff.max.ms": str(self.reconnect_backoff_max_ms),
+                "metadata.max.age.ms": str(self.metadata_refresh_ms)}
 
     @model_validator(mode="after")
     def _min_insync_within_replicas(self) -> KafkaSettings:

@@ -55,6 +55,8 @@ def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bo
                .set_value_only_deserializer(RAW)
                .set_property("commit.offsets.on.checkpoint", "true")
                .set_property("partition.discovery.interval.ms", "60000"))
+    for key, value in k.java_failover().items():  # a dead broker's partitions found on their new leader
+        builder = builder.set_property(key, value)
     if fetch_max_wait_ms is not None:
         builder = builder.set_property("fetch.max.wait.ms", str(fetch_max_wait_ms))
     return builder.build()
@@ -65,6 +67,7 @@ def _endpoint_topic(env: StreamExecutionEnvironment, settings: Settings) -> Data
     latest value per key, and turns tombstones into DELETE rows (PyFlink's DataStream Kafka source
     cannot see null values). Its uids come from the table planner (`table.exec.uid.generation`)."""
     k = settings.kafka
+    failover = "".join(f",\n            'properties.{key}' = '{value}'" for key, value in k.java_failover().items())
     t_env = StreamTableEnvironment.create(env)
     t_env.get_config().set("table.exec.uid.generation", "ALWAYS")
     # One reader, one normalizer: at parallelism > 1 the planner would hash configs and clock
@@ -83,7 +86,7 @@ def _endpoint_topic(env: StreamExecutionEnvironment, settings: Settings) -> Data
             'properties.group.id' = '{k.consumer_group}.endpoints',
             'key.format' = 'raw',
             'value.format' = 'raw',
-            'value.fields-include' = 'EXCEPT_KEY'
+            'value.fields-include' = 'EXCEPT_KEY'{failover}
         )""")
     configs = t_env.to_changelog_stream(t_env.from_path("endpoint_topic"))
     # Translating the table leaves the planner's parallelism (1) as the environment's default: every
@@ -114,7 +117,7 @@ def _string_sink(settings: Settings, topic: str, properties: dict[str, str] | No
                # producer's retries neither duplicate nor reorder.
                .set_property("acks", "all")
                .set_property("enable.idempotence", "true"))
-    for key, value in (properties or {}).items():
+    for key, value in {**settings.kafka.java_failover(), **(properties or {})}.items():
         builder = builder.set_property(key, value)
     return builder.build()
 

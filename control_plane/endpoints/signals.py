@@ -36,6 +36,7 @@ class SignalConsumer:
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "fetch.wait.max.ms": settings.control_fetch_max_wait_ms,  # librdkafka's name (core.settings)
+            **settings.librdkafka_failover(),
         })
         self._consumer.subscribe([settings.signals_topic])
         self._endpoints = endpoints

@@ -55,6 +55,8 @@ class KafkaPublisher:
                 "socket.nagle.disable": True,
                 # librdkafka gives up (and reports an error) before our caller stops waiting.
                 "message.timeout.ms": int(delivery_timeout_s * 1000 * 0.9),
+                # After a broker dies, ticks wait for the new leader: look for it every second.
+                **settings.librdkafka_failover(),
                 **(extra_config or {}),
             }
         )
