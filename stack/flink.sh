@@ -18,6 +18,7 @@ render_conf() {
   sed -e "s#__RUN__#$RUN#g" -e "s#__PY__#$PY#g" -e "s#__REST_PORT__#$REST_PORT#g" \
       -e "s#__PYTHONPATH__#$REPO:$SITE#g" -e "s#__PUSHGATEWAY_PORT__#${WEBHOOKS_PUSHGATEWAY_PORT:-9091}#g" \
       -e "s#__RPC_PORT__#$RPC_PORT#g" -e "s#__BLOB_PORTS__#$BLOB_PORTS#g" \
+      -e "s#__SCHEDULER__#${WEBHOOKS_FLINK_SCHEDULER:-adaptive}#g" \
       "$REPO/flink-conf/config.yaml" > "$CONF/config.yaml"
   # WEBHOOKS_METRICS_REPORTER=off: no Prometheus reporter (the benchmark's "without" figure). The
   # metrics block is the last one of flink-conf/config.yaml.

@@ -1,28 +1,42 @@
-"""Jobs on the local Flink cluster, for tests and the benchmark: its REST API, `stack/job.sh`
-with a run's WEBHOOKS_* environment, and waiting until a job really runs."""
+"""Jobs on the local Flink cluster, for tests, the benchmark and `stack/job.sh`: its REST API,
+`stack/job.sh` with a run's WEBHOOKS_* environment, waiting until a job really runs, and changing
+a running job's parallelism in place (the adaptive scheduler's resource requirements:
+`python -m stack.flink_jobs rescale <job id> <parallelism>`, which `stack/job.sh rescale N` runs)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from core.settings import REPO_ROOT
 
 REST = f"http://127.0.0.1:{os.environ.get('WEBHOOKS_FLINK_REST_PORT', '8081')}"
 
+# The delivery job's vertices that run on one subtask at any parallelism (jobs/delivery_job.py:
+# the endpoints topic's reader and normalizer, pinned with everything upstream of them, keep
+# configs and clock ticks in the topic's order): a vertex whose name contains one of these, and
+# every vertex upstream of it, keeps its parallelism when the job is rescaled.
+# tests/unit/jobs/test_one_subtask_vertices.py checks these against the job's own names.
+ONE_SUBTASK = ("parse endpoint configs", "endpoint configs for dispatch")
 
-def rest(path: str, method: str = "GET") -> Any:
-    req = urllib.request.Request(REST + path, method=method)
+
+def rest(path: str, method: str = "GET", body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(REST + path, method=method, data=data,
+                                 headers={} if data is None else {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
-        body = r.read()
-    return json.loads(body) if body else {}
+        answer = r.read()
+    return json.loads(answer) if answer else {}
 
 
 def job_sh(env: dict[str, str], action: str, timeout: float = 300) -> str:
@@ -85,3 +99,119 @@ def extra_taskmanagers(n: int, say: Callable[[str], None] = lambda _msg: None) -
             subprocess.run(["bash", str(REPO_ROOT / "stack/flink.sh"), "stop-tm", part], check=False,
                            capture_output=True, timeout=120)
             say(f"stopped TaskManager {part}")
+
+
+# -- rescaling a running job in place (the adaptive scheduler) ----------------------------------------
+
+def scheduler() -> str:
+    """The scheduler the cluster runs jobs with, as its configuration says (`default` when unset)."""
+    conf = {c["key"]: c["value"] for c in rest("/jobmanager/config")}
+    return str(conf.get("jobmanager.scheduler", "default")).lower()
+
+
+def one_subtask_vertices(names: Mapping[str, str], inputs: Mapping[str, list[str]],
+                         markers: tuple[str, ...] = ONE_SUBTASK) -> set[str]:
+    """The vertices (ids) that stay at one subtask: each whose name contains a marker, and every
+    vertex upstream of one. ``names``: vertex id -> name; ``inputs``: vertex id -> the ids of the
+    vertices it reads from (the job plan's edges)."""
+    pinned: set[str] = set()
+    todo = [v for v, name in names.items() if any(m in name for m in markers)]
+    while todo:
+        v = todo.pop()
+        if v not in pinned:
+            pinned.add(v)
+            todo.extend(inputs.get(v, []))
+    return pinned
+
+
+def rescaled_requirements(current: Mapping[str, Any], pinned: set[str], parallelism: int,
+                          max_parallelism: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The body of `PUT /jobs/:jobid/resource-requirements` that runs every vertex but ``pinned``
+    at ``parallelism``: vertex id -> {"parallelism": {"lowerBound": 1, "upperBound": N}}, from
+    the job's current requirements (the GET of the same path, which lists every vertex; the PUT
+    must too). The lower bound stays 1 as Flink sets it, so the job keeps running with fewer
+    slots if a TaskManager is lost rather than waiting for its replacement. A parallelism above a
+    vertex's max parallelism (its key groups) cannot be reached by any restore: refused here."""
+    if parallelism < 1:
+        raise ValueError(f"parallelism must be at least 1, not {parallelism}")
+    over = {v: m for v, m in (max_parallelism or {}).items() if v not in pinned and m < parallelism}
+    if over:
+        raise ValueError(f"parallelism {parallelism} exceeds the max parallelism of vertices {over} "
+                         "(fixed for the life of the job's state)")
+    out: dict[str, Any] = {}
+    for vertex, req in current.items():
+        bounds = req["parallelism"]
+        if vertex in pinned:
+            out[vertex] = {"parallelism": {"lowerBound": bounds["lowerBound"], "upperBound": bounds["upperBound"]}}
+        else:
+            out[vertex] = {"parallelism": {"lowerBound": 1, "upperBound": parallelism}}
+    return out
+
+
+@dataclass(frozen=True)
+class InPlaceRescale:
+    """When a rescale was asked for, when the job was first seen not running every task (None:
+    never seen between two polls), and when it ran every task at the new parallelism (epoch s)."""
+    requested_at: float
+    stopped_at: float | None
+    running_at: float
+
+    @property
+    def not_running_s(self) -> float:
+        """How long the job did not run every task, as far as polls every 0.2 s saw it."""
+        return self.running_at - (self.stopped_at or self.running_at)
+
+
+def rescale_in_place(job_id: str, parallelism: int, timeout: float = 180) -> InPlaceRescale:
+    """Change a running job's parallelism through the adaptive scheduler and wait until it runs
+    every task at it. The scheduler restarts the job from its next completed checkpoint (its
+    state redistributed by key group); the job id stays. Needs `jobmanager.scheduler: adaptive`."""
+    if (kind := scheduler()) != "adaptive":
+        raise RuntimeError(f"the cluster runs the {kind} scheduler, which cannot change a running job's "
+                           "parallelism: set WEBHOOKS_FLINK_SCHEDULER=adaptive (flink-conf/config.yaml) and "
+                           "restart Flink, or stop the job with a savepoint and submit it at the new parallelism")
+    job = rest(f"/jobs/{job_id}")
+    names = {v["id"]: v["name"] for v in job["vertices"]}
+    plan = rest(f"/jobs/{job_id}/plan")["plan"]["nodes"]
+    inputs = {n["id"]: [i["id"] for i in n.get("inputs", [])] for n in plan}
+    max_p = {n["id"]: int(n["maxParallelism"]) for n in plan if "maxParallelism" in n}
+    pinned = one_subtask_vertices(names, inputs)
+    body = rescaled_requirements(rest(f"/jobs/{job_id}/resource-requirements"), pinned, parallelism, max_p)
+    requested_at = time.time()
+    rest(f"/jobs/{job_id}/resource-requirements", method="PUT", body=body)
+    stopped_at: float | None = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        d = rest(f"/jobs/{job_id}")
+        if d["state"] in ("FAILED", "CANCELED", "FINISHED"):
+            break
+        running = d["state"] == "RUNNING" and all(v["status"] == "RUNNING" for v in d["vertices"])
+        if not running and stopped_at is None:
+            stopped_at = time.time()
+        if running and all(v["parallelism"] == parallelism for v in d["vertices"] if v["id"] not in pinned):
+            return InPlaceRescale(requested_at, stopped_at, time.time())
+        time.sleep(0.2)
+    raise RuntimeError(f"job {job_id} not running at parallelism {parallelism} {timeout:g} s after asking: "
+                       f"{json.dumps(rest(f'/jobs/{job_id}/exceptions'))[:3000]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stack.flink_jobs", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    rescale = sub.add_parser("rescale", help="run a job at another parallelism, in place (adaptive scheduler)")
+    rescale.add_argument("job_id")
+    rescale.add_argument("parallelism", type=int)
+    rescale.add_argument("--timeout", type=float, default=180)
+    args = parser.parse_args(argv)
+    try:
+        r = rescale_in_place(args.job_id, args.parallelism, args.timeout)
+    except (RuntimeError, ValueError) as exc:
+        print(f"rescale: {exc}", file=sys.stderr)
+        return 1
+    print(f"job {args.job_id} running at parallelism {args.parallelism} {r.running_at - r.requested_at:.1f} s "
+          f"after asking (not running every task for {r.not_running_s:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Submit, stop (with savepoint) or list the delivery job on the local Flink cluster.
+# Submit, stop (with savepoint), rescale or list the delivery job on the local Flink cluster.
 # submit resumes from the newest savepoint or retained checkpoint, so `make down` + `make run`
-# keeps pending deliveries and retry timers (they live in Flink state).
+# keeps pending deliveries and retry timers (they live in Flink state). `rescale N` changes the
+# running job's parallelism in place (the adaptive scheduler restarts it from its next checkpoint;
+# stack/flink_jobs.py); a later submit uses WEBHOOKS_FLINK__PARALLELISM again.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/local_receivers.sh"
 eval "$("$REPO/stack/flink.sh" env)"
@@ -55,10 +57,19 @@ stop() {
     || explain_failure "job $JOB_NAME" "$STATE/stop.log" "stop with savepoint failed"
 }
 
+rescale() {
+  local n="${1:?usage: $0 rescale <parallelism>}"
+  local jid; jid="$(running_job_id)"
+  [ -n "$jid" ] || fail "job $JOB_NAME not running"
+  say "rescaling $JOB_NAME ($jid) to parallelism $n"
+  (cd "$REPO" && "$PY" -m stack.flink_jobs rescale "$jid" "$n") || fail "rescale of $JOB_NAME to $n failed"
+}
+
 case "${1:-}" in
   submit) submit ;;
   stop) stop ;;
+  rescale) rescale "${2:-}" ;;
   id) running_job_id ;;
   cancel-all) running flink-jm && stop || true ;;
-  *) echo "usage: $0 submit|stop|id" >&2; exit 2 ;;
+  *) echo "usage: $0 submit|stop|rescale <parallelism>|id" >&2; exit 2 ;;
 esac
