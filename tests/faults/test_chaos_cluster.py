@@ -31,6 +31,7 @@ from tests.support.faults import (
     requests_by_delivery,
     verdict,
 )
+from tests.support.figures import HEALTHY_P99_BOUND_MS
 from tests.support.helpers import eventually, eventually_tolerant
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos_cluster]
@@ -86,7 +87,7 @@ def test_a_taskmanager_of_two_killed_mid_burst(job_env, receiver):
                     f"{statistics.median(resumed.values()):.1f} s, max {pause_s:.1f} s over {len(resumed)} endpoints")
             result = verdict("taskmanager-of-two-sigkill", job.channel, s, receiver, job.session, [tenant_id],
                              since_ms, produced, bound=duplicate_bound(s, n_endpoints), healthy=healthy,
-                             pause_s=pause_s, matrix=MATRIX, note=note)
-    assert result.passed, result.line()
+                             pause_s=pause_s, matrix=MATRIX, note=note, healthy_p99_bound_ms=HEALTHY_P99_BOUND_MS)
+    assert result.passed, result.line()  # the healthy tenant's p99 within the brief's 10 s included
     assert result.lost == 0 and result.unexplained_duplicates == 0, result.line()
     assert result.caused <= result.duplicate_bound, result.line()

@@ -1,6 +1,6 @@
 """What the cluster fault tests (`make chaos-cluster`, marker ``chaos_cluster``) share beyond
-tests/support/faults.py: a delivery job of the test's own that it can stop, rescale and kill
-under (topics, keyspace, control plane, parallelism), TaskManagers the test starts and kills,
+tests/support/faults.py: a delivery job of the test's own that it can stop, rescale (in place or
+from a savepoint) and kill under (topics, keyspace, control plane, parallelism), TaskManagers the test starts and kills,
 where a job's subtasks run, the pause a fault causes, and the matrix's summary line.
 
 The faults run against the stack that is up; WEBHOOKS_CHAOS_STACK names it in the report
@@ -24,10 +24,11 @@ import grpc
 from cassandra.cluster import Session
 
 from core.settings import Settings
-from stack.flink_jobs import cancel, job_sh, rest, wait_all_running
+from stack.flink_jobs import InPlaceRescale, cancel, job_sh, rescale_in_place, rest, wait_all_running
 from stack.isolation import isolated_env, keyspace_session, settings_with
 from stack.topics import create_topics
 from tests.support.faults import RUN, FaultResult, _alive
+from tests.support.figures import longest_silence
 from tests.support.helpers import eventually
 from tests.support.receiver import Receiver
 
@@ -64,6 +65,15 @@ class OwnJob:
     def stop_with_savepoint(self) -> None:
         job_sh(self.env, "stop")
         eventually(lambda: not self.job_id() or None, timeout=60, what="the job stopped")
+
+    def rescale_in_place(self, parallelism: int) -> InPlaceRescale:
+        """The adaptive scheduler's rescale: the same job, restarted from its next checkpoint at
+        ``parallelism`` (stack/flink_jobs.rescale_in_place)."""
+        job_id = self.job_id()
+        rescaled = rescale_in_place(job_id, parallelism, timeout=180)
+        assert self.job_id() == job_id, "a rescale in place keeps the job"
+        assert dispatch_parallelism(job_id) == parallelism
+        return rescaled
 
     def resume(self, parallelism: int) -> str:
         """Resubmit from the newest savepoint at ``parallelism``; returns the running job's id."""
@@ -163,8 +173,7 @@ def silence_after(receiver: Receiver, paths: list[str], since: float) -> dict[st
     sending until it notices the fault, then stop for the restart too."""
     out: dict[str, float] = {}
     for path in paths:
-        times = sorted(r.received_at for r in receiver.requests(path))
-        gaps = [b - max(a, since) for a, b in zip(times, times[1:], strict=False) if b > since]
-        if gaps:
-            out[path] = max(gaps)
+        silence = longest_silence((r.received_at for r in receiver.requests(path)), since)
+        if silence is not None:
+            out[path] = silence
     return out

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 from cassandra.cluster import Cluster, Session
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from core.records import delivery_id_for
@@ -33,6 +33,7 @@ from stack.isolation import harness_cluster, settings_with
 from tests.e2e.test_cluster_topology import TOPOLOGIES, env_file, script
 from tests.support.chaos_cluster import silence_after
 from tests.support.faults import _alive, endpoints, first_request_at
+from tests.support.figures import p99
 from tests.support.helpers import event, eventually, new_tenant
 from tests.support.receiver import Receiver
 
@@ -72,6 +73,18 @@ class ClusterStack:
         """Broker id -> partitions of ``topic`` it leads."""
         meta = AdminClient({"bootstrap.servers": self.settings.kafka.bootstrap_servers}).list_topics(topic, timeout=20)
         return Counter(p.leader for p in meta.topics[topic].partitions.values())
+
+    def leaders_moved(self, topic: str, victim: int, since: float, timeout: float = 30) -> float | None:
+        """Seconds from ``since`` until no partition of ``topic`` is led by broker ``victim`` (the
+        controller fenced it: its session lapsed), polled every half second; None if not within
+        ``timeout``."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with contextlib.suppress(KafkaException):  # a request that went to the dead broker
+                if victim not in self.kafka_leaders(topic):
+                    return time.time() - since
+            time.sleep(0.5)
+        return None
 
     def in_sync(self, topic: str) -> list[int]:
         """Replicas in sync per partition of ``topic``."""
@@ -167,7 +180,8 @@ class LoadTenant:
         self.produced: dict[str, float] = {}  # delivery_id -> produce time
         self.unacked = 0
         self._producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers, "acks": "all",
-                                   "enable.idempotence": True, "linger.ms": 0})
+                                   "enable.idempotence": True, "linger.ms": 0,
+                                   **settings.kafka.librdkafka_failover()})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"load-{name}")
 
@@ -203,8 +217,14 @@ def p99_ms(receiver: Receiver, produced: dict[str, float], start: float, end: fl
     """First-attempt latency p99 (ms) of the deliveries produced in [start, end) (None: none)."""
     window = {d: t for d, t in produced.items() if start <= t < end}
     first = first_request_at(receiver, set(window))
-    lat = sorted((first[d] - window[d]) * 1000 for d in window if d in first)
-    return lat[max(0, int(len(lat) * 0.99) - 1)] if lat else None
+    return p99((first[d] - window[d]) * 1000 for d in window if d in first)
+
+
+def ack_p99_ms(produced: dict[str, float], acked_at: dict[str, float], start: float, end: float) -> float | None:
+    """Of the deliveries produced in [start, end), the p99 of the time Kafka took to acknowledge
+    their event (ms): the part of the first-attempt latency spent before the platform could read
+    it, which a fault of Kafka itself lengthens."""
+    return p99((acked_at[d] - t) * 1000 for d, t in produced.items() if start <= t < end and d in acked_at)
 
 
 def pause_s(receiver: Receiver, paths: list[str], since: float) -> float:

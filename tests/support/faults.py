@@ -33,6 +33,7 @@ from core.records import EventRecord, delivery_id_for
 from core.settings import REPO_ROOT, Settings
 from stack.flink_jobs import rest, wait_all_running
 from tests.support.behaviours import Ok, Slow, Status
+from tests.support.figures import p99
 from tests.support.helpers import (
     account_and_report,
     account_mismatches,
@@ -238,12 +239,18 @@ class SteadyTenant:
     def __init__(self, grpc_channel, settings: Settings, receiver: Receiver, name: str,  # type: ignore[no-untyped-def]
                  per_s: float = 10.0) -> None:
         self.tenant_id, self.endpoint_ids = endpoints(grpc_channel, settings, receiver, 1, f"healthy-{name}")
+        self.path = f"/ep/healthy-{name}-{self.tenant_id}-0"  # its endpoint on the receiver
         self._settings, self._receiver, self._per_s = settings, receiver, per_s
         self.produced: dict[str, float] = {}  # delivery_id -> produce time
+        # delivery_id -> when Kafka acknowledged it: a fault of Kafka itself delays the
+        # acknowledgement, which the latency from the produce time includes.
+        self.acked_at: dict[str, float] = {}
         # One long-lived producer, as an outbox relay keeps: a new idempotent producer's first
         # records reach consumers only after the broker's fetch wait (~500 ms, see docs/performance-log.md).
+        # It finds a dead broker's partitions on their new leaders as the platform's clients do.
         self._producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers,
-                                   "enable.idempotence": True, "linger.ms": 0})
+                                   "enable.idempotence": True, "linger.ms": 0,
+                                   **settings.kafka.librdkafka_failover()})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"steady-{name}")
 
@@ -252,12 +259,16 @@ class SteadyTenant:
         while not self._stop.wait(1 / self._per_s):
             e = event(self.tenant_id, "order.created", f'{{"steady":{n}}}'.encode())
             at = time.time()
-            acked: list[bool] = []
+            acked: list[float | None] = []  # when acknowledged; None: refused
             self._producer.produce(self._settings.kafka.events_topic, key=e.event_id.encode(), value=e.to_json(),
-                                   on_delivery=lambda err, _m, acked=acked: acked.append(err is None))
+                                   on_delivery=lambda err, _m, acked=acked: acked.append(
+                                       time.time() if err is None else None))
             self._producer.flush(10)
-            if acked == [True]:  # Kafka may be the fault: what was not acknowledged is not counted
-                self.produced[delivery_id_for(e.event_id, self.endpoint_ids[0])] = at
+            # Kafka may be the fault: what was not acknowledged is not counted.
+            if len(acked) == 1 and acked[0] is not None:
+                delivery_id = delivery_id_for(e.event_id, self.endpoint_ids[0])
+                self.produced[delivery_id] = at
+                self.acked_at[delivery_id] = acked[0]
             n += 1
 
     def __enter__(self) -> SteadyTenant:
@@ -276,8 +287,9 @@ class SteadyTenant:
         assert produced, "the healthy tenant produced nothing"
         wait_all_reached(self._receiver, set(produced), timeout)
         first = first_request_at(self._receiver, set(produced))
-        lat = sorted((first[d] - produced[d]) * 1000 for d in produced)
-        return lat[max(0, int(len(lat) * 0.99) - 1)]
+        figure = p99((first[d] - produced[d]) * 1000 for d in produced)
+        assert figure is not None
+        return figure
 
 
 def first_request_at(receiver: Receiver, ids: set[str]) -> dict[str, float]:
@@ -312,6 +324,10 @@ class FaultResult:
     pause_s: float | None = None
     # The report it joins: .run/<matrix>/ (`make chaos`, or `make chaos-cluster`'s).
     matrix: str = "chaos"
+    # Bounds the verdict holds the figures to (None: reported only): the healthy tenant's
+    # first-attempt p99 and the pause (tests/support/figures.py says why each is what it is).
+    healthy_p99_bound_ms: float | None = None
+    pause_bound_s: float | None = None
 
     @property
     def lost(self) -> int:
@@ -322,29 +338,50 @@ class FaultResult:
         """Duplicates the fault caused (those no recorded timeout explains): what the bound is on."""
         return self.duplicates - self.after_timeouts
 
+    def over_bounds(self) -> list[str]:
+        """Each figure beyond its bound, named with both numbers (empty: none)."""
+        over = []
+        if self.healthy_p99_bound_ms is not None and (
+                self.healthy_p99_ms is None or self.healthy_p99_ms > self.healthy_p99_bound_ms):
+            figure = "none" if self.healthy_p99_ms is None else f"{self.healthy_p99_ms:.0f} ms"
+            over.append(f"healthy p99 {figure} > {self.healthy_p99_bound_ms:.0f} ms")
+        if self.pause_bound_s is not None and (self.pause_s is None or self.pause_s > self.pause_bound_s):
+            figure = "none" if self.pause_s is None else f"{self.pause_s:.1f} s"
+            over.append(f"pause {figure} > {self.pause_bound_s:g} s")
+        return over
+
     @property
     def passed(self) -> bool:
         return (self.lost == 0 and self.gaps == 0 and self.unexplained_duplicates == 0
-                and self.caused <= self.duplicate_bound and self.account_mismatches == 0)
+                and self.caused <= self.duplicate_bound and self.account_mismatches == 0
+                and not self.over_bounds())
 
     def line(self) -> str:
         p99 = "-" if self.healthy_p99_ms is None else f"{self.healthy_p99_ms:.0f}"
-        return (f"fault {self.fault}: {'PASS' if self.passed else 'FAIL'} expected={self.expected} "
+        if self.healthy_p99_bound_ms is not None:
+            p99 += f" (bound {self.healthy_p99_bound_ms:.0f})"
+        pause = "" if self.pause_s is None else f" pause_s={self.pause_s:.1f}"
+        if self.pause_bound_s is not None:
+            pause += f" (bound {self.pause_bound_s:g})"
+        over = self.over_bounds()
+        return (f"fault {self.fault}: {'PASS' if self.passed else 'FAIL'}"
+                + (f" ({'; '.join(over)})" if over else "") + f" expected={self.expected} "
                 f"lost={self.lost} gaps={self.gaps} duplicates={self.duplicates} "
                 f"(after a timeout {self.after_timeouts}; bound {self.duplicate_bound} on the rest) "
                 f"unexplained={self.unexplained_duplicates} max_oldest_new_age_s={self.max_oldest_new_age_s:.1f} "
-                f"retry_amplification={self.retry_amplification:.2f} healthy_p99_ms={p99}"
-                + ("" if self.pause_s is None else f" pause_s={self.pause_s:.1f}")
+                f"retry_amplification={self.retry_amplification:.2f} healthy_p99_ms={p99}{pause}"
                 + (f" -- {self.note}" if self.note else ""))
 
 
 def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  # type: ignore[no-untyped-def]
             cassandra_session: Session, tenant_ids: list[str], since_ms: int, produced: dict[str, float],
             bound: int, healthy: SteadyTenant | None = None, timeout: float = 180, final_statuses: bool = False,
-            note: str = "", pause_s: float | None = None, matrix: str = "chaos") -> FaultResult:
+            note: str = "", pause_s: float | None = None, matrix: str = "chaos",
+            healthy_p99_bound_ms: float | None = None, pause_bound_s: float | None = None) -> FaultResult:
     """Wait for the fault's deliveries, then measure. ``produced``: delivery_id -> produce time of
     its event. ``final_statuses``: the fault's deliveries may end failed/expired (a hanging tenant)
-    instead of reaching the receiver; they still must all be final."""
+    instead of reaching the receiver; they still must all be final. The bounds make the healthy
+    tenant's p99 and the pause part of the verdict (tests/support/figures.py)."""
     expected = set(produced)
     if not final_statuses:
         wait_all_reached(receiver, expected, timeout)
@@ -383,7 +420,8 @@ def verdict(fault: str, grpc_channel, settings: Settings, receiver: Receiver,  #
         max_oldest_new_age_s=max(ages, default=0.0), retry_amplification=sum(requests.values()) / max(1, len(expected)),
         healthy_p99_ms=healthy.p99_ms() if healthy is not None else None,
         series=_series(receiver, expected, produced), note=note + (f"; gaps: {gaps[:5]}" if gaps else ""),
-        pause_s=pause_s, matrix=matrix, account_mismatches=len(mismatches))
+        pause_s=pause_s, matrix=matrix, account_mismatches=len(mismatches),
+        healthy_p99_bound_ms=healthy_p99_bound_ms, pause_bound_s=pause_bound_s)
     print("\n" + result.line())
     _record(result)
     RESULTS.append(result)
@@ -438,7 +476,8 @@ def write_report(results: list[FaultResult], title: str = "Fault matrix", last_l
         lines.append(f"| {r.fault} | {'PASS' if r.passed else 'FAIL'} | {r.expected} | {r.lost} | {r.gaps} | "
                      f"{r.duplicates} ({r.after_timeouts}; {r.duplicate_bound}) | {r.unexplained_duplicates} | "
                      f"{r.max_oldest_new_age_s:.1f} | {r.retry_amplification:.2f} | "
-                     f"{'-' if r.healthy_p99_ms is None else round(r.healthy_p99_ms)} |")
+                     f"{'-' if r.healthy_p99_ms is None else round(r.healthy_p99_ms)}"
+                     f"{'' if r.healthy_p99_bound_ms is None else f' (bound {r.healthy_p99_bound_ms:.0f})'} |")
     lines.append("")
     for r in results:
         peak_rate = max((s[1] for s in r.series), default=0)
