@@ -46,6 +46,9 @@ def render(settings: Settings, out: Path, flush_ms: int) -> None:
             text = text.replace(mark, value)
         if "password" in pg:  # never in a template, never in git; the rendered file is 0600
             text += f"database.password={pg['password']}\n"
+        if name == "worker.properties":
+            # The relay's producer finds a dead broker's partitions as every platform client does.
+            text += "".join(f"producer.{key}={value}\n" for key, value in settings.kafka.java_failover().items())
         path = out / name
         path.write_text(text)
         path.chmod(0o600)
