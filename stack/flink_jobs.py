@@ -1,7 +1,7 @@
-"""Jobs on the local Flink cluster, for tests, the benchmark and `stack/job.sh`: its REST API,
+"""Jobs on the local Flink cluster, for tests, the benchmark and the stack scripts: its REST API,
 `stack/job.sh` with a run's WEBHOOKS_* environment, waiting until a job really runs, and changing
-a running job's parallelism in place (the adaptive scheduler's resource requirements:
-`python -m stack.flink_jobs rescale <job id> <parallelism>`, which `stack/job.sh rescale N` runs)."""
+a running job's parallelism in place through the adaptive scheduler's resource requirements
+(`stack/job.sh rescale N` runs `python -m stack.flink_jobs rescale <job id> <parallelism>`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """What the cluster fault tests (`make chaos-cluster`, marker ``chaos_cluster``) share beyond
 tests/support/faults.py: a delivery job of the test's own that it can stop, rescale (in place or
-from a savepoint) and kill under (topics, keyspace, control plane, parallelism), TaskManagers the test starts and kills,
-where a job's subtasks run, the pause a fault causes, and the matrix's summary line.
+from a savepoint) and kill under (topics, keyspace, control plane, parallelism), TaskManagers the
+test starts and kills, where a job's subtasks run, the pause a fault causes, and the matrix's
+summary line.
 
 The faults run against the stack that is up; WEBHOOKS_CHAOS_STACK names it in the report
 ('default': the single-node stack of `make up`). The faults that need the cluster topology (a
