@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from stack import flink_jobs
 from stack.flink_jobs import ONE_SUBTASK, one_subtask_vertices, rescaled_requirements
 
 # The delivery job's shape (jobs/delivery_job.py) as /jobs/:jobid and its plan show it: the
@@ -81,3 +82,20 @@ def test_a_pinned_vertex_with_a_small_max_parallelism_does_not_refuse():
 def test_parallelism_below_one_is_refused(target):
     with pytest.raises(ValueError, match="at least 1"):
         rescaled_requirements({"a": _req(1, 2)}, set(), target)
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ([{"key": "jobmanager.scheduler", "value": "adaptive"}], "adaptive"),
+    ([{"key": "jobmanager.scheduler", "value": "Adaptive"}], "adaptive"),
+    ([{"key": "jobmanager.scheduler", "value": "default"}], "default"),
+    ([{"key": "rest.port", "value": "8081"}], "default"),  # unset: Flink's own
+])
+def test_the_scheduler_is_read_from_the_jobmanagers_configuration(monkeypatch, config, expected):
+    monkeypatch.setattr(flink_jobs, "rest", lambda path, **_: config if path == "/jobmanager/config" else None)
+    assert flink_jobs.scheduler() == expected
+
+
+def test_a_rescale_in_place_on_the_default_scheduler_says_what_to_set(monkeypatch, capsys):
+    monkeypatch.setattr(flink_jobs, "rest", lambda path, **_: [{"key": "jobmanager.scheduler", "value": "default"}])
+    assert flink_jobs.main(["rescale", "0" * 32, "4"]) == 1
+    assert "WEBHOOKS_FLINK_SCHEDULER=adaptive" in capsys.readouterr().err
