@@ -357,9 +357,9 @@ class FaultResult:
                 and not self.over_bounds())
 
     def line(self) -> str:
-        p99 = "-" if self.healthy_p99_ms is None else f"{self.healthy_p99_ms:.0f}"
+        healthy = "-" if self.healthy_p99_ms is None else f"{self.healthy_p99_ms:.0f}"
         if self.healthy_p99_bound_ms is not None:
-            p99 += f" (bound {self.healthy_p99_bound_ms:.0f})"
+            healthy += f" (bound {self.healthy_p99_bound_ms:.0f})"
         pause = "" if self.pause_s is None else f" pause_s={self.pause_s:.1f}"
         if self.pause_bound_s is not None:
             pause += f" (bound {self.pause_bound_s:g})"
@@ -369,7 +369,7 @@ class FaultResult:
                 f"lost={self.lost} gaps={self.gaps} duplicates={self.duplicates} "
                 f"(after a timeout {self.after_timeouts}; bound {self.duplicate_bound} on the rest) "
                 f"unexplained={self.unexplained_duplicates} max_oldest_new_age_s={self.max_oldest_new_age_s:.1f} "
-                f"retry_amplification={self.retry_amplification:.2f} healthy_p99_ms={p99}{pause}"
+                f"retry_amplification={self.retry_amplification:.2f} healthy_p99_ms={healthy}{pause}"
                 + (f" -- {self.note}" if self.note else ""))
 
 
