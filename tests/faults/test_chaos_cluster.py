@@ -41,9 +41,14 @@ def test_a_taskmanager_of_two_killed_mid_burst(job_env, receiver):
     """A job at parallelism 2 whose two dispatch subtasks run on two TaskManagers; one of them is
     SIGKILLed while a 3,000-delivery burst is a quarter sent. The pause is the time from the kill
     until every endpoint with work left got a request again (the key groups of both TaskManagers);
-    duplicates are bounded by what was in flight or not yet durable (faults.duplicate_bound)."""
+    duplicates are bounded by what was in flight or not yet durable (faults.duplicate_bound).
+
+    Two TaskManagers: the stack's and one this test starts (the victim). The survivor has free
+    slots and has run the job, so the job comes back there; an idle TaskManager that never ran it
+    would first start its embedded Python and import the job (docs/operating.md, "Recovery
+    timelines")."""
     n_endpoints = 20
-    with extra_taskmanagers(2) as parts, own_job(job_env, "tmkill", {"WEBHOOKS_FLINK__PARALLELISM": "2"}) as job:
+    with extra_taskmanagers(1) as parts, own_job(job_env, "tmkill", {"WEBHOOKS_FLINK__PARALLELISM": "2"}) as job:
         s = job.settings
         job_id = job.job_id()
         where = placement(job_id, DISPATCH)
