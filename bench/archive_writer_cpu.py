@@ -16,7 +16,7 @@ seconds, so a change to it can be compared back to back:
   finished (1-3 deliveries of one endpoint) in another;
 * fed to the writer's own loop (control_plane/archive/writer.py: poll, buffer, roll every
   ``archive.roll_facts`` facts) from an in-memory consumer, into a local-directory archive store;
-* the audit's reading of the same hour's archive (control_plane/archive/audit.py ``archived_keys``:
+* the audit's reading of the same hour's archive (control_plane/archive/audit.py ``archived_hour``:
   commit records, key columns, reduced by key), its part that does not talk to Cassandra.
 
 Process CPU (``time.process_time``) per delivery: the median and the best of ``--repeat`` runs
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from control_plane.archive.audit import archived_keys
+from control_plane.archive.audit import archived_hour
 from control_plane.archive.store import ArchiveStore
 from control_plane.archive.writer import ArchiveWriter
 from core import archive_facts
@@ -221,10 +221,12 @@ def run_once(p: Phase, roll_facts: int, root: str, profile: cProfile.Profile | N
     writer_s = time.process_time() - t0
     gc.collect()
     t0 = time.process_time()
-    commits, stored, deliveries, _, _ = archived_keys(store, layout.hour_start(START_MS))
+    hour = archived_hour(store, layout.hour_start(START_MS))
+    hour.counts()
     audit_s = time.process_time() - t0
-    if len(deliveries) != p.deliveries:
-        raise AssertionError(f"{len(deliveries)} deliveries archived of {p.deliveries}")
+    if hour.deliveries.num_rows != p.deliveries:
+        raise AssertionError(f"{hour.deliveries.num_rows} deliveries archived of {p.deliveries}")
+    stored = hour.stored
     return Run(writer_s, audit_s, len(stored), sum(s.bytes or 0 for s in stored), w.segments)
 
 

@@ -3,6 +3,7 @@
     python -m control_plane.archive.audit                    # every hour due, once
     python -m control_plane.archive.audit --every 3600       # the same at each UTC hour + 5 min
     python -m control_plane.archive.audit --hour 2026-11-29T19:00Z
+    python -m control_plane.archive.audit --hour 2026-11-29T19:00Z --by-id   # every endpoint id by id
 
 The archive writer (control_plane/archive/writer.py) writes the archive from the job's facts and
 never reads Cassandra; nothing gates the hot rows' expiry, which their TTL decides. The audit is
@@ -12,11 +13,13 @@ ago (its deliveries are final: the retry deadline is shorter) and before its hot
 
 * lists the hour's committed segments (core/archive_layout.py) and checks every file they name
   is in the store with the size written;
-* reads the archive's keys only (delivery ids with their latest attempt_count, event ids, attempt
-  numbers) and compares them with what Cassandra's indexes already list for the hour -- the
-  endpoint history index (endpoint_deliveries: every delivery row the job writes) and the fan-out
-  snapshots (every event with a delivery) -- the same sources reconciliation reads; no delivery
-  partition is read;
+* reads the archive's keys only (delivery ids with their endpoint and latest attempt_count, event
+  ids, attempt numbers), reduced in Arrow, and compares them with what Cassandra's indexes already
+  list for the hour -- the endpoint history index (endpoint_deliveries: every delivery row the job
+  writes) and the fan-out snapshots (every event with a delivery) -- the same sources
+  reconciliation reads; no delivery partition is read. Deliveries are compared by count per
+  endpoint (Cassandra counts its index partitions), and id by id only for an endpoint whose counts
+  differ (core/archive_layout.uneven says why equal counts are equal sets; ``--by-id`` lists all);
 * records the hour in ``archive_hours`` (audited, or failed with the reason) and pushes the count
   of failed hours: alert ArchiveAuditFailed. A failed hour is audited again at every run; the
   repair is the writer's recovery run over the facts topic (docs/archive.md), which holds the
@@ -77,8 +80,9 @@ def _pages(session: Session, stmt: PreparedStatement, params: tuple[Any, ...], s
 
 
 class HotIndex:
-    """What Cassandra's indexes list for an hour: its delivery ids (endpoint_deliveries, of every
-    registered endpoint and every endpoint a snapshot names) and its events with a delivery
+    """What Cassandra's indexes list for an hour: how many deliveries each endpoint has
+    (endpoint_deliveries, counted by Cassandra; of every registered endpoint and every endpoint a
+    snapshot names), their ids for the endpoints asked, and the events with a delivery
     (fanout_snapshots)."""
 
     def __init__(self, session: Session, page_size: int) -> None:
@@ -87,11 +91,14 @@ class HotIndex:
         p = session.prepare
         self._q_endpoints = p("SELECT tenant_id, endpoint_id FROM endpoints")
         self._q_snapshots = p("SELECT event_id, tenant_id, endpoints FROM fanout_snapshots WHERE hour=? AND bucket=?")
-        self._q_listed = p("SELECT delivery_id, event_id FROM endpoint_deliveries WHERE tenant_id=? AND endpoint_id=?"
-                           " AND day=? AND bucket=? AND created_at>=? AND created_at<?")
+        where = " WHERE tenant_id=? AND endpoint_id=? AND day=? AND bucket=? AND created_at>=? AND created_at<?"
+        # Counted where the rows are: one number per partition crosses the wire, not a row per delivery.
+        self._q_count = p("SELECT COUNT(*) FROM endpoint_deliveries" + where)
+        self._q_listed = p("SELECT delivery_id, event_id FROM endpoint_deliveries" + where)
         self._q_listed.fetch_size = page_size
 
-    def read(self, hour_ms: int) -> tuple[set[str], set[str]]:
+    def read(self, hour_ms: int) -> tuple[dict[layout.Pair, int], set[str]]:
+        """Deliveries per endpoint, and events, for the hour."""
         hour = _ts(hour_ms)
         pairs = {(r.tenant_id, r.endpoint_id) for page in _pages(self._s, self._q_endpoints, (), self._page)
                  for r in page}
@@ -102,23 +109,65 @@ class HotIndex:
                     if snap.endpoints:
                         events.add(snap.event_id)
                         pairs |= {(snap.tenant_id, ep) for ep in snap.endpoints}
-        params = [(t, e, hour.date(), b, hour, _ts(hour_ms + layout.HOUR_MS))
-                  for t, e in sorted(pairs) for b in range(HISTORY_BUCKETS)]
+        params = self._params(hour_ms, sorted(pairs))
+        counts: dict[layout.Pair, int] = {}
+        for (pair, _), (ok, rows) in zip(params, execute_concurrent_with_args(
+                self._s, self._q_count, [p for _, p in params], concurrency=SNAPSHOT_BUCKETS), strict=True):
+            if not ok:
+                raise rows
+            counts[pair] = counts.get(pair, 0) + rows.one()[0]
+        return {p: n for p, n in counts.items() if n}, events
+
+    def listed(self, hour_ms: int, pairs: Sequence[layout.Pair]) -> set[str]:
+        """The delivery ids these endpoints have for the hour."""
         deliveries: set[str] = set()
-        for ok, rows in execute_concurrent_with_args(self._s, self._q_listed, params, concurrency=SNAPSHOT_BUCKETS,
-                                                     results_generator=True):
+        for ok, rows in execute_concurrent_with_args(self._s, self._q_listed, [p for _, p in self._params(
+                hour_ms, pairs)], concurrency=SNAPSHOT_BUCKETS, results_generator=True):
             if not ok:
                 raise rows
             # No event id: a status mirrored for a delivery created before that table.
             deliveries.update(r.delivery_id for r in rows if r.event_id is not None)
-        return deliveries, events
+        return deliveries
+
+    @staticmethod
+    def _params(hour_ms: int, pairs: Sequence[layout.Pair]) -> list[tuple[layout.Pair, tuple[Any, ...]]]:
+        hour, end = _ts(hour_ms), _ts(hour_ms + layout.HOUR_MS)
+        return [((t, e), (t, e, hour.date(), b, hour, end)) for t, e in pairs for b in range(HISTORY_BUCKETS)]
 
 
-def archived_keys(store: ArchiveStore, hour_ms: int) -> tuple[list[layout.Commit], list[layout.Stored],
-                                                             dict[str, int], set[str], dict[str, set[int]]]:
-    """The hour's commits, its files as stored, and the archive's keys, reduced by key: each
-    delivery's attempt_count (it only grows, so the highest is the latest's), its automatic
-    attempts' numbers, the event ids. Key columns only, reduced in Arrow."""
+@dataclass(frozen=True)
+class ArchivedHour:
+    """An hour of the archive as the audit reads it: its commits, its files as stored, and its
+    keys reduced in Arrow -- one row per delivery with its endpoint, the events, the deliveries
+    with fewer automatic attempts archived than their attempt_count -- so no Python object is
+    made per delivery."""
+
+    commits: list[layout.Commit]
+    stored: list[layout.Stored]
+    deliveries: pa.Table  # tenant_id, endpoint_id, delivery_id, attempt_count_max: one row per delivery
+    events: set[str]
+    attempts: int  # automatic attempts archived, each (delivery, number) once
+    short: list[str]
+
+    def counts(self) -> dict[layout.Pair, int]:
+        per = self.deliveries.group_by(["tenant_id", "endpoint_id"]).aggregate([("delivery_id", "count")])
+        return {(t, e): n for t, e, n in zip(per["tenant_id"].to_pylist(), per["endpoint_id"].to_pylist(),
+                                             per["delivery_id_count"].to_pylist(), strict=True)}
+
+    def ids(self, pairs: Sequence[layout.Pair] | None = None) -> set[str]:
+        """The archived delivery ids of these endpoints (all, without ``pairs``)."""
+        table = self.deliveries
+        if pairs is not None:
+            wanted = pa.table({"tenant_id": pa.array([t for t, _ in pairs], pa.string()),
+                               "endpoint_id": pa.array([e for _, e in pairs], pa.string())})
+            table = table.join(wanted, ["tenant_id", "endpoint_id"], join_type="inner")
+        return set(table["delivery_id"].to_pylist())
+
+
+def archived_hour(store: ArchiveStore, hour_ms: int) -> ArchivedHour:
+    """The hour's commits, its files as stored, and the archive's keys (key columns only),
+    reduced by key: each delivery's attempt_count (it only grows, so the highest is the latest's),
+    its automatic attempts counted by number, the event ids."""
     commits = [c for b in layout.ALL_BUCKETS for c in store.commits(hour_ms, b)]
     sizes: dict[str, int] = {}
     for b in layout.ALL_BUCKETS:
@@ -131,18 +180,19 @@ def archived_keys(store: ArchiveStore, hour_ms: int) -> tuple[list[layout.Commit
                   if f.path in present]
         return pa.concat_tables(tables) if tables else SCHEMAS[kind].empty_table().select(columns)
 
-    counted = rows("deliveries", ["delivery_id", "attempt_count"]).group_by("delivery_id").aggregate(
-        [("attempt_count", "max")])
-    deliveries = dict(zip(counted["delivery_id"].to_pylist(),
-                          (n or 0 for n in counted["attempt_count_max"].to_pylist()), strict=True))
+    deliveries = rows("deliveries", ["tenant_id", "endpoint_id", "delivery_id", "attempt_count"]).group_by(
+        ["tenant_id", "endpoint_id", "delivery_id"]).aggregate([("attempt_count", "max")])
     events = set(pc.unique(rows("events", ["event_id"])["event_id"]).to_pylist())
     auto = rows("attempts", ["delivery_id", "attempt_number", "manual"])
-    auto = auto.filter(pc.invert(pc.fill_null(auto["manual"], False))).group_by(["delivery_id", "attempt_number"]
-                                                                                 ).aggregate([])
-    attempts: dict[str, set[int]] = {}
-    for did, number in zip(auto["delivery_id"].to_pylist(), auto["attempt_number"].to_pylist(), strict=True):
-        attempts.setdefault(did, set()).add(number)
-    return commits, stored, deliveries, events, attempts
+    auto = auto.filter(pc.invert(pc.fill_null(auto["manual"], False)))
+    numbered = auto.group_by(["delivery_id", "attempt_number"]).aggregate([]).group_by("delivery_id").aggregate(
+        [("attempt_number", "count")])
+    joined = deliveries.select(["delivery_id", "attempt_count_max"]).join(numbered, "delivery_id",
+                                                                          join_type="left outer")
+    short = joined.filter(pc.less(pc.fill_null(joined["attempt_number_count"], 0),
+                                  pc.fill_null(joined["attempt_count_max"], 0)))
+    return ArchivedHour(commits, stored, deliveries, events, sum(numbered["attempt_number_count"].to_pylist()),
+                        short["delivery_id"].to_pylist())
 
 
 def _ms(value: Any) -> int | None:
@@ -156,15 +206,20 @@ def _ms(value: Any) -> int | None:
 
 def _hot_facts(session: Session, delivery_ids: Sequence[str]) -> list[tuple[str, list[Any]]]:
     """The archive's rows of these deliveries, from their hot rows (and their events'), as facts
-    with write_ts 0: any fact the stream archives of them later outranks these."""
+    with write_ts 0: any fact the stream archives of them later outranks these. Read concurrently:
+    an hour of deliveries whose facts never reached the topic is read in seconds, not minutes."""
     q_history = session.prepare(history_rows.SELECT_NEW)
     q_event = session.prepare("SELECT * FROM events WHERE event_id=?")
     out: list[tuple[str, list[Any]]] = []
-    events: set[str] = set()
-    for did in delivery_ids:
-        row, attempts = history_rows.split(session.execute(q_history, (did,)))
+    rows: dict[str, dict[str, Any]] = {}
+    for did, (ok, result) in zip(delivery_ids, execute_concurrent_with_args(
+            session, q_history, [(d,) for d in delivery_ids], concurrency=64), strict=True):
+        if not ok:
+            raise result
+        row, attempts = history_rows.split(result)
         if row is None or row.get("created_at") is None:
             continue
+        rows[did] = row
         created = _ms(row["created_at"]) or 0
         hour = layout.hour_start(created)
         cells = {**row, **{c: _ms(row[c]) for c in ("created_at", "expires_at", "next_attempt_at", "updated_at")},
@@ -177,13 +232,21 @@ def _hot_facts(session: Session, delivery_ids: Sequence[str]) -> list[tuple[str,
                      "started_at": _ms(a["started_at"]), "finished_at": _ms(a["finished_at"]),
                      "signing_key_versions": list(a["signing_key_versions"] or [])}
             out.append(("attempts", [cells.get(c) for c in archive_facts.COLUMNS["attempts"]]))
-        if row["event_id"] not in events:
-            ev = session.execute(q_event, (row["event_id"],)).one()
-            if ev is not None:
-                events.add(row["event_id"])
-                cells = {**history_rows.as_dict(ev), "occurred_at": _ms(ev.occurred_at), "arrived_at": created,
-                         "payload": bytes(ev.payload), "hour": hour}
-                out.append(("events", [cells.get(c) for c in archive_facts.COLUMNS["events"]]))
+    # Each event once, with its first delivery's creation as its arrival.
+    first: dict[str, dict[str, Any]] = {}
+    for row in rows.values():
+        first.setdefault(row["event_id"], row)
+    event_ids = sorted(first)
+    for eid, (ok, result) in zip(event_ids, execute_concurrent_with_args(
+            session, q_event, [(e,) for e in event_ids], concurrency=64), strict=True):
+        if not ok:
+            raise result
+        ev = result.one()
+        if ev is not None:
+            created = _ms(first[eid]["created_at"]) or 0
+            cells = {**history_rows.as_dict(ev), "occurred_at": _ms(ev.occurred_at), "arrived_at": created,
+                     "payload": bytes(ev.payload), "hour": layout.hour_start(created)}
+            out.append(("events", [cells.get(c) for c in archive_facts.COLUMNS["events"]]))
     return out
 
 
@@ -229,13 +292,21 @@ class Auditor:
         row = self._s.execute(self._q_state, (_ts(hour_ms),)).one()
         return None if row is None else row.state
 
-    def audit(self, hour_ms: int, now_ms: int) -> HourOutcome:
-        commits, stored, deliveries, events, attempts = archived_keys(self._store, hour_ms)
-        hot_deliveries, hot_events = self._hot.read(hour_ms)
-        found = layout.problems(commits, stored, layout.HourAudit(hot_deliveries, hot_events, deliveries, events,
-                                                                  attempts))
-        counts = {"deliveries": len(deliveries), "listed": len(hot_deliveries), "events": len(events),
-                  "attempts": sum(len(a) for a in attempts.values()), "segments": len(commits)}
+    def audit(self, hour_ms: int, now_ms: int, by_id: bool = False) -> HourOutcome:
+        """One hour's audit, recorded. ``by_id`` lists every endpoint id by id, counts equal or not."""
+        archived = archived_hour(self._store, hour_ms)
+        hot_counts, hot_events = self._hot.read(hour_ms)
+        archived_counts = archived.counts()
+        # Equal counts per endpoint are equal sets (core/archive_layout.uneven): only the others
+        # are listed id by id, on both sides.
+        uneven = sorted(hot_counts) if by_id else layout.uneven(hot_counts, archived_counts)
+        hot_listed = self._hot.listed(hour_ms, uneven) if uneven else set()
+        archived_listed = archived.ids(uneven) if uneven else set()
+        found = layout.problems(archived.commits, archived.stored, layout.HourAudit(
+            hot_counts, archived_counts, hot_listed, archived_listed, hot_events, archived.events, archived.short))
+        counts = {"deliveries": archived.deliveries.num_rows, "listed": sum(hot_counts.values()),
+                  "listed_by_id": len(hot_listed), "events": len(archived.events),
+                  "attempts": archived.attempts, "segments": len(archived.commits)}
         state, detail = (FAILED, "; ".join(found)) if found else (AUDITED, "")
         self._s.execute(self._w_state, (_ts(hour_ms), state, json.dumps(counts, sort_keys=True), detail or None,
                                         _ts(now_ms)))
@@ -246,21 +317,25 @@ class Auditor:
     def repair(self, hour_ms: int) -> int:
         """Deliveries Cassandra lists for the hour that the archive lacks, written from their hot
         rows; how many."""
-        _, _, deliveries, _, _ = archived_keys(self._store, hour_ms)
-        hot, _ = self._hot.read(hour_ms)
-        return repair_from_hot(self._s, self._store, hour_ms, sorted(hot - deliveries.keys()))
+        archived = archived_hour(self._store, hour_ms)
+        hot_counts, _ = self._hot.read(hour_ms)
+        uneven = layout.uneven(hot_counts, archived.counts())
+        if not uneven:
+            return 0
+        missing = self._hot.listed(hour_ms, uneven) - archived.ids(uneven)
+        return repair_from_hot(self._s, self._store, hour_ms, sorted(missing))
 
     def due(self, now_ms: int) -> list[int]:
         """Hours old enough to audit and young enough to repair, not audited clean yet."""
         hours = layout.closed_hours(now_ms, self._settings.audit_after_s * 1000, self._settings.hot_ttl_s * 1000)
         return [h for h in hours if self.state(h) != AUDITED]
 
-    def run(self, now_ms: int, stop: Callable[[], bool] = lambda: False) -> list[HourOutcome]:
+    def run(self, now_ms: int, stop: Callable[[], bool] = lambda: False, by_id: bool = False) -> list[HourOutcome]:
         out = []
         for h in self.due(now_ms):
             if stop():
                 break
-            out.append(self.audit(h, now_ms))
+            out.append(self.audit(h, now_ms, by_id))
         return out
 
     def failed_hours(self) -> int:
@@ -296,7 +371,7 @@ def run_repair(settings: Settings, hour: int) -> int:
         cluster.shutdown()
 
 
-def run_once(settings: Settings, hour: int | None, stop: Callable[[], bool]) -> int:
+def run_once(settings: Settings, hour: int | None, stop: Callable[[], bool], by_id: bool = False) -> int:
     """One run (every due hour, or ``hour``), pushed and printed; the exit code. Connects anew each
     time: a loop outlives Cassandra restarts between its runs."""
     from stack.isolation import harness_cluster
@@ -309,7 +384,7 @@ def run_once(settings: Settings, hour: int | None, stop: Callable[[], bool]) -> 
         session = cluster.connect(settings.cassandra.keyspace)
         auditor = Auditor(settings.archive, session, ArchiveStore.from_settings(settings.archive))
         now = int(time.time() * 1000)
-        outcomes = [auditor.audit(hour, now)] if hour is not None else auditor.run(now, stop)
+        outcomes = [auditor.audit(hour, now, by_id)] if hour is not None else auditor.run(now, stop, by_id)
         ok = True
     finally:
         if settings.archive.pushgateway:
@@ -330,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hour", help="one hour (ISO, e.g. 2026-11-29T19:00Z) instead of every hour due")
     parser.add_argument("--repair", metavar="HOUR", help="write the deliveries Cassandra lists for the hour and the"
                         " archive lacks from their hot rows (facts that never reached the topic), then exit")
+    parser.add_argument("--by-id", action="store_true", help="compare every endpoint's deliveries id by id, not"
+                        " only those whose counts differ (slower: a row per delivery from Cassandra)")
     parser.add_argument("--every", type=int, metavar="SECONDS",
                         help="keep running: a run at each multiple of SECONDS (3600: each UTC hour) + --margin")
     parser.add_argument("--margin", type=int, default=300, metavar="SECONDS",
@@ -349,13 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.hour:
         hour = layout.hour_start(int(datetime.fromisoformat(args.hour.replace("Z", "+00:00")).timestamp() * 1000))
     if args.every is None:
-        return run_once(settings, hour, lambda: False)
+        return run_once(settings, hour, lambda: False, args.by_id)
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
     log.info("archive audit: a run every %d s, %d s after each boundary", args.every, args.margin)
     schedule = archive_schedule.Schedule(args.every, args.margin, lambda: int(time.time() * 1000), stopping.wait,
-                                         lambda: run_once(settings, hour, stopping.is_set))
+                                         lambda: run_once(settings, hour, stopping.is_set, args.by_id))
     schedule.loop()
     log.info("archive audit stopped after %d runs (%d failed)", schedule.runs, schedule.failures)
     return 0
