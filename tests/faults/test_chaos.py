@@ -5,7 +5,11 @@ followed by reconciliation, each with a verdict of durable counts (tests/support
 duplicated queue messages, a worker killed after the receiver processed its POST); `make chaos`
 runs them all (the rest are marked ``chaos_full``: minutes each) and writes `.run/chaos/report.md`
 with a chart per fault. Every fault has a healthy tenant producing beside it whose first-attempt
-p99 is reported. Fault 8 (the control plane down for 60 s) is tests/faults/test_config_path.py,
+p99 is reported; where the fault leaves every part of the healthy tenant's path running (1, 3, 5,
+6) that p99 within the brief's 10 s (figures.HEALTHY_P99_BOUND_MS) is part of the verdict. Faults
+2, 4, 7a and 7b take down the single-node stack's only TaskManager, Cassandra or broker: their
+p99 is reported, and the cluster topology's node faults (`make chaos-cluster`) hold the bound
+with a survivor standing. Fault 8 (the control plane down for 60 s) is tests/faults/test_config_path.py,
 which needs a control plane of its own to stop; `make chaos` runs it too, and its verdict joins the
 report (written at the end of the pytest session, tests/support/stack_fixtures.py).
 """
@@ -32,6 +36,7 @@ from tests.support.faults import (
     verdict,
     wait_all_reached,
 )
+from tests.support.figures import HEALTHY_P99_BOUND_MS
 from tests.support.helpers import auth, event, eventually, produce
 from tests.support.stack_fixtures import job_script
 
@@ -56,7 +61,8 @@ def test_fault_1_relay_publishes_every_event_twice(settings, grpc_channel, recei
         time.sleep(1)
         produce(settings, [e.to_json() for e in events], keys=[e.event_id for e in events])
         result = verdict("1-relay-double-publish", grpc_channel, settings, receiver, cassandra_session,
-                         [tenant_id], since, produced, bound=0, healthy=healthy)
+                         [tenant_id], since, produced, bound=0, healthy=healthy,
+                         healthy_p99_bound_ms=HEALTHY_P99_BOUND_MS)
     _check(result)
 
 
@@ -112,6 +118,7 @@ def test_fault_3_duplicated_queue_messages(settings, grpc_channel, receiver, del
         time.sleep(5)  # a second copy of a replay would arrive within this
         result = verdict("3-duplicated-queue-messages", grpc_channel, settings, receiver, cassandra_session,
                          [tenant_id], since, produced, bound=len(replayed), healthy=healthy,
+                         healthy_p99_bound_ms=HEALTHY_P99_BOUND_MS,
                          note="each event record twice; 5 replay requests twice (same request id)")
     manual = [list(cassandra_session.execute("SELECT manual FROM delivery_history WHERE delivery_id=%s"
                                              " AND attempt_number > 0 ORDER BY attempt_number ASC", (d,)))
@@ -160,7 +167,8 @@ def test_fault_5_synchronised_retry_after_storm(settings, grpc_channel, receiver
             _, got = produce_events(settings, tenant_id, ids, 10)
             produced.update(got)
         result = verdict("5-retry-after-storm", grpc_channel, settings, receiver, cassandra_session, tenants,
-                         since, produced, bound=0, healthy=healthy, note="3 tenants x 8 endpoints x 10 events")
+                         since, produced, bound=0, healthy=healthy, healthy_p99_bound_ms=HEALTHY_P99_BOUND_MS,
+                         note="3 tenants x 8 endpoints x 10 events")
     assert result.retry_amplification >= 2, "every delivery needed a second attempt"
     _check(result)
 
@@ -178,7 +186,7 @@ def test_fault_6_one_tenant_hangs(settings, grpc_channel, receiver, delivery_job
         for i in range(len(ids)):
             receiver.set_behaviour(f"/ep/f6-{tenant_id}-{i}", "ok")
         result = verdict("6-one-tenant-hangs", grpc_channel, settings, receiver, cassandra_session, [tenant_id],
-                         since, produced, bound=0, healthy=healthy,
+                         since, produced, bound=0, healthy=healthy, healthy_p99_bound_ms=HEALTHY_P99_BOUND_MS,
                          timeout=300, note="20 endpoints x 20 events hang for 30 s beside a tenant at 20 events/s")
     _check(result)
 
