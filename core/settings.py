@@ -46,13 +46,14 @@ class KafkaSettings(BaseModel):
     # cluster.env) sets 3 and 2: one broker may be lost with nothing acknowledged lost.
     replication_factor: int = Field(default=1, ge=1)
     min_insync_replicas: int = Field(default=1, ge=1)
-    # Longest the broker holds a fetch that found nothing (fetch.max.wait.ms), for the consumers
-    # whose records are not on an event's way to its first attempt: the job's replay requests and
-    # the control plane's endpoint signals. A fetch is answered as soon as a record is there, so
-    # this only sets how often an idle consumer asks (Kafka's 500 ms: twice a second, all day).
-    # The events and endpoints sources keep Kafka's 500 ms: after a broker dies, the partitions
-    # that moved to another broker join a consumer's fetch only when its fetch in flight there
-    # returns, up to this long later (docs/operating.md, faults beyond one node).
+    # Longest the broker holds a fetch that found nothing (fetch.max.wait.ms), for the control
+    # plane's endpoint-signal consumer, whose records are not on an event's way to its first
+    # attempt. A fetch is answered as soon as a record is there, so this only sets how often an
+    # idle consumer asks (Kafka's 500 ms: twice a second, all day). The job's sources keep Kafka's
+    # 500 ms: after a broker dies, the partitions that moved to another broker join a consumer's
+    # fetch only when its fetch in flight there returns, up to this long later; and a restart of
+    # the job waits for every source's fetch in flight as it cancels the tasks (docs/operating.md,
+    # recovery timelines).
     control_fetch_max_wait_ms: int = Field(default=5_000, ge=1)
     # How clients find a partition's new leader after a broker dies (docs/operating.md, recovery
     # timelines). A client learns it from a metadata refresh; it asks for one when a connection

@@ -162,8 +162,9 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                         .flat_map(ParseEndpointRecord(), Types.PICKLED_BYTE_ARRAY())
                         .set_parallelism(1)
                         .uid(uids.PARSE_ENDPOINTS).name("parse endpoint configs"))
-    replays = (env.from_source(_source(settings, k.replays_topic, "replays", False, k.control_fetch_max_wait_ms),
-                               no_wm, "replays")
+    # Kafka's fetch wait here too, though replay requests are rare: a restart of the job waits
+    # until every task is cancelled, and this source's cancel waits for its fetch in flight.
+    replays = (env.from_source(_source(settings, k.replays_topic, "replays", False), no_wm, "replays")
                .uid(uids.REPLAYS_SOURCE).name("Kafka: " + k.replays_topic)
                .flat_map(ParseReplays(), DISPATCH_INPUT)
                .uid(uids.PARSE_REPLAYS).name("parse replay requests"))
