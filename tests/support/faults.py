@@ -245,6 +245,7 @@ class SteadyTenant:
         # delivery_id -> when Kafka acknowledged it: a fault of Kafka itself delays the
         # acknowledgement, which the latency from the produce time includes.
         self.acked_at: dict[str, float] = {}
+        self.first_at: dict[str, float] = {}  # delivery_id -> its first request, once p99_ms() has run
         # One long-lived producer, as an outbox relay keeps: a new idempotent producer's first
         # records reach consumers only after the broker's fetch wait (~500 ms, see docs/performance-log.md).
         # It finds a dead broker's partitions on their new leaders as the platform's clients do.
@@ -297,9 +298,17 @@ class SteadyTenant:
         assert produced, "the healthy tenant produced nothing"
         wait_all_reached(self._receiver, set(produced), timeout)
         first = first_request_at(self._receiver, set(produced))
+        self.first_at = first
         figure = p99((first[d] - produced[d]) * 1000 for d in produced)
         assert figure is not None
         return figure
+
+    def slowest(self, at_s: float, n: int = 8) -> str:
+        """The slowest first attempts (after :meth:`p99_ms`): when each was produced, relative to
+        ``at_s`` (the fault), and how long it waited -- which part of a fault the p99 is."""
+        waits = sorted(((self.first_at[d] - t, t - at_s) for d, t in self.produced.items() if d in self.first_at),
+                       reverse=True)[:n]
+        return ", ".join(f"{w:.1f} s (produced at {rel:+.1f} s)" for w, rel in waits)
 
 
 def first_request_at(receiver: Receiver, ids: set[str]) -> dict[str, float]:
