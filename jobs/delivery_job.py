@@ -41,9 +41,10 @@ from operators.replays import ParseReplays
 RAW = SimpleStringSchema("ISO-8859-1")
 
 
-def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bool,
-            fetch_max_wait_ms: int | None = None) -> KafkaSource:
-    """``fetch_max_wait_ms``: how long the broker may hold an empty fetch (None: Kafka's 500 ms)."""
+def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bool) -> KafkaSource:
+    """Every source keeps Kafka's fetch wait (500 ms): after a broker dies, moved partitions join
+    a consumer's fetch only when the one in flight returns, and a restart of the job waits for
+    each source's fetch in flight as it cancels the tasks (core/settings.py)."""
     k = settings.kafka
     start = (KafkaOffsetsInitializer.earliest() if from_earliest else
              KafkaOffsetsInitializer.committed_offsets(KafkaOffsetResetStrategy.EARLIEST))
@@ -57,8 +58,6 @@ def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bo
                .set_property("partition.discovery.interval.ms", "60000"))
     for key, value in k.java_failover().items():  # a dead broker's partitions found on their new leader
         builder = builder.set_property(key, value)
-    if fetch_max_wait_ms is not None:
-        builder = builder.set_property("fetch.max.wait.ms", str(fetch_max_wait_ms))
     return builder.build()
 
 
@@ -162,8 +161,6 @@ def build_pipeline(env: StreamExecutionEnvironment, settings: Settings) -> None:
                         .flat_map(ParseEndpointRecord(), Types.PICKLED_BYTE_ARRAY())
                         .set_parallelism(1)
                         .uid(uids.PARSE_ENDPOINTS).name("parse endpoint configs"))
-    # Kafka's fetch wait here too, though replay requests are rare: a restart of the job waits
-    # until every task is cancelled, and this source's cancel waits for its fetch in flight.
     replays = (env.from_source(_source(settings, k.replays_topic, "replays", False), no_wm, "replays")
                .uid(uids.REPLAYS_SOURCE).name("Kafka: " + k.replays_topic)
                .flat_map(ParseReplays(), DISPATCH_INPUT)
