@@ -292,20 +292,25 @@ class Auditor:
         row = self._s.execute(self._q_state, (_ts(hour_ms),)).one()
         return None if row is None else row.state
 
-    def audit(self, hour_ms: int, now_ms: int, by_id: bool = False) -> HourOutcome:
-        """One hour's audit, recorded. ``by_id`` lists every endpoint id by id, counts equal or not."""
+    def _compare(self, hour_ms: int, by_id: bool = False) -> tuple[ArchivedHour, layout.HourAudit]:
+        """The hour's archive against Cassandra's indexes. Equal counts per endpoint are equal sets
+        (core/archive_layout.uneven): only the others are listed id by id, on both sides (every
+        endpoint with ``by_id``)."""
         archived = archived_hour(self._store, hour_ms)
         hot_counts, hot_events = self._hot.read(hour_ms)
         archived_counts = archived.counts()
-        # Equal counts per endpoint are equal sets (core/archive_layout.uneven): only the others
-        # are listed id by id, on both sides.
         uneven = sorted(hot_counts) if by_id else layout.uneven(hot_counts, archived_counts)
         hot_listed = self._hot.listed(hour_ms, uneven) if uneven else set()
         archived_listed = archived.ids(uneven) if uneven else set()
-        found = layout.problems(archived.commits, archived.stored, layout.HourAudit(
-            hot_counts, archived_counts, hot_listed, archived_listed, hot_events, archived.events, archived.short))
-        counts = {"deliveries": archived.deliveries.num_rows, "listed": sum(hot_counts.values()),
-                  "listed_by_id": len(hot_listed), "events": len(archived.events),
+        return archived, layout.HourAudit(hot_counts, archived_counts, hot_listed, archived_listed, hot_events,
+                                          archived.events, archived.short)
+
+    def audit(self, hour_ms: int, now_ms: int, by_id: bool = False) -> HourOutcome:
+        """One hour's audit, recorded. ``by_id`` lists every endpoint id by id, counts equal or not."""
+        archived, compared = self._compare(hour_ms, by_id)
+        found = layout.problems(archived.commits, archived.stored, compared)
+        counts = {"deliveries": archived.deliveries.num_rows, "listed": sum(compared.hot_counts.values()),
+                  "listed_by_id": len(compared.hot_listed), "events": len(archived.events),
                   "attempts": archived.attempts, "segments": len(archived.commits)}
         state, detail = (FAILED, "; ".join(found)) if found else (AUDITED, "")
         self._s.execute(self._w_state, (_ts(hour_ms), state, json.dumps(counts, sort_keys=True), detail or None,
@@ -317,13 +322,9 @@ class Auditor:
     def repair(self, hour_ms: int) -> int:
         """Deliveries Cassandra lists for the hour that the archive lacks, written from their hot
         rows; how many."""
-        archived = archived_hour(self._store, hour_ms)
-        hot_counts, _ = self._hot.read(hour_ms)
-        uneven = layout.uneven(hot_counts, archived.counts())
-        if not uneven:
-            return 0
-        missing = self._hot.listed(hour_ms, uneven) - archived.ids(uneven)
-        return repair_from_hot(self._s, self._store, hour_ms, sorted(missing))
+        _, compared = self._compare(hour_ms)
+        missing = sorted(compared.hot_listed - compared.archived_listed)
+        return repair_from_hot(self._s, self._store, hour_ms, missing) if missing else 0
 
     def due(self, now_ms: int) -> list[int]:
         """Hours old enough to audit and young enough to repair, not audited clean yet."""
