@@ -68,7 +68,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench import attribution, cassandra_writes, facts_broker_cost, profilers, raw_http
 from bench import run as bench
-from control_plane.archive.audit import AUDITED, Auditor
+from control_plane.archive.audit import AUDITED, Auditor, HourOutcome
 from control_plane.archive.store import ArchiveStore
 from core import archive_layout as layout
 from core.settings import REPO_ROOT, Settings
@@ -135,21 +135,16 @@ def writer_process(env: dict[str, str], pid_file: Path) -> Iterator[subprocess.P
         pid_file.unlink(missing_ok=True)
 
 
-def process_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def started_cpu_s(proc: subprocess.Popen[bytes], quiet_s: float = 1.0, timeout_s: float = 60) -> float:
-    """The CPU a just-started process spent starting: read once it spent less than a tick in
+    """The CPU a just-started process spent starting: read once it spent at most a tick in
     ``quiet_s`` (the writer, started, waits on its consumer's poll)."""
     deadline = time.monotonic() + timeout_s
-    last = process_cpu_s(proc.pid)
+    last, _ = cpu.ticks_and_rss_kb([proc.pid])
     while time.monotonic() < deadline:
         time.sleep(quiet_s)
-        now = process_cpu_s(proc.pid)
-        if now - last < 1 / os.sysconf("SC_CLK_TCK") + 1e-9:
-            return now
+        now, _ = cpu.ticks_and_rss_kb([proc.pid])
+        if now - last <= 1:
+            return now / cpu.CLK_TCK
         last = now
     raise RuntimeError(f"the archive writer (pid {proc.pid}) was still busy {timeout_s:.0f}s after it started")
 
@@ -300,19 +295,20 @@ def run(args: argparse.Namespace) -> int:
             if repaired:
                 say(f"repair {time.strftime('%H:00Z', time.gmtime(h / 1000))}: the facts-off phases' {repaired} "
                     f"deliveries written from their hot rows in {time.monotonic() - t0:.1f}s (not measured)")
-        t_cpu = time.process_time()
-        with cpu.StackSampler(bench._groups) as sampler:
-            outcomes = [auditor.audit(h, now) for h in hours]
-        audit_cpu_s = time.process_time() - t_cpu + sum(sampler.usage.cpu_s.get(g, 0.0)
-                                                        for g in ("cassandra", "s3proxy"))
+
+        def audits(by_id: bool) -> tuple[list[HourOutcome], float]:
+            """The audit of every hour, and its CPU: this process's, Cassandra's and the store's."""
+            t_cpu = time.process_time()
+            with cpu.StackSampler(bench._groups) as sampler:
+                out = [auditor.audit(h, now, by_id=by_id) for h in hours]
+            return out, time.process_time() - t_cpu + sum(sampler.usage.cpu_s.get(g, 0.0)
+                                                          for g in ("cassandra", "s3proxy"))
+
+        outcomes, audit_cpu_s = audits(by_id=False)
         audited = sum(o.counts.get("listed", 0) for o in outcomes)
         # The same audit comparing every endpoint id by id (--by-id: how the audit compared before
         # counting): the count-first audit's before/after in one run.
-        t_cpu = time.process_time()
-        with cpu.StackSampler(bench._groups) as sampler:
-            by_id = [auditor.audit(h, now, by_id=True) for h in hours]
-        by_id_cpu_s = time.process_time() - t_cpu + sum(sampler.usage.cpu_s.get(g, 0.0)
-                                                        for g in ("cassandra", "s3proxy"))
+        by_id, by_id_cpu_s = audits(by_id=True)
         if any(o.state != AUDITED for o in by_id):
             raise RuntimeError("the audit by id failed an hour the count-first audit passed")
         say(f"audit: {audit_cpu_s * 1000 / max(audited, 1):.4f} ms of CPU per delivery counting per endpoint, "
