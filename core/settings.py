@@ -59,10 +59,12 @@ class KafkaSettings(BaseModel):
     # timelines). A client learns it from a metadata refresh; it asks for one when a connection
     # fails, and reconnects with a back-off that grows to reconnect_backoff_max_ms. librdkafka's
     # own ceiling is 10 s (the Java client's 1 s), so the control plane's clock ticks could wait
-    # up to ~10 s past the moment a new leader was elected. metadata_refresh_ms is the backstop
-    # whatever the client: a metadata request for its topics at least this often (librdkafka
-    # topic.metadata.refresh.interval.ms, Java metadata.max.age.ms; both default to 5 min). One
-    # small request per client every few seconds: nothing on the normal path.
+    # up to ~10 s past the moment a new leader was elected. metadata_refresh_ms is librdkafka's
+    # backstop (topic.metadata.refresh.interval.ms, 5 min by default): a metadata request for its
+    # topics at least this often. The Java clients (the job's sources and sinks, the outbox
+    # relay's producer) need none: every failed connection and every disconnect asks for new
+    # metadata at once (Kafka's NetworkClient), so they keep metadata.max.age.ms at 5 min; a
+    # periodic refresh on each of them was background work of every idle job (docs/operating.md).
     reconnect_backoff_max_ms: int = Field(default=1_000, ge=100)
     metadata_refresh_ms: int = Field(default=5_000, ge=1_000)
 
@@ -72,9 +74,9 @@ class KafkaSettings(BaseModel):
                 "topic.metadata.refresh.interval.ms": self.metadata_refresh_ms}
 
     def java_failover(self) -> dict[str, str]:
-        """The same for a Java client (the job's Kafka sources and sinks)."""
-        return {"reconnect.backoff.max.ms": str(self.reconnect_backoff_max_ms),
-                "metadata.max.age.ms": str(self.metadata_refresh_ms)}
+        """The reconnect back-off for a Java client (the job's Kafka sources and sinks, the outbox
+        relay's producer); no periodic metadata refresh (above)."""
+        return {"reconnect.backoff.max.ms": str(self.reconnect_backoff_max_ms)}
 
     @model_validator(mode="after")
     def _min_insync_within_replicas(self) -> KafkaSettings:

@@ -56,7 +56,7 @@ def _source(settings: Settings, topic: str, group_suffix: str, from_earliest: bo
                .set_value_only_deserializer(RAW)
                .set_property("commit.offsets.on.checkpoint", "true")
                .set_property("partition.discovery.interval.ms", "60000"))
-    for key, value in k.java_failover().items():  # a dead broker's partitions found on their new leader
+    for key, value in k.java_failover().items():  # the platform's reconnect back-off (core/settings.py)
         builder = builder.set_property(key, value)
     return builder.build()
 
