@@ -29,7 +29,8 @@ One run, loopback only, bounded in count and time:
 8. the job is cancelled, the receiver and the control plane stopped by pid, topics and keyspace deleted.
 
 The last line is the comparable summary (a `bench-outbox:` line before it gives the outbox path's,
-a `bench-idle:` line the idle stack's cores by process, a `catalog:` line whether fan-out validated
+a `bench-idle:` line the idle stack's cores by process, a `bench-idle-threads:` line the same by
+thread with the JVMs' JIT compilers and collectors apart, a `catalog:` line whether fan-out validated
 the events, a `schema_check:` line what that validation costs per event, a `tracing:` line whether
 the run's job and control plane traced, at what ratio); `.run/bench/report.md` and its charts say
 where the time and the CPU went.
@@ -638,18 +639,34 @@ def _groups() -> dict[str, list[Path]]:
     return cpu.stack_groups(RUN, {**EXTRA_GROUPS, **COLLECTOR})
 
 
-def measure_idle(seconds: float) -> cpu.Usage:
-    """Every process of the stack (and the run's own) over ``seconds`` of no traffic."""
+def measure_idle(seconds: float) -> tuple[cpu.Usage, dict[tuple[str, str], float]]:
+    """Every process of the stack (and the run's own) over ``seconds`` of no traffic, in all and
+    by thread."""
     say(f"idle: sampling every stack process for {seconds:g}s (job running, no traffic)")
-    with cpu.StackSampler(partial(cpu.whole_stack_groups, RUN, EXTRA_GROUPS), interval_s=1.0) as sampler:
+    groups = partial(cpu.whole_stack_groups, RUN, EXTRA_GROUPS)
+    threads_before = cpu.thread_ticks_by_name(groups())
+    with cpu.StackSampler(groups, interval_s=1.0) as sampler:
         time.sleep(seconds)
-    return sampler.usage
+    threads = cpu.thread_cores(threads_before, cpu.thread_ticks_by_name(groups()), sampler.usage.wall_s)
+    return sampler.usage, threads
 
 
 def idle_line(usage: cpu.Usage) -> str:
     """The idle stack's cores busy, in all and by process, largest first."""
     return (f"bench-idle: cores={usage.cores:.3f} seconds={usage.wall_s:.1f} "
             + " ".join(f"{g}={c:.3f}" for g, c in usage.cores_by_group().items()))
+
+
+def idle_threads_line(threads: dict[tuple[str, str], float], top: int = 8) -> str:
+    """Where the idle stack's cores went by thread: the JVMs' JIT compilers (code the last phase
+    made hot, still being compiled: it fades within minutes, so it is not what the idle stack
+    costs for ever), their garbage collectors, the rest, then the busiest threads by process."""
+    jit = sum(c for (_, name), c in threads.items() if name in cpu.JIT_THREADS)
+    gc = sum(c for (_, name), c in threads.items() if name in cpu.GC_THREADS)
+    rest = sum(threads.values()) - jit - gc
+    busiest = sorted(threads.items(), key=lambda x: (-x[1], x[0]))[:top]
+    return (f"bench-idle-threads: jit={jit:.3f} gc={gc:.3f} rest={rest:.3f} | "
+            + " ".join(f"{g}:{name.replace(' ', '_')}={c:.3f}" for (g, name), c in busiest))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -717,6 +734,7 @@ def run(args: argparse.Namespace) -> int:
         half: PhaseResult | None = None
         writes: dict[str, int] | None = None
         idle: cpu.Usage | None = None
+        idle_threads: dict[tuple[str, str], float] = {}
         sustained = 0.0
         rate = 0.0
         if args.max:
@@ -735,7 +753,7 @@ def run(args: argparse.Namespace) -> int:
             half, _ = phase("half", settings, rx, tenants, n, body, args.timeout, rate)
         if args.idle_seconds > 0:
             cassandra_writes.settled(read_writes)  # the last phase's history writes are not idle
-            idle = measure_idle(args.idle_seconds)
+            idle, idle_threads = measure_idle(args.idle_seconds)
         if args.outbox:
             outbox_line = outbox_phases(stack, env, run_id, settings, rx, tenants, body, args, rate)
         fair_rate = args.fair_rate or sustained / 4  # deliveries/s of the healthy tenant
@@ -751,6 +769,7 @@ def run(args: argparse.Namespace) -> int:
         lines.append(outbox_line + direct)
     if idle is not None:
         lines.append(idle_line(idle))
+        lines.append(idle_threads_line(idle_threads))
     lines.append(bench_catalog.catalog_line(args.catalog, EVENT_TYPE))
     lines.append(tracing_line(settings.tracing))
     lines.append(schema_validation.report_line(body))  # fan-out's catalog check, per event

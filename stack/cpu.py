@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -110,6 +111,48 @@ def whole_stack_groups(run: Path, own: dict[str, list[Path]] | None = None) -> d
     groups = {f.parent.name: [f] for f in sorted(run.glob("*/pid"))}
     groups.update({f"bench-{g}": files for g, files in (own or {}).items()})
     return groups
+
+
+# A JVM's background threads, by the kernel's (15-character) names as thread_name gives them:
+# the JIT compilers (C1 CompilerThre, C2 CompilerThre), and G1's collector threads (GC Thread#0,
+# G1 Conc#0, G1 Refine#0, G1 Main Marker, G1 Service; the servers' collector here).
+JIT_THREADS = ("C# CompilerThre",)
+GC_THREADS = ("GC Thread##", "G# Conc##", "G# Refine##", "G# Main Marker", "G# Service", "VM Thread")
+
+
+def thread_name(comm: str) -> str:
+    """A thread's name with every run of digits as '#': one entry for a pool's threads."""
+    return re.sub(r"\d+", "#", comm)
+
+
+def thread_ticks_by_name(groups: dict[str, list[Path]]) -> dict[tuple[str, str], int]:
+    """utime + stime of every thread of every group's processes now, summed by (group, thread
+    name as :func:`thread_name` gives it)."""
+    out: dict[tuple[str, str], int] = {}
+    for group, files in groups.items():
+        for pid in pids_of(files):
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue  # exited meanwhile
+            for tid in tids:
+                try:
+                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                    comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().rstrip("\n")
+                except OSError:
+                    continue
+                fields = stat.rsplit(")", 1)[1].split()
+                key = (group, thread_name(comm))
+                out[key] = out.get(key, 0) + int(fields[11]) + int(fields[12])
+    return out
+
+
+def thread_cores(before: dict[tuple[str, str], int], after: dict[tuple[str, str], int],
+                 wall_s: float) -> dict[tuple[str, str], float]:
+    """Cores busy per (group, thread name) between two :func:`thread_ticks_by_name` readings,
+    largest first; a thread that ended in between takes its ticks with it (not counted)."""
+    cores = {k: (t - before.get(k, 0)) / CLK_TCK / wall_s for k, t in after.items()} if wall_s > 0 else {}
+    return {k: c for k, c in sorted(cores.items(), key=lambda x: (-x[1], x[0])) if c > 0}
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The bench's newer figures' parts that need no stack: Cassandra's write counts as read from its
 virtual table (bench/cassandra_writes.py), the idle sample's process groups and cores
-(stack/cpu.py), and the idle line (bench/run.py)."""
+(stack/cpu.py, by process and by thread), and the idle lines (bench/run.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench import cassandra_writes
-from bench.run import idle_line
+from bench.run import idle_line, idle_threads_line
 from stack import cpu
 
 
@@ -131,6 +131,48 @@ def test_steal_is_the_hypervisors_share_of_every_cpu_tick_from_proc_stat() -> No
 def test_the_idle_line_gives_the_total_then_each_process() -> None:
     u = cpu.Usage(cpu_s={"kafka": 3.0, "cassandra": 9.0}, wall_s=30.0)
     assert idle_line(u) == "bench-idle: cores=0.400 seconds=30.0 cassandra=0.300 kafka=0.100"
+
+
+@pytest.mark.parametrize(("comm", "name"), [
+    ("C2 CompilerThre", "C# CompilerThre"),  # C1 and C2 compilers: one entry
+    ("GC Thread#11", "GC Thread##"),
+    ("G1 Refine#0", "G# Refine##"),
+    ("kafka-3-raft-io", "kafka-#-raft-io"),
+    ("Source Data Fet", "Source Data Fet"),
+])
+def test_a_pools_threads_are_one_name(comm: str, name: str) -> None:
+    assert cpu.thread_name(comm) == name
+
+
+def test_thread_cores_are_the_ticks_between_readings_largest_first() -> None:
+    hz = cpu.CLK_TCK
+    before = {("flink-tm", "C# CompilerThre"): 0, ("kafka", "data-plane-kafk"): 10 * hz}
+    after = {("flink-tm", "C# CompilerThre"): 3 * hz, ("kafka", "data-plane-kafk"): 16 * hz,
+             ("kafka", "new-thread"): 1 * hz,  # started between the readings: all its ticks count
+             ("flink-jm", "idle"): 0}
+    assert cpu.thread_cores(before, after, wall_s=30.0) == {
+        ("kafka", "data-plane-kafk"): pytest.approx(0.2), ("flink-tm", "C# CompilerThre"): pytest.approx(0.1),
+        ("kafka", "new-thread"): pytest.approx(1 / 30)}
+    assert cpu.thread_cores(before, after, wall_s=0.0) == {}
+
+
+def test_the_idle_threads_line_puts_jit_and_gc_apart_then_the_busiest() -> None:
+    raw = {("flink-tm", "C2 CompilerThre"): 0.020, ("kafka", "C1 CompilerThre"): 0.010,
+           ("cassandra", "GC Thread#0"): 0.003, ("cassandra", "G1 Conc#0"): 0.001,
+           ("kafka", "data-plane-kafk"): 0.012, ("flink-tm", "Source Data Fet"): 0.005}
+    threads = {(g, cpu.thread_name(comm)): c for (g, comm), c in raw.items()}
+    assert idle_threads_line(threads, top=3) == (
+        "bench-idle-threads: jit=0.030 gc=0.004 rest=0.017 | flink-tm:C#_CompilerThre=0.020 "
+        "kafka:data-plane-kafk=0.012 kafka:C#_CompilerThre=0.010")
+    assert idle_threads_line({}) == "bench-idle-threads: jit=0.000 gc=0.000 rest=0.000 | "
+
+
+def test_this_process_threads_are_read(tmp_path: Path) -> None:
+    (tmp_path / "me").mkdir()
+    (tmp_path / "me" / "pid").write_text(str(os.getpid()))
+    ticks = cpu.thread_ticks_by_name(cpu.whole_stack_groups(tmp_path))
+    assert ticks and all(group == "me" for group, _ in ticks)
+    assert cpu.thread_name(Path("/proc/self/comm").read_text().strip()) in {name for _, name in ticks}
 
 
 def test_a_live_pid_file_is_sampled_with_its_descendants(tmp_path: Path) -> None:
