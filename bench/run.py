@@ -644,10 +644,10 @@ def measure_idle(seconds: float) -> tuple[cpu.Usage, dict[tuple[str, str], float
     by thread."""
     say(f"idle: sampling every stack process for {seconds:g}s (job running, no traffic)")
     groups = partial(cpu.whole_stack_groups, RUN, EXTRA_GROUPS)
-    threads_before = cpu.thread_ticks_by_name(groups())
+    threads_before, t0 = cpu.thread_ticks(groups()), time.monotonic()
     with cpu.StackSampler(groups, interval_s=1.0) as sampler:
         time.sleep(seconds)
-    threads = cpu.thread_cores(threads_before, cpu.thread_ticks_by_name(groups()), sampler.usage.wall_s)
+    threads = cpu.thread_cores(threads_before, cpu.thread_ticks(groups()), time.monotonic() - t0)
     return sampler.usage, threads
 
 

@@ -125,10 +125,10 @@ def thread_name(comm: str) -> str:
     return re.sub(r"\d+", "#", comm)
 
 
-def thread_ticks_by_name(groups: dict[str, list[Path]]) -> dict[tuple[str, str], int]:
-    """utime + stime of every thread of every group's processes now, summed by (group, thread
-    name as :func:`thread_name` gives it)."""
-    out: dict[tuple[str, str], int] = {}
+def thread_ticks(groups: dict[str, list[Path]]) -> dict[tuple[str, int], tuple[str, int]]:
+    """Every thread of every group's processes now: (group, thread id) -> (its name as
+    :func:`thread_name` gives it, utime + stime)."""
+    out: dict[tuple[str, int], tuple[str, int]] = {}
     for group, files in groups.items():
         for pid in pids_of(files):
             try:
@@ -142,16 +142,22 @@ def thread_ticks_by_name(groups: dict[str, list[Path]]) -> dict[tuple[str, str],
                 except OSError:
                     continue
                 fields = stat.rsplit(")", 1)[1].split()
-                key = (group, thread_name(comm))
-                out[key] = out.get(key, 0) + int(fields[11]) + int(fields[12])
+                out[(group, int(tid))] = (thread_name(comm), int(fields[11]) + int(fields[12]))
     return out
 
 
-def thread_cores(before: dict[tuple[str, str], int], after: dict[tuple[str, str], int],
+def thread_cores(before: dict[tuple[str, int], tuple[str, int]], after: dict[tuple[str, int], tuple[str, int]],
                  wall_s: float) -> dict[tuple[str, str], float]:
-    """Cores busy per (group, thread name) between two :func:`thread_ticks_by_name` readings,
-    largest first; a thread that ended in between takes its ticks with it (not counted)."""
-    cores = {k: (t - before.get(k, 0)) / CLK_TCK / wall_s for k, t in after.items()} if wall_s > 0 else {}
+    """Cores busy per (group, thread name) between two :func:`thread_ticks` readings, largest
+    first. Each thread's own ticks in between count under the name it has at the end (a pool may
+    rename its threads: Cassandra's workers take the name of the stage they serve); a thread that
+    started in between counts whole, one that ended in between not at all."""
+    if wall_s <= 0:
+        return {}
+    cores: dict[tuple[str, str], float] = {}
+    for (group, tid), (name, ticks) in after.items():
+        delta = ticks - before.get((group, tid), (name, 0))[1]
+        cores[(group, name)] = cores.get((group, name), 0.0) + delta / CLK_TCK / wall_s
     return {k: c for k, c in sorted(cores.items(), key=lambda x: (-x[1], x[0])) if c > 0}
 
 

@@ -144,15 +144,18 @@ def test_a_pools_threads_are_one_name(comm: str, name: str) -> None:
     assert cpu.thread_name(comm) == name
 
 
-def test_thread_cores_are_the_ticks_between_readings_largest_first() -> None:
+def test_thread_cores_are_each_threads_ticks_between_readings_under_its_last_name() -> None:
     hz = cpu.CLK_TCK
-    before = {("flink-tm", "C# CompilerThre"): 0, ("kafka", "data-plane-kafk"): 10 * hz}
-    after = {("flink-tm", "C# CompilerThre"): 3 * hz, ("kafka", "data-plane-kafk"): 16 * hz,
-             ("kafka", "new-thread"): 1 * hz,  # started between the readings: all its ticks count
-             ("flink-jm", "idle"): 0}
+    before = {("flink-tm", 1): ("C# CompilerThre", 0), ("kafka", 2): ("data-plane-kafk", 10 * hz),
+              ("cassandra", 3): ("MutationStage-#", 50 * hz),  # renamed in between (a pool's worker)
+              ("kafka", 4): ("ended", 7 * hz)}  # gone at the end: not counted
+    after = {("flink-tm", 1): ("C# CompilerThre", 3 * hz), ("kafka", 2): ("data-plane-kafk", 16 * hz),
+             ("cassandra", 3): ("ReadStage-#", 53 * hz),
+             ("kafka", 5): ("new-thread", 1 * hz),  # started in between: all its ticks count
+             ("flink-jm", 6): ("idle", 0)}
     assert cpu.thread_cores(before, after, wall_s=30.0) == {
-        ("kafka", "data-plane-kafk"): pytest.approx(0.2), ("flink-tm", "C# CompilerThre"): pytest.approx(0.1),
-        ("kafka", "new-thread"): pytest.approx(1 / 30)}
+        ("kafka", "data-plane-kafk"): pytest.approx(0.2), ("cassandra", "ReadStage-#"): pytest.approx(0.1),
+        ("flink-tm", "C# CompilerThre"): pytest.approx(0.1), ("kafka", "new-thread"): pytest.approx(1 / 30)}
     assert cpu.thread_cores(before, after, wall_s=0.0) == {}
 
 
@@ -170,9 +173,10 @@ def test_the_idle_threads_line_puts_jit_and_gc_apart_then_the_busiest() -> None:
 def test_this_process_threads_are_read(tmp_path: Path) -> None:
     (tmp_path / "me").mkdir()
     (tmp_path / "me" / "pid").write_text(str(os.getpid()))
-    ticks = cpu.thread_ticks_by_name(cpu.whole_stack_groups(tmp_path))
+    ticks = cpu.thread_ticks(cpu.whole_stack_groups(tmp_path))
     assert ticks and all(group == "me" for group, _ in ticks)
-    assert cpu.thread_name(Path("/proc/self/comm").read_text().strip()) in {name for _, name in ticks}
+    assert ("me", os.getpid()) in ticks  # the main thread's id is the process id
+    assert ticks[("me", os.getpid())][0] == cpu.thread_name(Path("/proc/self/comm").read_text().strip())
 
 
 def test_a_live_pid_file_is_sampled_with_its_descendants(tmp_path: Path) -> None:
