@@ -148,18 +148,30 @@ def rescaled_requirements(current: Mapping[str, Any], pinned: set[str], parallel
     return out
 
 
+# How stale the REST API's view of a job may be: its handlers read an execution graph cached for
+# web.refresh-interval (Flink's default 3 s; flink-conf/config.yaml does not set it).
+REST_CACHE_S = 3.0
+
+
 @dataclass(frozen=True)
 class InPlaceRescale:
     """When a rescale was asked for, when the job was first seen not running every task (None:
-    never seen between two polls), and when it ran every task at the new parallelism (epoch s)."""
+    no poll saw it), and when it was seen running every task at the new parallelism (epoch s).
+    The two seen times come from polls every 0.2 s of a view up to REST_CACHE_S old."""
     requested_at: float
     stopped_at: float | None
     running_at: float
 
     @property
-    def not_running_s(self) -> float:
-        """How long the job did not run every task, as far as polls every 0.2 s saw it."""
-        return self.running_at - (self.stopped_at or self.running_at)
+    def not_running_s(self) -> float | None:
+        """How long the job was seen not running every task; None when no poll saw it (a pause
+        shorter than the REST API's cache can fall between two of its refreshes)."""
+        return None if self.stopped_at is None else self.running_at - self.stopped_at
+
+    def not_running_text(self) -> str:
+        """not_running_s for a person: seconds, or why there is no figure."""
+        s = self.not_running_s
+        return f"{s:.1f} s" if s is not None else f"not seen (a pause under the REST API's {REST_CACHE_S:g} s cache)"
 
 
 def rescale_in_place(job_id: str, parallelism: int, timeout: float = 180) -> InPlaceRescale:
@@ -209,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rescale: {exc}", file=sys.stderr)
         return 1
     print(f"job {args.job_id} running at parallelism {args.parallelism} {r.running_at - r.requested_at:.1f} s "
-          f"after asking (not running every task for {r.not_running_s:.1f} s)")
+          f"after asking (not running every task: {r.not_running_text()})")
     return 0
 
 

@@ -211,7 +211,7 @@ def test_rescale_2_to_4_to_1_under_a_backlog_keeps_retry_schedules_and_breakers(
             restored_at: list[float] = []
             # Per rescale, how long the job did not run: from the stop's start to the restored
             # job running (savepoint), or every task of the job not running (in place).
-            not_running: list[float] = []
+            not_running: list[str] = []
             incarnations: list[tuple[int, str, set[int]]] = []
             for parallelism in (4, 1):
                 asked_at.append(time.time())
@@ -222,7 +222,7 @@ def test_rescale_2_to_4_to_1_under_a_backlog_keeps_retry_schedules_and_breakers(
                     burst("order.x", HEALTHY_EVENTS, healthy_eps)  # produced while no job runs
                     job_id = job.resume(parallelism)
                     restored_at.append(time.time())
-                    not_running.append(restored_at[-1] - asked_at[-1])
+                    not_running.append(f"{restored_at[-1] - asked_at[-1]:.1f} s")
                 else:
                     # The job runs on until its next checkpoint: what history says now is at most
                     # as late as what that checkpoint restores.
@@ -231,7 +231,7 @@ def test_rescale_2_to_4_to_1_under_a_backlog_keeps_retry_schedules_and_breakers(
                     rescaled = job.rescale_in_place(parallelism)
                     job_id = job.job_id()
                     restored_at.append(rescaled.running_at)
-                    not_running.append(rescaled.not_running_s)
+                    not_running.append(rescaled.not_running_text())
                 incarnations.append((parallelism, job_id, max_parallelism(job_id)))
                 sp = savepoints[-1]
                 print(f"\nrestored at parallelism {parallelism} ({job_id}, {path}), "
@@ -259,7 +259,7 @@ def test_rescale_2_to_4_to_1_under_a_backlog_keeps_retry_schedules_and_breakers(
                              healthy_p99_bound_ms=HEALTHY_P99_BOUND_MS,
                              note=f"parallelism 2 -> 4 -> 1 {how}: the healthy endpoint without a request for "
                                   f"{' and '.join(f'{p:.1f}' for p in silences)} s, the job not running for "
-                                  f"{' and '.join(f'{p:.1f}' for p in not_running)} s; {len(retrying)} "
+                                  f"{' and '.join(not_running)}; {len(retrying)} "
                                   f"deliveries retrying, {BREAKER_EVENTS} behind an open breaker, max parallelism "
                                   f"{sorted({m for _, _, ms in incarnations for m in ms})}")
         after = _p99_ms(receiver, healthy.produced, since=restored_last)

@@ -99,3 +99,13 @@ def test_a_rescale_in_place_on_the_default_scheduler_says_what_to_set(monkeypatc
     monkeypatch.setattr(flink_jobs, "rest", lambda path, **_: [{"key": "jobmanager.scheduler", "value": "default"}])
     assert flink_jobs.main(["rescale", "0" * 32, "4"]) == 1
     assert "WEBHOOKS_FLINK_SCHEDULER=adaptive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("stopped_at", "seconds", "text"), [
+    (100.0, 2.5, "2.5 s"),
+    (None, None, "not seen (a pause under the REST API's 3 s cache)"),  # no poll saw it: no figure, not 0
+])
+def test_the_pause_is_what_the_polls_saw_and_none_when_they_saw_none(stopped_at, seconds, text):
+    r = flink_jobs.InPlaceRescale(requested_at=90.0, stopped_at=stopped_at, running_at=102.5)
+    assert r.not_running_s == seconds
+    assert r.not_running_text() == text
