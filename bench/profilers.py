@@ -130,6 +130,45 @@ def thread_names(pid: int) -> dict[int, str]:
     return out
 
 
+# A JVM's background threads, by the kernel's (15-character) names as thread_name gives them:
+# the JIT compilers (C1 CompilerThre, C2 CompilerThre), and G1's collector threads (GC Thread#0,
+# G1 Conc#0, G1 Refine#0, G1 Main Marker, G1 Service; the servers' collector here).
+JIT_THREADS = ("C# CompilerThre",)
+GC_THREADS = ("GC Thread##", "G# Conc##", "G# Refine##", "G# Main Marker", "G# Service", "VM Thread")
+
+
+def thread_name(comm: str) -> str:
+    """A thread's name with every run of digits as '#': one entry for a pool's threads."""
+    return re.sub(r"\d+", "#", comm)
+
+
+def stack_threads(groups: dict[str, list[Path]]) -> tuple[dict[int, int], dict[int, tuple[str, str]]]:
+    """Every thread of every group's processes now: its ticks by OS thread id (thread_ticks), and
+    its group and name as thread_name gives it."""
+    ticks: dict[int, int] = {}
+    names: dict[int, tuple[str, str]] = {}
+    for group, files in groups.items():
+        for pid in cpu.pids_of(files):
+            ticks.update(thread_ticks(pid))
+            names.update({tid: (group, thread_name(comm)) for tid, comm in thread_names(pid).items()})
+    return ticks, names
+
+
+def cores_by_thread_name(before: dict[int, int], after: dict[int, int], names: dict[int, tuple[str, str]],
+                         wall_s: float) -> dict[tuple[str, str], float]:
+    """Cores busy per (group, thread name) between two stack_threads readings, largest first.
+    ``names`` is the later reading's: each thread's own ticks in between count under the name it
+    has at the end (a pool may rename its threads: Cassandra's workers take the name of the stage
+    they serve); a thread that started in between counts whole, one that ended not at all."""
+    if wall_s <= 0:
+        return {}
+    cores: dict[tuple[str, str], float] = {}
+    for tid, cpu_s in attr.cpu_between(before, after, cpu.CLK_TCK).items():
+        if (key := names.get(tid)) is not None:  # None: its name went with it before it was read
+            cores[key] = cores.get(key, 0.0) + cpu_s / wall_s
+    return {k: c for k, c in sorted(cores.items(), key=lambda x: (-x[1], x[0])) if c > 0}
+
+
 def _jcmd(tools: Tools, pid: int, *args: str) -> str:
     out = subprocess.run([tools.jcmd, str(pid), *args], capture_output=True, text=True, timeout=120)
     if out.returncode != 0:

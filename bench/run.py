@@ -88,7 +88,7 @@ import grpc
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from bench import cassandra_writes, raw_http, report_md, schema_validation
+from bench import cassandra_writes, profilers, raw_http, report_md, schema_validation
 from bench import catalog as bench_catalog
 from bench.results import Costs, PhaseResult
 from control_plane.rpc.api import pb, rpc
@@ -644,11 +644,11 @@ def measure_idle(seconds: float) -> tuple[cpu.Usage, dict[tuple[str, str], float
     by thread."""
     say(f"idle: sampling every stack process for {seconds:g}s (job running, no traffic)")
     groups = partial(cpu.whole_stack_groups, RUN, EXTRA_GROUPS)
-    threads_before, t0 = cpu.thread_ticks(groups()), time.monotonic()
+    (ticks_before, _), t0 = profilers.stack_threads(groups()), time.monotonic()
     with cpu.StackSampler(groups, interval_s=1.0) as sampler:
         time.sleep(seconds)
-    threads = cpu.thread_cores(threads_before, cpu.thread_ticks(groups()), time.monotonic() - t0)
-    return sampler.usage, threads
+    ticks_after, names = profilers.stack_threads(groups())
+    return sampler.usage, profilers.cores_by_thread_name(ticks_before, ticks_after, names, time.monotonic() - t0)
 
 
 def idle_line(usage: cpu.Usage) -> str:
@@ -661,8 +661,8 @@ def idle_threads_line(threads: dict[tuple[str, str], float], top: int = 8) -> st
     """Where the idle stack's cores went by thread: the JVMs' JIT compilers (code the last phase
     made hot, still being compiled: it fades within minutes, so it is not what the idle stack
     costs for ever), their garbage collectors, the rest, then the busiest threads by process."""
-    jit = sum(c for (_, name), c in threads.items() if name in cpu.JIT_THREADS)
-    gc = sum(c for (_, name), c in threads.items() if name in cpu.GC_THREADS)
+    jit = sum(c for (_, name), c in threads.items() if name in profilers.JIT_THREADS)
+    gc = sum(c for (_, name), c in threads.items() if name in profilers.GC_THREADS)
     rest = sum(threads.values()) - jit - gc
     busiest = sorted(threads.items(), key=lambda x: (-x[1], x[0]))[:top]
     return (f"bench-idle-threads: jit={jit:.3f} gc={gc:.3f} rest={rest:.3f} | "

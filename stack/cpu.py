@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -111,54 +110,6 @@ def whole_stack_groups(run: Path, own: dict[str, list[Path]] | None = None) -> d
     groups = {f.parent.name: [f] for f in sorted(run.glob("*/pid"))}
     groups.update({f"bench-{g}": files for g, files in (own or {}).items()})
     return groups
-
-
-# A JVM's background threads, by the kernel's (15-character) names as thread_name gives them:
-# the JIT compilers (C1 CompilerThre, C2 CompilerThre), and G1's collector threads (GC Thread#0,
-# G1 Conc#0, G1 Refine#0, G1 Main Marker, G1 Service; the servers' collector here).
-JIT_THREADS = ("C# CompilerThre",)
-GC_THREADS = ("GC Thread##", "G# Conc##", "G# Refine##", "G# Main Marker", "G# Service", "VM Thread")
-
-
-def thread_name(comm: str) -> str:
-    """A thread's name with every run of digits as '#': one entry for a pool's threads."""
-    return re.sub(r"\d+", "#", comm)
-
-
-def thread_ticks(groups: dict[str, list[Path]]) -> dict[tuple[str, int], tuple[str, int]]:
-    """Every thread of every group's processes now: (group, thread id) -> (its name as
-    :func:`thread_name` gives it, utime + stime)."""
-    out: dict[tuple[str, int], tuple[str, int]] = {}
-    for group, files in groups.items():
-        for pid in pids_of(files):
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue  # exited meanwhile
-            for tid in tids:
-                try:
-                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-                    comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().rstrip("\n")
-                except OSError:
-                    continue
-                fields = stat.rsplit(")", 1)[1].split()
-                out[(group, int(tid))] = (thread_name(comm), int(fields[11]) + int(fields[12]))
-    return out
-
-
-def thread_cores(before: dict[tuple[str, int], tuple[str, int]], after: dict[tuple[str, int], tuple[str, int]],
-                 wall_s: float) -> dict[tuple[str, str], float]:
-    """Cores busy per (group, thread name) between two :func:`thread_ticks` readings, largest
-    first. Each thread's own ticks in between count under the name it has at the end (a pool may
-    rename its threads: Cassandra's workers take the name of the stage they serve); a thread that
-    started in between counts whole, one that ended in between not at all."""
-    if wall_s <= 0:
-        return {}
-    cores: dict[tuple[str, str], float] = {}
-    for (group, tid), (name, ticks) in after.items():
-        delta = ticks - before.get((group, tid), (name, 0))[1]
-        cores[(group, name)] = cores.get((group, name), 0.0) + delta / CLK_TCK / wall_s
-    return {k: c for k, c in sorted(cores.items(), key=lambda x: (-x[1], x[0])) if c > 0}
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The bench's newer figures' parts that need no stack: Cassandra's write counts as read from its
 virtual table (bench/cassandra_writes.py), the idle sample's process groups and cores
-(stack/cpu.py, by process and by thread), and the idle lines (bench/run.py)."""
+(stack/cpu.py; by thread, bench/profilers.py), and the idle lines (bench/run.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import cassandra_writes
+from bench import cassandra_writes, profilers
 from bench.run import idle_line, idle_threads_line
 from stack import cpu
 
@@ -141,29 +141,29 @@ def test_the_idle_line_gives_the_total_then_each_process() -> None:
     ("Source Data Fet", "Source Data Fet"),
 ])
 def test_a_pools_threads_are_one_name(comm: str, name: str) -> None:
-    assert cpu.thread_name(comm) == name
+    assert profilers.thread_name(comm) == name
 
 
-def test_thread_cores_are_each_threads_ticks_between_readings_under_its_last_name() -> None:
+def test_cores_by_thread_name_are_each_threads_ticks_between_readings_under_its_last_name() -> None:
     hz = cpu.CLK_TCK
-    before = {("flink-tm", 1): ("C# CompilerThre", 0), ("kafka", 2): ("data-plane-kafk", 10 * hz),
-              ("cassandra", 3): ("MutationStage-#", 50 * hz),  # renamed in between (a pool's worker)
-              ("kafka", 4): ("ended", 7 * hz)}  # gone at the end: not counted
-    after = {("flink-tm", 1): ("C# CompilerThre", 3 * hz), ("kafka", 2): ("data-plane-kafk", 16 * hz),
-             ("cassandra", 3): ("ReadStage-#", 53 * hz),
-             ("kafka", 5): ("new-thread", 1 * hz),  # started in between: all its ticks count
-             ("flink-jm", 6): ("idle", 0)}
-    assert cpu.thread_cores(before, after, wall_s=30.0) == {
+    before = {1: 0, 2: 10 * hz, 3: 50 * hz,  # thread 3 was "MutationStage-#" then (a pool's worker)
+              4: 7 * hz}  # gone at the end: not counted
+    after = {1: 3 * hz, 2: 16 * hz, 3: 53 * hz,
+             5: 1 * hz,  # started in between: all its ticks count
+             6: 0}
+    names = {1: ("flink-tm", "C# CompilerThre"), 2: ("kafka", "data-plane-kafk"), 3: ("cassandra", "ReadStage-#"),
+             5: ("kafka", "new-thread"), 6: ("flink-jm", "idle")}
+    assert profilers.cores_by_thread_name(before, after, names, wall_s=30.0) == {
         ("kafka", "data-plane-kafk"): pytest.approx(0.2), ("cassandra", "ReadStage-#"): pytest.approx(0.1),
         ("flink-tm", "C# CompilerThre"): pytest.approx(0.1), ("kafka", "new-thread"): pytest.approx(1 / 30)}
-    assert cpu.thread_cores(before, after, wall_s=0.0) == {}
+    assert profilers.cores_by_thread_name(before, after, names, wall_s=0.0) == {}
 
 
 def test_the_idle_threads_line_puts_jit_and_gc_apart_then_the_busiest() -> None:
     raw = {("flink-tm", "C2 CompilerThre"): 0.020, ("kafka", "C1 CompilerThre"): 0.010,
            ("cassandra", "GC Thread#0"): 0.003, ("cassandra", "G1 Conc#0"): 0.001,
            ("kafka", "data-plane-kafk"): 0.012, ("flink-tm", "Source Data Fet"): 0.005}
-    threads = {(g, cpu.thread_name(comm)): c for (g, comm), c in raw.items()}
+    threads = {(g, profilers.thread_name(comm)): c for (g, comm), c in raw.items()}
     assert idle_threads_line(threads, top=3) == (
         "bench-idle-threads: jit=0.030 gc=0.004 rest=0.017 | flink-tm:C#_CompilerThre=0.020 "
         "kafka:data-plane-kafk=0.012 kafka:C#_CompilerThre=0.010")
@@ -173,10 +173,10 @@ def test_the_idle_threads_line_puts_jit_and_gc_apart_then_the_busiest() -> None:
 def test_this_process_threads_are_read(tmp_path: Path) -> None:
     (tmp_path / "me").mkdir()
     (tmp_path / "me" / "pid").write_text(str(os.getpid()))
-    ticks = cpu.thread_ticks(cpu.whole_stack_groups(tmp_path))
-    assert ticks and all(group == "me" for group, _ in ticks)
-    assert ("me", os.getpid()) in ticks  # the main thread's id is the process id
-    assert ticks[("me", os.getpid())][0] == cpu.thread_name(Path("/proc/self/comm").read_text().strip())
+    ticks, names = profilers.stack_threads(cpu.whole_stack_groups(tmp_path))
+    assert ticks and all(group == "me" for group, _ in names.values())
+    assert os.getpid() in ticks  # the main thread's id is the process id
+    assert names[os.getpid()] == ("me", profilers.thread_name(Path("/proc/self/comm").read_text().strip()))
 
 
 def test_a_live_pid_file_is_sampled_with_its_descendants(tmp_path: Path) -> None:
