@@ -7,6 +7,7 @@ topic of this module's own; no Flink job (the end-to-end test has one: test_arch
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -184,8 +185,13 @@ class Queued:
         self.replays.append(request)
 
 
+@functools.cache
 def hour_now() -> int:
-    return layout.hour_start(int(time.time() * 1000)) - 2 * HOUR_MS  # a closed hour, rows written now
+    """A closed hour, rows written now; read once for the module. Each test archives its own hour
+    (this one minus k) and reads that whole hour back. Read per test, a run crossing a clock hour
+    would hand a test the hour an earlier test wrote, and the writer (which reads the facts topic
+    from its start) would archive both tests' deliveries into it."""
+    return layout.hour_start(int(time.time() * 1000)) - 2 * HOUR_MS
 
 
 def test_an_hour_is_archived_from_its_facts_audited_and_reads_the_same_after_its_hot_rows_expired(
