@@ -268,7 +268,11 @@ def consumer_config(settings: Settings, group: str | None) -> dict[str, Any]:
     cfg: dict[str, Any] = {"bootstrap.servers": settings.kafka.bootstrap_servers, "enable.auto.commit": False,
                            "auto.offset.reset": "earliest", "enable.partition.eof": False,
                            # Few large fetches: the writer rolls every roll_s, a second's wait costs nothing.
-                           "fetch.min.bytes": 1 << 20, "fetch.wait.max.ms": 1000}
+                           "fetch.min.bytes": 1 << 20, "fetch.wait.max.ms": 1000,
+                           # A killed writer's partitions go to its replacement once its session
+                           # times out (librdkafka's default: 45 s). Heartbeats come from
+                           # librdkafka's own thread, so a long roll does not end a session.
+                           "session.timeout.ms": 10_000, "heartbeat.interval.ms": 3_000}
     cfg["group.id"] = group or f"{settings.archive.writer_group}-recovery-{int(time.time())}"
     return cfg
 

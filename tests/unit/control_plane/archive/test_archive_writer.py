@@ -161,3 +161,14 @@ def test_buffered_facts_are_tuples_the_garbage_collector_stops_walking():
     rows = [r for group in buffer.groups.values() for r in group]
     assert len(rows) == 36 and all(type(r) is tuple for r in rows)
     assert not any(gc.is_tracked(r) for r in rows)
+
+
+def test_a_killed_writer_s_partitions_go_to_its_replacement_within_seconds():
+    """Kafka hands a dead member's partitions on only when its session times out (librdkafka's
+    default is 45 s): the restarted writer would wait that long before it reads a fact."""
+    from control_plane.archive.writer import consumer_config
+    from core.settings import Settings
+
+    cfg = consumer_config(Settings(), "g")
+    assert cfg["session.timeout.ms"] <= 10_000
+    assert cfg["heartbeat.interval.ms"] * 3 <= cfg["session.timeout.ms"]  # Kafka's rule of thumb
