@@ -15,11 +15,11 @@ import pytest
 
 from control_plane.archive.rows import SCHEMAS
 from control_plane.archive.store import ArchiveStore, ArchiveUnavailable
-from control_plane.archive.writer import ArchiveWriter, Buffer
+from control_plane.archive.writer import ArchiveWriter, Buffer, consumer_config
 from core import archive_facts
 from core import archive_layout as layout
 from core.fanout import FanoutSnapshot, SkippedDelivery
-from core.settings import ArchiveSettings
+from core.settings import ArchiveSettings, Settings
 from tests.support.archive_facts import FakeConsumer, Message, delivery, history
 
 ARRIVED = int(datetime(2026, 11, 29, 19, 42, tzinfo=UTC).timestamp() * 1000)
@@ -166,9 +166,6 @@ def test_buffered_facts_are_tuples_the_garbage_collector_stops_walking():
 def test_a_killed_writer_s_partitions_go_to_its_replacement_within_seconds():
     """Kafka hands a dead member's partitions on only when its session times out (librdkafka's
     default is 45 s): the restarted writer would wait that long before it reads a fact."""
-    from control_plane.archive.writer import consumer_config
-    from core.settings import Settings
-
     cfg = consumer_config(Settings(), "g")
     assert cfg["session.timeout.ms"] <= 10_000
     assert cfg["heartbeat.interval.ms"] * 3 <= cfg["session.timeout.ms"]  # Kafka's rule of thumb
